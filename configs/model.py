@@ -1,0 +1,625 @@
+"""The configuration model: every broker and topic setting tabletopic honours, declared once as data.
+
+Each :class:`Setting` has Kafka's (or AutoMQ's) name, a type, a default, a validator and a doc. Properties are
+parsed once into frozen typed objects (:class:`BrokerConfig`); topic overrides are validated against the same
+table, so a bad key or value is refused with INVALID_CONFIG naming both, wherever it comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from configs.partition_spec import check_field_path, parse_id_columns, parse_partition_by
+from tabletopic.errors import InvalidConfigError
+
+
+class Type(Enum):
+    BOOLEAN = "boolean"
+    INT = "int"
+    LONG = "long"
+    DOUBLE = "double"
+    STRING = "string"
+    LIST = "list"
+    PASSWORD = "password"  # noqa: S105  (a type name)
+
+
+Validator = Callable[[str, Any], None]
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One declared setting. ``default`` is the parsed value (None = no default / null)."""
+
+    name: str
+    type: Type
+    default: Any
+    doc: str
+    validator: Validator | None = None
+    dynamic: bool = True  # may change at runtime (topic settings: via AlterConfigs)
+    sensitive: bool = False
+    # the broker-level setting a topic setting falls back to (Kafka's "synonym"), e.g. retention.ms → log.retention.ms
+    broker_synonym: str | None = None
+
+    def parse(self, raw: str | None) -> Any:
+        """Parse a string value; raises InvalidConfigError naming the key and value."""
+        if raw is None:
+            return None
+        value = raw.strip()
+        try:
+            parsed = _PARSERS[self.type](value)
+        except ValueError:
+            raise InvalidConfigError(
+                f"Invalid value {raw} for configuration {self.name}: expected a {self.type.value}"
+            ) from None
+        if self.type is Type.INT and not INT_MIN <= parsed <= INT_MAX:
+            raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: not an int32")
+        if self.type is Type.LONG and not LONG_MIN <= parsed <= LONG_MAX:
+            raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: not an int64")
+        if self.validator is not None:
+            self.validator(self.name, parsed)
+        return parsed
+
+    def render(self, value: Any) -> str | None:
+        """The string form Kafka shows for a parsed value."""
+        if value is None:
+            return None
+        if self.type is Type.BOOLEAN:
+            return "true" if value else "false"
+        if self.type is Type.LIST:
+            return ",".join(value)
+        return str(value)
+
+
+def _parse_bool(v: str) -> bool:
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    raise ValueError(v)
+
+
+def _parse_list(v: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in v.split(",") if p.strip())
+
+
+_PARSERS: dict[Type, Callable[[str], Any]] = {
+    Type.BOOLEAN: _parse_bool,
+    Type.INT: int,
+    Type.LONG: int,
+    Type.DOUBLE: float,
+    Type.STRING: str,
+    Type.LIST: _parse_list,
+    Type.PASSWORD: str,
+}
+
+
+# ---- validators (each raises InvalidConfigError with Kafka's wording) ----
+
+
+def at_least(lo: float) -> Validator:
+    def check(name: str, v: Any) -> None:
+        if v < lo:
+            raise InvalidConfigError(f"Invalid value {v} for configuration {name}: Value must be at least {lo}")
+
+    return check
+
+
+def between(lo: float, hi: float) -> Validator:
+    def check(name: str, v: Any) -> None:
+        if not lo <= v <= hi:
+            raise InvalidConfigError(
+                f"Invalid value {v} for configuration {name}: Value must be in the range [{lo}, {hi}]"
+            )
+
+    return check
+
+
+def one_of(*values: str, case_insensitive: bool = False) -> Validator:
+    allowed = tuple(v.lower() for v in values) if case_insensitive else values
+
+    def check(name: str, v: Any) -> None:
+        probe = v.lower() if case_insensitive and isinstance(v, str) else v
+        if probe not in allowed:
+            raise InvalidConfigError(
+                f"Invalid value {v} for configuration {name}: String must be one of: {', '.join(values)}"
+            )
+
+    return check
+
+
+def list_of(*values: str) -> Validator:
+    def check(name: str, v: Any) -> None:
+        bad = [x for x in v if x not in values]
+        if bad or not v:
+            raise InvalidConfigError(
+                f"Invalid value {','.join(v)} for configuration {name}: "
+                f"each item must be one of: {', '.join(values)}"
+            )
+
+    return check
+
+
+def partition_by_validator(name: str, v: Any) -> None:
+    parse_partition_by(v, name)
+
+
+def id_columns_validator(name: str, v: Any) -> None:
+    parse_id_columns(v, name)
+
+
+def field_path_validator(name: str, v: Any) -> None:
+    check_field_path(name, v)
+
+
+def key_value_list_validator(name: str, v: Any) -> None:
+    """Each item ``key=value`` with a non-blank key; no key twice (AutoMQ's auto-create properties rule)."""
+    seen: set[str] = set()
+    for item in v:
+        key = item.split("=", 1)[0].strip() if "=" in item else ""
+        if not key:
+            raise InvalidConfigError(
+                f"Invalid value {','.join(v)} for configuration {name}: each item must be key=value, got {item!r}"
+            )
+        if key in seen:
+            raise InvalidConfigError(f"Invalid value {','.join(v)} for configuration {name}: duplicate key {key}")
+        seen.add(key)
+
+
+_LISTENER = re.compile(r"^(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+)$")
+
+
+def listeners_validator(name: str, v: Any) -> None:
+    for item in v:
+        if not _LISTENER.match(item):
+            raise InvalidConfigError(f"Invalid value {item} for configuration {name}: expected NAME://host:port")
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    name: str
+    host: str
+    port: int
+
+
+def parse_listener(spec: str) -> Listener:
+    m = _LISTENER.match(spec.strip())
+    if not m:
+        raise InvalidConfigError(f"Invalid listener {spec}: expected NAME://host:port")
+    host = m.group("host").strip("[]") or "127.0.0.1"
+    return Listener(m.group("name") or "PLAINTEXT", host, int(m.group("port")))
+
+
+# ---- the declared tables ----
+
+CATALOG_TYPES = ("sql", "rest", "glue", "nessie", "tablebucket", "hive")
+CONVERT_TYPES = ("raw", "string", "by_schema_id", "by_latest_schema")
+TRANSFORM_TYPES = ("none", "flatten", "flatten_debezium")
+ERRORS_TOLERANCES = ("none", "invalid_data", "all")
+
+DAY_MS = 24 * 3600 * 1000
+
+BROKER_SETTINGS: dict[str, Setting] = {}
+TOPIC_SETTINGS: dict[str, Setting] = {}
+
+
+def _broker(*settings: Setting) -> None:
+    for s in settings:
+        BROKER_SETTINGS[s.name] = s
+
+
+def _topic(*settings: Setting) -> None:
+    for s in settings:
+        TOPIC_SETTINGS[s.name] = s
+
+
+_broker(
+    Setting("node.id", Type.INT, 1, "This broker's id (single-node cluster).", at_least(0), dynamic=False),
+    Setting("cluster.id", Type.STRING, None, "Cluster id; generated and stored under log.dirs when unset.",
+            dynamic=False),
+    Setting("listeners", Type.LIST, ("PLAINTEXT://127.0.0.1:9092",), "Listeners the broker binds.",
+            listeners_validator, dynamic=False),
+    Setting("advertised.listeners", Type.LIST, None, "Listeners given to clients (default: listeners).",
+            listeners_validator, dynamic=False),
+    Setting("log.dirs", Type.STRING, "./data", "Directory holding the log, metadata and the table warehouse.",
+            dynamic=False),
+    Setting("num.partitions", Type.INT, 1, "Partitions of auto-created topics.", at_least(1)),
+    Setting("default.replication.factor", Type.INT, 1, "Replication factor of auto-created topics (must be 1).",
+            between(1, 1)),
+    Setting("auto.create.topics.enable", Type.BOOLEAN, True, "Create topics on Metadata/Produce requests."),
+    Setting("delete.topic.enable", Type.BOOLEAN, True, "Allow DeleteTopics."),
+    Setting("log.segment.bytes", Type.INT, 1 << 30, "Segment size before a roll.", at_least(14)),
+    Setting("log.roll.ms", Type.LONG, 7 * DAY_MS, "Segment age before a roll.", at_least(1)),
+    Setting("log.retention.ms", Type.LONG, 7 * DAY_MS, "Default retention time (-1: forever).", at_least(-1)),
+    Setting("log.retention.bytes", Type.LONG, -1, "Default retention size per partition (-1: unlimited).",
+            at_least(-1)),
+    Setting("log.retention.check.interval.ms", Type.LONG, 300000, "How often retention runs.", at_least(1)),
+    Setting("log.index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0)),
+    Setting("log.flush.interval.ms", Type.LONG, None,
+            "Unset (default): acks=1/all are answered only after fsync, batched across requests. "
+            "Set: answer without waiting for fsync and fsync at least this often (less durable).",
+            at_least(0)),
+    Setting("log.message.timestamp.type", Type.STRING, "CreateTime", "Default message.timestamp.type.",
+            one_of("CreateTime", "LogAppendTime")),
+    Setting("message.max.bytes", Type.INT, 1048588, "Largest record batch accepted.", at_least(0)),
+    Setting("socket.request.max.bytes", Type.INT, 104857600, "Largest request frame accepted.", at_least(1)),
+    Setting("socket.send.buffer.bytes", Type.INT, 102400, "SO_SNDBUF (-1: OS default).", at_least(-1)),
+    Setting("socket.receive.buffer.bytes", Type.INT, 102400, "SO_RCVBUF (-1: OS default).", at_least(-1)),
+    Setting("connections.max.idle.ms", Type.LONG, 600000, "Idle connections are closed after this.",
+            at_least(1)),
+    Setting("group.initial.rebalance.delay.ms", Type.INT, 3000, "Delay of the first rebalance of a group.",
+            at_least(0)),
+    Setting("group.min.session.timeout.ms", Type.INT, 6000, "Smallest session timeout accepted.", at_least(0)),
+    Setting("group.max.session.timeout.ms", Type.INT, 1800000, "Largest session timeout accepted.", at_least(0)),
+    Setting("group.max.size", Type.INT, INT_MAX, "Most members of a group.", at_least(1)),
+    Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
+    Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
+            at_least(1)),
+    Setting("shutdown.timeout.ms", Type.LONG, 30000, "Graceful shutdown waits this long for in-flight work.",
+            at_least(0)),
+    # ---- Table Topic (AutoMQ's names). Every automq.table.topic.catalog.<key> not declared here is passed
+    # through to the Iceberg catalog (uri, warehouse, credential, token, ...), and every
+    # automq.table.topic.schema.registry.config.<key> to the schema registry client.
+    Setting("automq.table.topic.catalog.type", Type.STRING, None,
+            "Iceberg catalog type: sql (embedded SQLite/PostgreSQL catalog, the shipped default), rest, glue, "
+            "nessie, tablebucket, hive. Unset: the table topic feature is off on this broker.",
+            one_of(*CATALOG_TYPES), dynamic=False),
+    Setting("automq.table.topic.catalog.name", Type.STRING, "tabletopic",
+            "Iceberg catalog name; Spark and other engines must use the same name to see the tables.",
+            dynamic=False),
+    Setting("automq.table.topic.namespace", Type.STRING, "default",
+            "Default Iceberg namespace of table topics (topic setting of the same name overrides it).",
+            dynamic=False),
+    Setting("automq.table.topic.schema.registry.url", Type.STRING, None,
+            "Confluent-compatible schema registry URL; needed by the by_schema_id and by_latest_schema converters.",
+            dynamic=False),
+    Setting("automq.table.topic.metrics.port", Type.INT, None,
+            "Port of the Prometheus /metrics HTTP endpoint (table topic delay, fields, busy ratio); "
+            "unset: no endpoint; 0: any free port.",
+            between(0, 65535), dynamic=False),
+)
+
+_topic(
+    Setting("cleanup.policy", Type.LIST, ("delete",), "delete (compact is accepted but not applied yet).",
+            list_of("delete", "compact"), broker_synonym="log.cleanup.policy"),
+    Setting("retention.ms", Type.LONG, 7 * DAY_MS, "Retention time (-1: forever).", at_least(-1),
+            broker_synonym="log.retention.ms"),
+    Setting("retention.bytes", Type.LONG, -1, "Retention size per partition (-1: unlimited).", at_least(-1),
+            broker_synonym="log.retention.bytes"),
+    Setting("segment.bytes", Type.INT, 1 << 30, "Segment size before a roll.", at_least(14),
+            broker_synonym="log.segment.bytes"),
+    Setting("segment.ms", Type.LONG, 7 * DAY_MS, "Segment age before a roll.", at_least(1),
+            broker_synonym="log.roll.ms"),
+    Setting("segment.index.bytes", Type.INT, 10485760, "Offset index size (accepted for compatibility).",
+            at_least(4), broker_synonym="log.index.size.max.bytes"),
+    Setting("index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0),
+            broker_synonym="log.index.interval.bytes"),
+    Setting("max.message.bytes", Type.INT, 1048588, "Largest record batch accepted.", at_least(0),
+            broker_synonym="message.max.bytes"),
+    Setting("message.timestamp.type", Type.STRING, "CreateTime", "CreateTime or LogAppendTime.",
+            one_of("CreateTime", "LogAppendTime"), broker_synonym="log.message.timestamp.type"),
+    Setting("flush.ms", Type.LONG, LONG_MAX, "Accepted for compatibility; durability follows log.flush.interval.ms.",
+            at_least(0), broker_synonym="log.flush.interval.ms"),
+    Setting("flush.messages", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(1),
+            broker_synonym="log.flush.interval.messages"),
+    Setting("compression.type", Type.STRING, "producer", "Only 'producer' (batches are stored as sent).",
+            one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+            broker_synonym="compression.type"),
+    Setting("min.insync.replicas", Type.INT, 1, "Single node: 1.", at_least(1),
+            broker_synonym="min.insync.replicas"),
+    Setting("unclean.leader.election.enable", Type.BOOLEAN, False, "Single node: ignored.",
+            broker_synonym="unclean.leader.election.enable"),
+    Setting("delete.retention.ms", Type.LONG, DAY_MS, "Accepted for compatibility.", at_least(0),
+            broker_synonym="log.cleaner.delete.retention.ms"),
+    Setting("min.compaction.lag.ms", Type.LONG, 0, "Accepted for compatibility.", at_least(0),
+            broker_synonym="log.cleaner.min.compaction.lag.ms"),
+    Setting("max.compaction.lag.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(1),
+            broker_synonym="log.cleaner.max.compaction.lag.ms"),
+    Setting("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, "Accepted for compatibility.", between(0, 1),
+            broker_synonym="log.cleaner.min.cleanable.ratio"),
+    Setting("message.timestamp.before.max.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(0),
+            broker_synonym="log.message.timestamp.before.max.ms"),
+    Setting("message.timestamp.after.max.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(0),
+            broker_synonym="log.message.timestamp.after.max.ms"),
+    Setting("preallocate", Type.BOOLEAN, False, "Accepted for compatibility.", broker_synonym="log.preallocate"),
+)
+
+# ---- Table Topic settings: AutoMQ's names, types, defaults and ranges (docs/automq-table-topic.md §1).
+# Cross-field rules live in configs.table_topic; each value here is checked on its own.
+_topic(
+    Setting("automq.table.topic.enable", Type.BOOLEAN, False,
+            "Materialize this topic as an Iceberg table. Turning it on later backfills from the log start offset; "
+            "turning it off stops the workers (the table is never dropped)."),
+    Setting("automq.table.topic.commit.interval.ms", Type.LONG, 60000,
+            "Interval between Iceberg commits of the table.", between(1, 900000)),
+    Setting("automq.table.topic.namespace", Type.STRING, None,
+            "Iceberg namespace of the table (default: the broker's automq.table.topic.namespace). "
+            "Blank: the table identifier is just the topic name.",
+            broker_synonym="automq.table.topic.namespace"),
+    Setting("automq.table.topic.schema.type", Type.STRING, "none",
+            "[DEPRECATED] none; schemaless (string key, string value, legacy key/value/timestamp columns); "
+            "schema (string key, by_schema_id value, flatten). Cannot be combined with the convert/transform "
+            "settings.",
+            one_of("none", "schemaless", "schema")),
+    Setting("automq.table.topic.convert.value.type", Type.STRING, "raw",
+            "How record values are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
+            "automq.table.topic.schema.registry.url on the broker).",
+            one_of(*CONVERT_TYPES)),
+    Setting("automq.table.topic.convert.key.type", Type.STRING, "string",
+            "How record keys are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
+            "automq.table.topic.schema.registry.url on the broker).",
+            one_of(*CONVERT_TYPES)),
+    Setting("automq.table.topic.convert.value.by_latest_schema.subject", Type.STRING, None,
+            "Subject of the latest value schema for by_latest_schema (default: <topic>-value). "
+            "Avro, JSON Schema and Protobuf subjects are accepted."),
+    Setting("automq.table.topic.convert.value.by_latest_schema.message.full.name", Type.STRING, None,
+            "Protobuf only: fully-qualified message name of the value schema (default: the first message)."),
+    Setting("automq.table.topic.convert.key.by_latest_schema.subject", Type.STRING, None,
+            "Subject of the latest key schema for by_latest_schema (default: <topic>-key)."),
+    Setting("automq.table.topic.convert.key.by_latest_schema.message.full.name", Type.STRING, None,
+            "Protobuf only: fully-qualified message name of the key schema (default: the first message)."),
+    Setting("automq.table.topic.transform.value.type", Type.STRING, "none",
+            "Transform after conversion: none, flatten (top-level value fields become columns), "
+            "flatten_debezium (flatten + Debezium envelope unwrap; needs a schema-based value converter).",
+            one_of(*TRANSFORM_TYPES)),
+    Setting("automq.table.topic.id.columns", Type.STRING, None,
+            "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "
+            "takes the fields of the Debezium key (alone, with convert.key.type=by_schema_id). Needed by upsert "
+            "and CDC.",
+            id_columns_validator),
+    Setting("automq.table.topic.partition.by", Type.STRING, None,
+            "Partition spec, e.g. [bucket(name, 16), month(ts)]: year(c), month(c), day(c), hour(c), bucket(c, N), "
+            "truncate(c, W), or a column (identity). Changing it evolves the table's partition spec.",
+            partition_by_validator),
+    Setting("automq.table.topic.upsert.enable", Type.BOOLEAN, False,
+            "Upsert mode: a record without a CDC op replaces the row with the same id.columns "
+            "(needs automq.table.topic.id.columns)."),
+    Setting("automq.table.topic.cdc.field", Type.STRING, None,
+            "Field holding the CDC op I/U/D (first character, case-insensitive; anything else = insert); dotted "
+            "paths allowed, e.g. _cdc.op. Needs automq.table.topic.id.columns (deletes need a key).",
+            field_path_validator),
+    Setting("automq.table.topic.errors.tolerance", Type.STRING, "invalid_data",
+            "none: a bad record blocks the partition; invalid_data: skip records whose bytes are unusable; "
+            "all: skip every record that fails conversion or transformation.",
+            one_of(*ERRORS_TOLERANCES)),
+    Setting("automq.table.topic.expire.snapshot.enabled", Type.BOOLEAN, True,
+            "Expire old snapshots as part of each commit."),
+    Setting("automq.table.topic.expire.snapshot.older.than.hours", Type.INT, 1,
+            "Snapshots older than this many hours are expired.", at_least(1)),
+    Setting("automq.table.topic.expire.snapshot.retain.last", Type.INT, 1,
+            "Snapshots always kept, however old.", at_least(1)),
+    Setting("automq.table.topic.iceberg.auto-create.properties", Type.LIST,
+            ("write.metadata.delete-after-commit.enabled=true",),
+            "key=value table properties given to tables the broker creates (replaces the defaults; applied at "
+            "creation only).",
+            key_value_list_validator),
+)
+
+
+# ---- properties files ----
+
+
+def load_properties(path: Path) -> dict[str, str]:
+    """Read a Java-style properties file (``key=value`` or ``key: value``, ``#``/``!`` comments)."""
+    props: dict[str, str] = {}
+    pending = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending += line[:-1]
+            continue
+        line = pending + line
+        pending = ""
+        m = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
+        if m:
+            props[m.group(1)] = m.group(2)
+        else:
+            props[line] = ""
+    return props
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """Parse ``key=value`` strings (``--override`` / ``--config`` arguments)."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise InvalidConfigError(f"Invalid override '{item}': expected key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+# ---- typed broker config ----
+
+CATALOG_PREFIX = "automq.table.topic.catalog."
+SCHEMA_REGISTRY_CONFIG_PREFIX = "automq.table.topic.schema.registry.config."
+# Prefixes passed through without declaration (forwarded to the Iceberg catalog / schema registry client).
+PASSTHROUGH_PREFIXES = (CATALOG_PREFIX, SCHEMA_REGISTRY_CONFIG_PREFIX)
+_SENSITIVE_WORDS = ("password", "credential", "secret", "token")
+
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+
+def is_sensitive_name(key: str) -> bool:
+    """Passthrough settings whose name mentions a password, credential, secret or token are never shown."""
+    low = key.lower()
+    return any(word in low for word in _SENSITIVE_WORDS)
+
+
+def _resolve_placeholders(props: Mapping[str, str]) -> dict[str, str]:
+    """Replace ``${name}`` in values by another broker setting's value; ``${log.dirs}`` is made absolute.
+
+    This lets the shipped server.properties point the embedded catalog at ``${log.dirs}/...`` wherever the data
+    lives. An unknown name is refused; a value referring to a value with placeholders is not expanded twice.
+    """
+    log_dirs = props.get("log.dirs", BROKER_SETTINGS["log.dirs"].default)
+    absolute_log_dirs = str(Path(log_dirs).expanduser().resolve())
+
+    def lookup(key: str, raw: str, ref: str) -> str:
+        if ref == "log.dirs":
+            return absolute_log_dirs
+        if ref in props and "${" not in props[ref]:
+            return props[ref]
+        setting = BROKER_SETTINGS.get(ref)
+        if ref not in props and setting is not None and setting.default is not None:
+            return setting.render(setting.default) or ""
+        raise InvalidConfigError(f"Invalid value {raw} for configuration {key}: cannot resolve placeholder ${{{ref}}}")
+
+    out: dict[str, str] = {}
+    for key, raw in props.items():
+        if key == "log.dirs" or "${" not in raw:
+            out[key] = raw
+            continue
+
+        def substitute(m: re.Match[str], key: str = key, raw: str = raw) -> str:
+            return lookup(key, raw, m.group(1))
+
+        out[key] = _PLACEHOLDER.sub(substitute, raw)
+    return out
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """The broker's settings, parsed and validated. ``values`` holds every declared setting's value."""
+
+    values: Mapping[str, Any]
+    # keys explicitly set in the properties file or overrides (for DescribeConfigs sources)
+    explicit: frozenset[str] = field(default_factory=frozenset)
+    passthrough: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:
+        """Parse properties (file + overrides). ``${name}`` placeholders in values are resolved first."""
+        values: dict[str, Any] = {name: s.default for name, s in BROKER_SETTINGS.items()}
+        passthrough: dict[str, str] = {}
+        explicit: set[str] = set()
+        for key, raw in _resolve_placeholders(props).items():
+            setting = BROKER_SETTINGS.get(key)
+            if setting is None:
+                if key.startswith(PASSTHROUGH_PREFIXES):
+                    passthrough[key] = raw
+                    continue
+                if strict:
+                    raise InvalidConfigError(f"Unknown broker config name: {key}")
+                continue
+            values[key] = setting.parse(raw)
+            explicit.add(key)
+        return cls(values=values, explicit=frozenset(explicit), passthrough=passthrough)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    @property
+    def node_id(self) -> int:
+        return int(self.values["node.id"])
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.values["log.dirs"]).expanduser()
+
+    @property
+    def listeners(self) -> list[Listener]:
+        return [parse_listener(s) for s in self.values["listeners"]]
+
+    @property
+    def advertised_listeners(self) -> list[Listener]:
+        adv = self.values["advertised.listeners"]
+        return [parse_listener(s) for s in adv] if adv else self.listeners
+
+    # ---- table topic ----
+
+    @property
+    def catalog_type(self) -> str | None:
+        """``automq.table.topic.catalog.type``; None means the table topic feature is off on this broker."""
+        value: str | None = self.values["automq.table.topic.catalog.type"]
+        return value
+
+    @property
+    def table_topic_enabled(self) -> bool:
+        return self.catalog_type is not None
+
+    @property
+    def catalog_name(self) -> str:
+        return str(self.values["automq.table.topic.catalog.name"])
+
+    @property
+    def catalog_properties(self) -> dict[str, str]:
+        """Catalog properties with the prefix stripped, ``type`` included (pyiceberg's ``load_catalog`` form)."""
+        props = {k[len(CATALOG_PREFIX):]: v for k, v in self.passthrough.items() if k.startswith(CATALOG_PREFIX)}
+        if self.catalog_type is not None:
+            props["type"] = self.catalog_type
+        return props
+
+    @property
+    def schema_registry_url(self) -> str | None:
+        url: str | None = self.values["automq.table.topic.schema.registry.url"]
+        return url if url and url.strip() else None
+
+    @property
+    def schema_registry_config(self) -> dict[str, str]:
+        """``automq.table.topic.schema.registry.config.<key>`` settings with the prefix stripped."""
+        n = len(SCHEMA_REGISTRY_CONFIG_PREFIX)
+        return {k[n:]: v for k, v in self.passthrough.items() if k.startswith(SCHEMA_REGISTRY_CONFIG_PREFIX)}
+
+    @property
+    def metrics_port(self) -> int | None:
+        port: int | None = self.values["automq.table.topic.metrics.port"]
+        return port
+
+    def topic_default(self, topic_key: str) -> Any:
+        """The effective default of a topic setting: its broker synonym's value when the broker declares it
+        (set explicitly or by the broker's own default), else the topic setting's declared default."""
+        setting = TOPIC_SETTINGS[topic_key]
+        synonym = setting.broker_synonym
+        if synonym and synonym in BROKER_SETTINGS:
+            value = self.values.get(synonym)
+            if synonym in self.explicit or value is not None:
+                return value
+        return setting.default
+
+
+# ---- topic settings ----
+
+
+def validate_topic_configs(
+    configs: Mapping[str, str | None], broker: BrokerConfig | None = None
+) -> dict[str, Any]:
+    """Validate a topic's complete override set; returns the parsed values. Raises InvalidConfigError.
+
+    Checks each name (unknown: "Unknown topic config name: X"), type and range, then the cross-field rules of the
+    table topic settings (configs.table_topic). Rules that depend on broker settings (a schema registry URL for
+    the schema converters) are checked only when ``broker`` is given.
+    """
+    parsed: dict[str, Any] = {}
+    for key, raw in configs.items():
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is None:
+            raise InvalidConfigError(f"Unknown topic config name: {key}")
+        if raw is None:
+            raise InvalidConfigError(f"Null value not supported for topic config {key}")
+        parsed[key] = setting.parse(raw)
+    from configs.table_topic import check_table_topic_rules  # configs.table_topic imports this module
+
+    check_table_topic_rules(parsed, broker)
+    return parsed
+
+
+def effective_topic_config(overrides: Mapping[str, str], broker: BrokerConfig) -> dict[str, Any]:
+    """Every topic setting's effective value: override, else broker synonym, else default."""
+    out = {name: broker.topic_default(name) for name in TOPIC_SETTINGS}
+    for key, raw in overrides.items():
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is not None:
+            out[key] = setting.parse(raw)
+    return out

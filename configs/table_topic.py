@@ -1,0 +1,272 @@
+"""A topic's Table Topic settings, parsed once into a frozen typed object, and their cross-field rules.
+
+Names, types, defaults and ranges are declared with the other topic settings in :mod:`configs.model`; this module
+adds what involves several settings at once (docs/automq-table-topic.md §1):
+
+- ``by_schema_id`` / ``by_latest_schema`` (key or value) need ``automq.table.topic.schema.registry.url`` on the
+  broker;
+- ``flatten_debezium`` needs a schema-based value converter;
+- ``[_from_debezium_key_]`` stands alone (checked by the parser) and needs ``convert.key.type=by_schema_id``;
+- ``upsert.enable`` and ``cdc.field`` need ``id.columns``. AutoMQ does not check this up front (its delta writer
+  then fails at run time); a table cannot apply an update or a delete without a key, so we refuse it here;
+- the deprecated ``schema.type`` (``schemaless`` / ``schema``) cannot be combined with the ``convert.*`` /
+  ``transform.*`` settings it stands for (AutoMQ's rule); ``schema`` implies ``by_schema_id`` and so needs a
+  schema registry too.
+
+Every violation is an :class:`InvalidConfigError` (INVALID_CONFIG) naming the key and the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from configs.model import TOPIC_SETTINGS, BrokerConfig
+from configs.partition_spec import FROM_DEBEZIUM_KEY, PartitionField, parse_id_columns, parse_partition_by
+from tabletopic.errors import InvalidConfigError
+
+PREFIX = "automq.table.topic."
+ENABLE = "automq.table.topic.enable"
+COMMIT_INTERVAL_MS = "automq.table.topic.commit.interval.ms"
+NAMESPACE = "automq.table.topic.namespace"
+SCHEMA_TYPE = "automq.table.topic.schema.type"
+CONVERT_VALUE_TYPE = "automq.table.topic.convert.value.type"
+CONVERT_KEY_TYPE = "automq.table.topic.convert.key.type"
+CONVERT_VALUE_SUBJECT = "automq.table.topic.convert.value.by_latest_schema.subject"
+CONVERT_VALUE_MESSAGE_FULL_NAME = "automq.table.topic.convert.value.by_latest_schema.message.full.name"
+CONVERT_KEY_SUBJECT = "automq.table.topic.convert.key.by_latest_schema.subject"
+CONVERT_KEY_MESSAGE_FULL_NAME = "automq.table.topic.convert.key.by_latest_schema.message.full.name"
+TRANSFORM_VALUE_TYPE = "automq.table.topic.transform.value.type"
+ID_COLUMNS = "automq.table.topic.id.columns"
+PARTITION_BY = "automq.table.topic.partition.by"
+UPSERT_ENABLE = "automq.table.topic.upsert.enable"
+CDC_FIELD = "automq.table.topic.cdc.field"
+ERRORS_TOLERANCE = "automq.table.topic.errors.tolerance"
+EXPIRE_SNAPSHOT_ENABLED = "automq.table.topic.expire.snapshot.enabled"
+EXPIRE_SNAPSHOT_OLDER_THAN_HOURS = "automq.table.topic.expire.snapshot.older.than.hours"
+EXPIRE_SNAPSHOT_RETAIN_LAST = "automq.table.topic.expire.snapshot.retain.last"
+ICEBERG_AUTO_CREATE_PROPERTIES = "automq.table.topic.iceberg.auto-create.properties"
+
+SCHEMA_REGISTRY_URL = "automq.table.topic.schema.registry.url"
+
+
+class ConvertType(StrEnum):
+    RAW = "raw"
+    STRING = "string"
+    BY_SCHEMA_ID = "by_schema_id"
+    BY_LATEST_SCHEMA = "by_latest_schema"
+
+    @property
+    def schema_based(self) -> bool:
+        """True for the converters that read schemas from the schema registry."""
+        return self in (ConvertType.BY_SCHEMA_ID, ConvertType.BY_LATEST_SCHEMA)
+
+
+class TransformType(StrEnum):
+    NONE = "none"
+    FLATTEN = "flatten"
+    FLATTEN_DEBEZIUM = "flatten_debezium"
+
+
+class ErrorsTolerance(StrEnum):
+    NONE = "none"
+    INVALID_DATA = "invalid_data"
+    ALL = "all"
+
+
+class SchemaType(StrEnum):
+    """The deprecated ``schema.type``; NONE means the convert/transform settings apply as set."""
+
+    NONE = "none"
+    SCHEMALESS = "schemaless"
+    SCHEMA = "schema"
+
+
+_LEGACY_OWNED = (CONVERT_VALUE_TYPE, CONVERT_KEY_TYPE, TRANSFORM_VALUE_TYPE)
+
+
+def _invalid(key: str, value: Any, problem: str) -> InvalidConfigError:
+    return InvalidConfigError(f"Invalid value {value} for configuration {key}: {problem}")
+
+
+def _effective(parsed_overrides: Mapping[str, Any], broker: BrokerConfig | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in TOPIC_SETTINGS:
+        if not name.startswith(PREFIX):
+            continue
+        if name in parsed_overrides:
+            out[name] = parsed_overrides[name]
+        elif broker is not None:
+            out[name] = broker.topic_default(name)
+        else:
+            out[name] = TOPIC_SETTINGS[name].default
+    return out
+
+
+def _converters(values: Mapping[str, Any]) -> tuple[ConvertType, ConvertType, TransformType]:
+    """The (value converter, key converter, value transform) after the legacy ``schema.type`` mapping."""
+    schema_type = SchemaType(values[SCHEMA_TYPE])
+    if schema_type is SchemaType.SCHEMALESS:
+        return ConvertType.STRING, ConvertType.STRING, TransformType.NONE
+    if schema_type is SchemaType.SCHEMA:
+        return ConvertType.BY_SCHEMA_ID, ConvertType.STRING, TransformType.FLATTEN
+    return (ConvertType(values[CONVERT_VALUE_TYPE]), ConvertType(values[CONVERT_KEY_TYPE]),
+            TransformType(values[TRANSFORM_VALUE_TYPE]))
+
+
+def check_table_topic_rules(parsed_overrides: Mapping[str, Any], broker: BrokerConfig | None = None) -> None:
+    """Check the cross-field rules (module doc) on a topic's parsed overrides over the defaults.
+
+    Broker-dependent rules are skipped when ``broker`` is None. Raises InvalidConfigError naming key and value.
+    """
+    values = _effective(parsed_overrides, broker)
+    schema_type = SchemaType(values[SCHEMA_TYPE])
+    if schema_type is not SchemaType.NONE:
+        clash = [k for k in _LEGACY_OWNED if k in parsed_overrides]
+        if clash:
+            raise _invalid(
+                SCHEMA_TYPE, schema_type,
+                f"the deprecated {SCHEMA_TYPE} cannot be combined with {clash[0]}={parsed_overrides[clash[0]]}; "
+                f"use the convert/transform settings alone",
+            )
+    value_type, key_type, transform = _converters(values)
+
+    if broker is not None and broker.schema_registry_url is None:
+        for key, convert in ((CONVERT_VALUE_TYPE, value_type), (CONVERT_KEY_TYPE, key_type)):
+            if convert.schema_based:
+                named = SCHEMA_TYPE if schema_type is not SchemaType.NONE else key
+                shown = schema_type if named == SCHEMA_TYPE else convert
+                raise _invalid(named, shown, f"{convert} needs a schema registry, but {SCHEMA_REGISTRY_URL} is "
+                                             f"not set on the broker")
+
+    if transform is TransformType.FLATTEN_DEBEZIUM and not value_type.schema_based:
+        raise _invalid(TRANSFORM_VALUE_TYPE, transform,
+                       f"needs a schema-based value converter ({CONVERT_VALUE_TYPE}=by_schema_id or "
+                       f"by_latest_schema), not {value_type}")
+
+    id_columns = parse_id_columns(values[ID_COLUMNS])
+    if id_columns == (FROM_DEBEZIUM_KEY,) and key_type is not ConvertType.BY_SCHEMA_ID:
+        raise _invalid(ID_COLUMNS, values[ID_COLUMNS],
+                       f"{FROM_DEBEZIUM_KEY} needs {CONVERT_KEY_TYPE}=by_schema_id, not {key_type}")
+    if values[UPSERT_ENABLE] and not id_columns:
+        raise _invalid(UPSERT_ENABLE, "true", f"upsert needs identifier columns: set {ID_COLUMNS}")
+    cdc_field = values[CDC_FIELD]
+    if cdc_field is not None and cdc_field.strip() and not id_columns:
+        raise _invalid(CDC_FIELD, cdc_field, f"CDC needs identifier columns to apply updates and deletes: "
+                                             f"set {ID_COLUMNS}")
+    parse_partition_by(values[PARTITION_BY])
+
+
+def _blank_to_none(value: str | None) -> str | None:
+    return value if value is not None and value.strip() else None
+
+
+@dataclass(frozen=True, slots=True)
+class TableTopicConfig:
+    """A topic's Table Topic settings, effective (override, else broker default, else declared default).
+
+    ``convert_value_type`` / ``convert_key_type`` / ``transform_value_type`` already reflect the legacy
+    ``schema.type`` mapping; ``legacy_columns`` is True for ``schema.type=schemaless`` (``key``, ``value``,
+    ``timestamp`` columns next to the ``_kafka_*`` ones).
+    """
+
+    enable: bool = False
+    commit_interval_ms: int = 60000
+    namespace: str | None = None
+    schema_type: SchemaType = SchemaType.NONE
+    convert_value_type: ConvertType = ConvertType.RAW
+    convert_key_type: ConvertType = ConvertType.STRING
+    value_subject_override: str | None = None
+    value_message_full_name: str | None = None
+    key_subject_override: str | None = None
+    key_message_full_name: str | None = None
+    transform_value_type: TransformType = TransformType.NONE
+    id_columns: tuple[str, ...] = ()
+    partition_by: tuple[PartitionField, ...] = ()
+    upsert_enable: bool = False
+    cdc_field: str | None = None
+    errors_tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
+    expire_snapshot_enabled: bool = True
+    expire_snapshot_older_than_hours: int = 1
+    expire_snapshot_retain_last: int = 1
+    iceberg_auto_create_properties: tuple[tuple[str, str], ...] = (
+        ("write.metadata.delete-after-commit.enabled", "true"),
+    )
+
+    @classmethod
+    def from_topic(cls, overrides: Mapping[str, str], broker: BrokerConfig, *, validate: bool = True
+                   ) -> TableTopicConfig:
+        """Build from a topic's raw overrides and the broker's defaults.
+
+        With ``validate`` (the default) the cross-field rules are checked too and a violation raises
+        InvalidConfigError; a broker loading topics stored before a broker setting changed may pass False
+        to get the parsed settings anyway. Overrides that are not table topic settings are ignored.
+        """
+        parsed: dict[str, Any] = {}
+        for key, raw in overrides.items():
+            setting = TOPIC_SETTINGS.get(key)
+            if setting is not None and key.startswith(PREFIX):
+                parsed[key] = setting.parse(raw)
+        if validate:
+            check_table_topic_rules(parsed, broker)
+        return cls.from_values(_effective(parsed, broker))
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> TableTopicConfig:
+        """Build from parsed effective values of every ``automq.table.topic.*`` topic setting (no rule checks)."""
+        value_type, key_type, transform = _converters(values)
+        props: list[tuple[str, str]] = []
+        for item in values[ICEBERG_AUTO_CREATE_PROPERTIES]:
+            k, _, v = item.partition("=")
+            props.append((k.strip(), v.strip()))
+        return cls(
+            enable=bool(values[ENABLE]),
+            commit_interval_ms=int(values[COMMIT_INTERVAL_MS]),
+            namespace=values[NAMESPACE],
+            schema_type=SchemaType(values[SCHEMA_TYPE]),
+            convert_value_type=value_type,
+            convert_key_type=key_type,
+            value_subject_override=_blank_to_none(values[CONVERT_VALUE_SUBJECT]),
+            value_message_full_name=_blank_to_none(values[CONVERT_VALUE_MESSAGE_FULL_NAME]),
+            key_subject_override=_blank_to_none(values[CONVERT_KEY_SUBJECT]),
+            key_message_full_name=_blank_to_none(values[CONVERT_KEY_MESSAGE_FULL_NAME]),
+            transform_value_type=transform,
+            id_columns=parse_id_columns(values[ID_COLUMNS]),
+            partition_by=parse_partition_by(values[PARTITION_BY]),
+            upsert_enable=bool(values[UPSERT_ENABLE]),
+            cdc_field=_blank_to_none(values[CDC_FIELD]),
+            errors_tolerance=ErrorsTolerance(values[ERRORS_TOLERANCE]),
+            expire_snapshot_enabled=bool(values[EXPIRE_SNAPSHOT_ENABLED]),
+            expire_snapshot_older_than_hours=int(values[EXPIRE_SNAPSHOT_OLDER_THAN_HOURS]),
+            expire_snapshot_retain_last=int(values[EXPIRE_SNAPSHOT_RETAIN_LAST]),
+            iceberg_auto_create_properties=tuple(props),
+        )
+
+    @property
+    def legacy_columns(self) -> bool:
+        return self.schema_type is SchemaType.SCHEMALESS
+
+    @property
+    def id_from_debezium_key(self) -> bool:
+        """``id.columns=[_from_debezium_key_]``: identifier columns are the fields of the Debezium key."""
+        return self.id_columns == (FROM_DEBEZIUM_KEY,)
+
+    @property
+    def delta_write(self) -> bool:
+        """Rows may be updated or deleted (upsert or CDC), so writes carry deletes keyed by ``id_columns``."""
+        return self.upsert_enable or self.cdc_field is not None
+
+    def value_subject(self, topic: str) -> str:
+        """The schema registry subject of ``by_latest_schema`` values (default ``<topic>-value``)."""
+        return self.value_subject_override or f"{topic}-value"
+
+    def key_subject(self, topic: str) -> str:
+        """The schema registry subject of ``by_latest_schema`` keys (default ``<topic>-key``)."""
+        return self.key_subject_override or f"{topic}-key"
+
+    def table_identifier(self, topic: str) -> tuple[str, ...]:
+        """``(namespace, topic)``; just ``(topic,)`` when the namespace is blank."""
+        ns = (self.namespace or "").strip()
+        return (*ns.split("."), topic) if ns else (topic,)

@@ -1,0 +1,192 @@
+"""``kafka-configs``: Apache Kafka's ``kafka-configs.sh`` for topics and brokers, for any Kafka-protocol broker.
+
+    kafka-configs --bootstrap-server HOST:PORT --entity-type topics|brokers [--entity-name X] --describe [--all]
+    kafka-configs --bootstrap-server HOST:PORT --entity-type topics --entity-name T --alter
+                  [--add-config k=v,k2=[a,b]] [--add-config-file FILE] [--delete-config k,k2]
+
+``--topic T`` and ``--broker ID`` are shorthands for the entity options. ``--add-config`` takes Kafka's syntax:
+commas separate settings except inside ``[...]`` (and, here, inside ``(...)``), and a value wrapped in ``[...]``
+loses its brackets, so ``automq.table.topic.partition.by=[bucket(name, 16), month(ts)]`` works as is. Changes are
+sent with IncrementalAlterConfigs (confluent-kafka, see ``kafka_topics``); errors go to stderr, exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from configs.model import load_properties
+from tabletopic.cli.kafka_topics import REQUEST_TIMEOUT_S, CommandError, admin_client, ck, client_config, run, wait
+
+# ConfigEntry.source values (DescribeConfigsResponse)
+_SOURCE_NAMES = {
+    0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG", 3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
+}
+_DYNAMIC = {"topics": {1}, "brokers": {2, 3}}
+_SINGULAR = {"topics": "topic", "brokers": "broker"}
+
+
+def split_config_list(text: str) -> list[str]:
+    """Split ``k=v,k2=[a,b],k3=f(x, y)`` at the commas outside brackets and parentheses."""
+    items: list[str] = []
+    depth = 0
+    start = 0
+    for i, ch in enumerate(text):
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def parse_add_config(text: str) -> dict[str, str]:
+    """Parse an ``--add-config`` value into settings (Kafka's syntax, see the module doc)."""
+    out: dict[str, str] = {}
+    for item in split_config_list(text):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--add-config entry {item!r} is not key=value")
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1].strip()
+        out[key.strip()] = value
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kafka-configs",
+                                description="Describe or change topic and broker configs (Kafka's kafka-configs.sh).")
+    p.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the brokers")
+    p.add_argument("--command-config", help="properties file of client settings")
+    p.add_argument("--entity-type", choices=("topics", "brokers"), help="type of entity")
+    p.add_argument("--entity-name", help="name of the entity (topic name, broker id)")
+    p.add_argument("--topic", help="shorthand for --entity-type topics --entity-name TOPIC")
+    p.add_argument("--broker", help="shorthand for --entity-type brokers --entity-name ID")
+    actions = p.add_mutually_exclusive_group(required=True)
+    actions.add_argument("--describe", action="store_true", help="list the configs of the entity")
+    actions.add_argument("--alter", action="store_true", help="change the configs of the entity")
+    p.add_argument("--all", action="store_true", help="--describe: all configs, not only the dynamic ones")
+    p.add_argument("--add-config", action="append", default=[], metavar="K=V[,K2=V2]",
+                   help="settings to add or change; a value with commas goes in [...]")
+    p.add_argument("--add-config-file", help="properties file of settings to add or change")
+    p.add_argument("--delete-config", action="append", default=[], metavar="K[,K2]",
+                   help="settings to remove (revert to their defaults)")
+    return p
+
+
+def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
+    if args.topic is not None and args.broker is not None:
+        raise CommandError("--topic and --broker can't be used together")
+    if args.topic is not None:
+        if args.entity_type not in (None, "topics"):
+            raise CommandError("--topic can't be used with --entity-type brokers")
+        return "topics", args.topic
+    if args.broker is not None:
+        if args.entity_type not in (None, "brokers"):
+            raise CommandError("--broker can't be used with --entity-type topics")
+        return "brokers", args.broker
+    if args.entity_type is None:
+        raise CommandError("--entity-type (or --topic / --broker) is required")
+    return args.entity_type, args.entity_name
+
+
+def _format_entry(entry: Any) -> str:
+    value = "null" if entry.is_sensitive or entry.value is None else entry.value
+    synonyms = ", ".join(
+        f"{_SOURCE_NAMES.get(int(s.source), str(s.source))}:{s.name}="
+        f"{'null' if entry.is_sensitive or s.value is None else s.value}"
+        for s in entry.synonyms.values()
+    )
+    return f"  {entry.name}={value} sensitive={str(bool(entry.is_sensitive)).lower()} synonyms={{{synonyms}}}"
+
+
+class ConfigsCommand:
+    """One kafka-configs invocation against one cluster."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.entity_type, self.entity_name = _entity(args)
+        self.admin = admin_client(client_config(args.bootstrap_server, args.command_config))
+
+    def _resource(self, name: str, **kw: Any) -> Any:
+        admin = ck()
+        kind = admin.ResourceType.TOPIC if self.entity_type == "topics" else admin.ResourceType.BROKER
+        return admin.ConfigResource(kind, name, **kw)
+
+    def _names(self) -> list[str]:
+        if self.entity_name is not None:
+            return [self.entity_name]
+        md = self.admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+        if self.entity_type == "topics":
+            return sorted(md.topics)
+        return [str(b) for b in sorted(md.brokers)]
+
+    def describe(self) -> None:
+        singular = _SINGULAR[self.entity_type]
+        for name in self._names():
+            # one call per resource: librdkafka sends a broker resource to that broker only
+            futures = self.admin.describe_configs([self._resource(name)], request_timeout=REQUEST_TIMEOUT_S)
+            (future,) = futures.values()
+            entries = sorted(wait(future).values(), key=lambda e: e.name)
+            if not self.args.all:
+                entries = [e for e in entries if int(e.source) in _DYNAMIC[self.entity_type]]
+            label = "All" if self.args.all else "Dynamic"
+            shown = name if name else "default"
+            print(f"{label} configs for {singular} {shown} are:")
+            for e in entries:
+                print(_format_entry(e))
+
+    def alter(self) -> None:
+        admin = ck()
+        a = self.args
+        if self.entity_name is None:
+            raise CommandError(f"an entity name must be specified with --alter of {self.entity_type}")
+        to_add: dict[str, str] = {}
+        if a.add_config_file:
+            try:
+                to_add.update(load_properties(Path(a.add_config_file)))
+            except OSError as exc:
+                raise CommandError(f"cannot read --add-config-file {a.add_config_file}: {exc.strerror}") from None
+        for text in a.add_config:
+            to_add.update(parse_add_config(text))
+        to_delete = [k.strip() for text in a.delete_config for k in text.split(",") if k.strip()]
+        if not to_add and not to_delete:
+            raise CommandError("--alter needs --add-config, --add-config-file or --delete-config")
+        both = sorted(set(to_add) & set(to_delete))
+        if both:
+            raise CommandError(f"{', '.join(both)} can't be both added and deleted")
+        op = admin.AlterConfigOpType
+        entries = [admin.ConfigEntry(k, v, incremental_operation=op.SET) for k, v in to_add.items()]
+        entries += [admin.ConfigEntry(k, None, incremental_operation=op.DELETE) for k in to_delete]
+        resource = self._resource(self.entity_name, incremental_configs=entries)
+        futures = self.admin.incremental_alter_configs([resource], request_timeout=REQUEST_TIMEOUT_S)
+        for future in futures.values():
+            wait(future)
+        print(f"Completed updating config for {_SINGULAR[self.entity_type]} {self.entity_name}.")
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = _parser().parse_args(argv)
+    cmd = ConfigsCommand(args)
+    if args.describe:
+        cmd.describe()
+    else:
+        cmd.alter()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``kafka-configs``); returns the exit code."""
+    return run(_main, argv, "config")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1084 @@
+"""The log of one topic-partition: segments, offsets, durability, retention and crash recovery.
+
+Threading model: every public method runs on the asyncio event loop thread and only does page-cache I/O
+(``os.pwrite``/``os.pread``, renames). fsync happens on the shared ``Flusher`` threads: ``append`` records what
+was written under a small lock, a flusher thread fsyncs it and hands the result back to the loop with
+``call_soon_threadsafe``, which advances ``high_watermark`` and wakes waiters. ``open`` (recovery) and the
+file half of ``close`` are blocking and meant to run off the loop (``LogManager`` does that).
+
+Durability model: with ``flush_interval_ms=None`` the high watermark is the end of fsynced data, and reads
+never go past it, so nothing a crash could take away is ever served or acknowledged. With a number, the high
+watermark follows the log end and fsync happens at least every ``flush_interval_ms``.
+
+On-disk files of a partition directory, besides segments and their indexes:
+
+* ``log-start-offset-checkpoint``: the log start offset raised by DeleteRecords / retention;
+* ``recovery-point-checkpoint``: base offset of the segment that was active at the last persisted roll; every
+  segment below it is fsynced and has trustworthy index files, so unclean recovery only rescans from there;
+* ``<offset>.snapshot``: producer state at a roll or clean shutdown (``producer_state``);
+* ``.clean-shutdown``: written last by ``close``, removed by ``open`` before any write: when present, all
+  persisted indexes are trusted and opening does no scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import heapq
+import itertools
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
+from tabletopic.log.flusher import Flusher
+from tabletopic.log.producer_state import ProducerStateManager
+from tabletopic.log.segment import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    INT32_MAX,
+    LOG_SUFFIX,
+    NO_TIMESTAMP,
+    SNAPSHOT_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    TMP_SUFFIX,
+    LogSegment,
+    fdatasync,
+    file_name,
+    write_file_atomic,
+)
+from tabletopic.protocol.records import BatchHeader, assign_offsets, set_log_append_time
+
+log = logging.getLogger(__name__)
+
+LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
+RECOVERY_POINT_FILE = "recovery-point-checkpoint"
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+SNAPSHOTS_TO_KEEP = 2
+DELETE_DIR_SUFFIX = "-delete"
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Per-topic log settings (Kafka topic config names in snake case)."""
+
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_ms: int = 7 * 24 * 3600 * 1000  # -1 = forever
+    retention_bytes: int = -1  # -1 = unlimited
+    max_message_bytes: int = 1048588
+    index_interval_bytes: int = 4096
+    message_timestamp_type: str = "CreateTime"  # or "LogAppendTime" (checked at construction)
+    # None: acknowledge after fsync (high watermark = durable end). A number: acknowledge at once and fsync at
+    # least this often (high watermark = log end).
+    flush_interval_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes < 14 or self.segment_bytes > INT32_MAX:
+            raise InvalidConfigError(f"segment.bytes {self.segment_bytes} out of range [14, {INT32_MAX}]")
+        if self.segment_ms < 1:
+            raise InvalidConfigError(f"segment.ms {self.segment_ms} must be positive")
+        if self.max_message_bytes < 0:
+            raise InvalidConfigError(f"max.message.bytes {self.max_message_bytes} must be >= 0")
+        if self.index_interval_bytes < 0:
+            raise InvalidConfigError(f"index.interval.bytes {self.index_interval_bytes} must be >= 0")
+        if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
+            raise InvalidConfigError(f"message.timestamp.type {self.message_timestamp_type!r} is invalid")
+        if self.flush_interval_ms is not None and self.flush_interval_ms < 0:
+            raise InvalidConfigError(f"flush.ms {self.flush_interval_ms} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 for CreateTime
+    log_start_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    data: bytes
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass(slots=True)
+class _Rolled:
+    """A segment closed by a roll, waiting for the flusher to make it and its indexes durable."""
+
+    segment: LogSegment
+    snapshot: bytes  # producer state at the roll offset
+    offset: int  # base offset of the new active segment (= new recovery point)
+
+
+@dataclass(slots=True)
+class _FlushResult:
+    end: int
+    segment: LogSegment | None
+    position: int
+    generation: int
+    syncs: int
+
+
+def _read_int_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _parse_offset_name(name: str, suffix: str) -> int | None:
+    stem = name[: -len(suffix)]
+    if name.endswith(suffix) and len(stem) == 20 and stem.isdigit():
+        return int(stem)
+    return None
+
+
+class PartitionLog:
+    """The append-only log of one topic-partition (see the module docstring for threading and durability)."""
+
+    leader_epoch = 0
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        flusher: Flusher,
+        segments: list[LogSegment],
+        log_start_offset: int,
+        producers: ProducerStateManager,
+        dir_fd: int,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self._flusher = flusher
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self._producers = producers
+        self._dir_fd = dir_fd
+        active = segments[-1]
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = active.next_offset
+        # end of durable data, and where it sits (reads stop there)
+        self.high_watermark = self.log_end_offset
+        self._hw_segment: LogSegment | None = active
+        self._hw_position = active.size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._files_closed = False
+        self._failed: BaseException | None = None
+        # -- hand-off to the flusher, guarded by _lock (never held across I/O) --
+        self._lock = threading.Lock()
+        self._written_end = self.log_end_offset
+        self._written_segment: LogSegment = active
+        self._written_position = active.size
+        self._rolled: list[_Rolled] = []
+        self._deletes: list[tuple[LogSegment, list[Path]]] = []
+        self._lso_to_persist: int | None = None
+        self._dir_dirty = False
+        self._parent_dir_dirty = False
+        self._generation = 0  # bumped by every change that needs a flush
+        self._timed_pending = False
+        # -- flusher-thread side, guarded by _flush_lock (held for a whole flush) --
+        self._flush_lock = threading.Lock()
+        self._synced_segment: LogSegment | None = active
+        self._synced_position = active.size
+        # -- loop side --
+        self._flushed_generation = 0
+        self._durable_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._sync_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._hw_waiters: list[asyncio.Future[None]] = []
+        self._seq = itertools.count()
+        self._direct_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({self.name}, lso={self.log_start_offset}, hw={self.high_watermark}, "
+            f"leo={self.log_end_offset}, segments={len(self._segments)})"
+        )
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        """The segments, oldest first (read-only view for tests and tooling)."""
+        return list(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def producer_state(self) -> ProducerStateManager:
+        return self._producers
+
+    # ------------------------------------------------------------------------------------------------------
+    # open / recovery
+    # ------------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig | None = None,
+        flusher: Flusher | None = None,
+    ) -> PartitionLog:
+        """Open (creating if needed) and recover the log in ``directory``. Blocking: run it off the loop.
+
+        After a clean shutdown persisted indexes are trusted and nothing is scanned. Otherwise every segment
+        from the recovery point on is read and CRC-checked, a torn tail is truncated (with every later segment)
+        and indexes are rebuilt; segments below the recovery point are trusted unless their indexes are missing
+        or fail sanity checks. Producer state is loaded from the newest snapshot and the headers after it.
+        """
+        t0 = time.monotonic()
+        config = config or LogConfig()
+        flusher = flusher or default_flusher()
+        created = not directory.exists()
+        directory.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return cls._open(
+                directory, topic=topic, partition=partition, config=config, flusher=flusher, dir_fd=dir_fd,
+                created=created, t0=t0,
+            )
+        except BaseException:
+            os.close(dir_fd)
+            raise
+
+    @classmethod
+    def _open(
+        cls,
+        directory: Path,
+        *,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        flusher: Flusher,
+        dir_fd: int,
+        created: bool,
+        t0: float,
+    ) -> PartitionLog:
+        name = f"{topic}-{partition}"
+        interval = config.index_interval_bytes
+        bases: list[int] = []
+        snapshots: list[int] = []
+        for entry in os.scandir(directory):
+            n = entry.name
+            if n.endswith((DELETED_SUFFIX, TMP_SUFFIX)):
+                os.unlink(entry.path)  # leftovers of an interrupted delete or atomic write
+            elif (b := _parse_offset_name(n, LOG_SUFFIX)) is not None:
+                bases.append(b)
+            elif (b := _parse_offset_name(n, SNAPSHOT_SUFFIX)) is not None:
+                snapshots.append(b)
+        bases.sort()
+        base_set = set(bases)
+        for entry in os.scandir(directory):  # indexes whose segment is gone
+            for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+                b = _parse_offset_name(entry.name, suffix)
+                if b is not None and b not in base_set:
+                    os.unlink(entry.path)
+
+        marker = directory / CLEAN_SHUTDOWN_FILE
+        clean_leo: int | None = None
+        if marker.exists():
+            try:
+                clean_leo = int(json.loads(marker.read_text())["log_end_offset"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: unreadable clean-shutdown marker, recovering as after a crash", name)
+        clean = clean_leo is not None
+        lso_checkpoint = _read_int_file(directory / LOG_START_OFFSET_FILE) or 0
+        recovery_point = _read_int_file(directory / RECOVERY_POINT_FILE) or 0
+
+        segments: list[LogSegment] = []
+        recovered: list[LogSegment] = []
+        truncated_bytes = 0
+        try:
+            for i, base in enumerate(bases):
+                seg = LogSegment.open_existing(directory, base)
+                if segments and base != segments[-1].next_offset:
+                    # a gap (an unflushed tail was lost before a roll) or an overlap: nothing from here on
+                    # was acknowledged, so drop it rather than serve offsets out of order
+                    log.warning(
+                        "%s: segment %d does not follow offset %d; deleting it and %d later segment(s)",
+                        name, base, segments[-1].next_offset, len(bases) - i - 1,
+                    )
+                    seg.close_fd()
+                    cls._unlink_segments(directory, bases[i:])
+                    break
+                if (clean or base < recovery_point) and seg.load_trusted(interval):
+                    segments.append(seg)
+                    continue
+                cut = seg.recover(interval)
+                recovered.append(seg)
+                segments.append(seg)
+                if cut:
+                    truncated_bytes += cut
+                    log.warning("%s: truncated %d torn byte(s) at the end of segment %d", name, cut, base)
+                    if i + 1 < len(bases):
+                        log.warning("%s: deleting %d segment(s) after the torn one", name, len(bases) - i - 1)
+                        cls._unlink_segments(directory, bases[i + 1 :])
+                        break
+            if clean and segments and segments[-1].next_offset != clean_leo:
+                log.warning(
+                    "%s: log end %d differs from the clean-shutdown marker's %d; recovering the last segment",
+                    name, segments[-1].next_offset, clean_leo,
+                )
+                last = segments[-1]
+                truncated_bytes += last.recover(interval)
+                recovered.append(last)
+
+            log_start = max(lso_checkpoint, segments[0].base_offset) if segments else lso_checkpoint
+            if segments and log_start > segments[-1].next_offset:
+                # data below a persisted log start offset was lost (flush.ms mode): start afresh there
+                log.warning("%s: log start offset %d is past the log end; truncating fully", name, log_start)
+                for s in segments:
+                    s.close_fd()
+                cls._unlink_segments(directory, [s.base_offset for s in segments])
+                segments, recovered = [], []
+            fresh = not segments
+            if fresh:  # a new log: the flusher makes the directory entries durable before the first ack
+                segments.append(LogSegment.create(directory, log_start))
+
+            # make what recovery kept durable (after kill -9 it may only be in the page cache) and its indexes
+            # trustworthy, then move the recovery point to the active segment
+            if recovered:
+                for s in recovered:
+                    fdatasync(s.fd)
+                for s in segments[:-1]:
+                    if s in recovered:
+                        s.write_indexes(None)
+                os.fsync(dir_fd)
+                write_file_atomic(directory / RECOVERY_POINT_FILE, b"%d\n" % segments[-1].base_offset, dir_fd)
+
+            leo = segments[-1].next_offset
+            producers, snap_offset, replayed = cls._load_producers(directory, segments, snapshots, log_start, leo)
+            if clean:
+                marker.unlink()  # from now on this log is "dirty" until the next clean close
+                os.fsync(dir_fd)
+        except BaseException:
+            for s in segments:
+                s.close_fd()
+            raise
+
+        self = cls(
+            directory, topic=topic, partition=partition, config=config, flusher=flusher, segments=segments,
+            log_start_offset=log_start, producers=producers, dir_fd=dir_fd,
+        )
+        self._parent_dir_dirty = created
+        self._dir_dirty = fresh
+        log.info(
+            "opened log %s in %.1f ms: %s shutdown, %d segment(s), log start %d, log end %d, "
+            "%d segment(s) recovered, %d byte(s) truncated, %d producer(s) (snapshot %s, %d batch(es) replayed)",
+            name, (time.monotonic() - t0) * 1000, "clean" if clean else "unclean", len(segments), log_start, leo,
+            len(recovered), truncated_bytes, len(producers), snap_offset, replayed,
+        )
+        return self
+
+    @staticmethod
+    def _unlink_segments(directory: Path, bases: list[int]) -> None:
+        for b in bases:
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / file_name(b, suffix)).unlink()
+
+    @staticmethod
+    def _load_producers(
+        directory: Path, segments: list[LogSegment], snapshots: list[int], log_start: int, leo: int
+    ) -> tuple[ProducerStateManager, int | None, int]:
+        producers = ProducerStateManager()
+        snap_offset: int | None = None
+        for off in sorted(snapshots, reverse=True):
+            path = directory / file_name(off, SNAPSHOT_SUFFIX)
+            if off > leo:  # state of data that did not survive
+                path.unlink()
+                continue
+            if snap_offset is not None:
+                continue
+            try:
+                producers, snap_offset = ProducerStateManager.from_snapshot(path.read_bytes(), log_start)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("ignoring unreadable producer snapshot %s: %s", path, e)
+                producers = ProducerStateManager()
+        start = max(snap_offset or 0, segments[0].base_offset)
+        replayed = 0
+        i = max(0, bisect.bisect_right([s.base_offset for s in segments], start) - 1)
+        for seg in segments[i:]:
+            for _, h in seg.iter_headers_from(start, seg.size):
+                producers.replay(h)
+                replayed += 1
+        return producers, snap_offset, replayed
+
+    # ------------------------------------------------------------------------------------------------------
+    # append
+    # ------------------------------------------------------------------------------------------------------
+
+    def append(self, records: bytearray, headers: list[BatchHeader], now_ms: int) -> AppendResult:
+        """Append validated batches (``headers`` from ``validate_produce_records``) and return at once.
+
+        Checks sizes and idempotent-producer rules first (nothing is written if any batch fails), assigns
+        offsets in place, applies LogAppendTime, rolls the segment if needed and writes. Durability is
+        awaited separately with ``wait_durable(result.last_offset)``. A duplicate batch is not written and
+        comes back with its original offsets and ``duplicate=True``.
+        """
+        self._check_writable()
+        if not headers:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "no record batch to append")
+        cfg = self.config
+        for h in headers:
+            if h.size > cfg.max_message_bytes:
+                raise KafkaApiError(
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                    f"record batch of {h.size} bytes exceeds max.message.bytes {cfg.max_message_bytes}",
+                )
+        size = len(records)
+        if size > cfg.segment_bytes:
+            raise KafkaApiError(
+                ErrorCode.RECORD_LIST_TOO_LARGE, f"{size} bytes of records exceed segment.bytes {cfg.segment_bytes}"
+            )
+        log_append_time = cfg.message_timestamp_type == "LogAppendTime"
+        base = self.log_end_offset
+        placed: list[tuple[BatchHeader, int, int]] = []
+        offset = base
+        idempotent = False
+        for h in headers:
+            placed.append((h, offset, now_ms if log_append_time else h.max_timestamp))
+            offset += h.last_offset_delta + 1
+            idempotent = idempotent or h.producer_id >= 0
+        pending = None
+        if idempotent:
+            dup, pending = self._producers.validate(placed)
+            if dup is not None:
+                return AppendResult(
+                    dup.first_offset, dup.last_offset, dup.timestamp if log_append_time else -1,
+                    self.log_start_offset, True,
+                )
+        self._capture_loop()
+
+        next_offset = assign_offsets(records, headers, base, self.leader_epoch)
+        if log_append_time:
+            for h in headers:
+                set_log_append_time(records, h, now_ms)
+        seg = self._active
+        try:
+            if self._should_roll(seg, size, now_ms, next_offset - 1):
+                seg = self._roll(now_ms)
+            if seg.size == 0:
+                seg.created_ms = now_ms
+            seg.append(
+                records,
+                [(h.position, o, o + h.last_offset_delta, ts, h.size) for h, o, ts in placed],
+                cfg.index_interval_bytes,
+            )
+        except OSError as e:
+            log.error("%s: write failed, the log is now offline: %s", self.name, e)
+            self._fail(e)
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"write to {self.name} failed: {e}") from e
+        if pending:
+            self._producers.commit(pending)
+        self.log_end_offset = next_offset
+        interval = cfg.flush_interval_ms
+        with self._lock:
+            self._written_end = next_offset
+            self._written_segment = seg
+            self._written_position = seg.size
+            self._generation += 1
+            schedule = interval is not None and not self._timed_pending
+            if schedule:
+                self._timed_pending = True
+        if interval is None:
+            self._flusher.request(self)
+        else:
+            self._set_high_watermark(next_offset, seg, seg.size)
+            if schedule:
+                self._flusher.schedule(self, interval / 1000)
+        return AppendResult(base, next_offset - 1, now_ms if log_append_time else -1, self.log_start_offset)
+
+    @property
+    def _active(self) -> LogSegment:
+        return self._segments[-1]
+
+    def _should_roll(self, seg: LogSegment, size: int, now_ms: int, last_offset: int) -> bool:
+        if seg.size == 0:
+            return False
+        cfg = self.config
+        return (
+            seg.size + size > cfg.segment_bytes
+            or (seg.created_ms is not None and now_ms - seg.created_ms > cfg.segment_ms)
+            or last_offset - seg.base_offset > INT32_MAX
+        )
+
+    def _roll(self, now_ms: int) -> LogSegment:
+        t0 = time.monotonic()
+        old = self._active
+        old.seal()
+        new = LogSegment.create(self.directory, self.log_end_offset)
+        self._segments.append(new)
+        self._bases.append(new.base_offset)
+        snapshot = self._producers.snapshot_bytes(new.base_offset)
+        with self._lock:
+            self._rolled.append(_Rolled(old, snapshot, new.base_offset))
+            self._dir_dirty = True
+            self._generation += 1
+        self._flusher.request(self)
+        log.info(
+            "%s: rolled segment %d (%d bytes, offsets %d..%d) to new segment %d in %.2f ms",
+            self.name, old.base_offset, old.size, old.base_offset, old.next_offset - 1, new.base_offset,
+            (time.monotonic() - t0) * 1000,
+        )
+        return new
+
+    def roll(self, now_ms: int | None = None) -> None:
+        """Force a segment roll (no-op on an empty active segment)."""
+        self._check_writable()
+        if self._active.size > 0:
+            self._roll(now_ms if now_ms is not None else int(time.time() * 1000))
+
+    # ------------------------------------------------------------------------------------------------------
+    # durability
+    # ------------------------------------------------------------------------------------------------------
+
+    async def wait_durable(self, offset: int) -> None:
+        """Return once ``high_watermark > offset``, i.e. the batch ending at ``offset`` is fsynced.
+
+        Raises KafkaApiError(KAFKA_STORAGE_ERROR) if the fsync failed and NOT_LEADER_OR_FOLLOWER if the log
+        is deleted meanwhile.
+        """
+        if self.high_watermark > offset:
+            return
+        if self._failed is not None:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        if offset >= self.log_end_offset:
+            raise ValueError(f"offset {offset} was never appended to {self.name} (log end {self.log_end_offset})")
+        self._capture_loop()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._durable_waiters, (offset, next(self._seq), fut))
+        await fut
+
+    async def sync(self) -> None:
+        """Wait until everything changed before the call (data, checkpoints, deletions) is on disk."""
+        generation = self._generation
+        if self._flushed_generation >= generation or self._files_closed:
+            return
+        if self._failed is not None:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        self._capture_loop()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sync_waiters.append((generation, fut))
+        self._flusher.request(self)
+        await fut
+
+    def flush(self) -> None:
+        """Synchronously make everything durable on the calling thread (tests, tooling; blocks)."""
+        with self._flush_lock:
+            if self._files_closed:
+                return
+            result = self._flush_locked()
+        self._post(self._on_flushed, result)
+
+    def flush_from_flusher(self) -> None:
+        """Flusher-thread entry point (``Flushable``)."""
+        with self._flush_lock:
+            if self._files_closed:
+                return
+            try:
+                result = self._flush_locked()
+            except OSError as e:
+                log.error("%s: fsync failed, the log is now offline: %s", self.name, e)
+                self._post(self._fail, e)
+                return
+        self._flusher.count_syncs(result.syncs)
+        self._post(self._on_flushed, result)
+
+    def _flush_locked(self) -> _FlushResult:
+        """fsync everything handed over so far; called with ``_flush_lock`` held, on any thread."""
+        with self._lock:
+            end, seg, pos = self._written_end, self._written_segment, self._written_position
+            rolled, self._rolled = self._rolled, []
+            deletes, self._deletes = self._deletes, []
+            lso, self._lso_to_persist = self._lso_to_persist, None
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            parent_dirty, self._parent_dir_dirty = self._parent_dir_dirty, False
+            generation = self._generation
+            self._timed_pending = False
+        syncs = 0
+        for r in rolled:
+            if not r.segment.fd_closed:
+                fdatasync(r.segment.fd)
+                syncs += 1
+            if not r.segment.deleted:
+                r.segment.write_indexes(None)
+        if not seg.fd_closed and (seg is not self._synced_segment or pos > self._synced_position):
+            fdatasync(seg.fd)
+            syncs += 1
+        self._synced_segment, self._synced_position = seg, pos
+        if parent_dirty:
+            _fsync_dir(self.directory.parent)
+        if dir_dirty or rolled:
+            os.fsync(self._dir_fd)  # new segment files and the index renames are durable from here
+        if rolled:
+            for r in rolled:
+                self._write_snapshot(r.offset, r.snapshot)
+            write_file_atomic(self.directory / RECOVERY_POINT_FILE, b"%d\n" % rolled[-1].offset, None)
+        if lso is not None:
+            write_file_atomic(self.directory / LOG_START_OFFSET_FILE, b"%d\n" % lso, None)
+        if rolled or lso is not None:
+            os.fsync(self._dir_fd)
+        # deleted segments: their files were renamed on the loop; close and unlink here, after any fsync
+        for s, paths in deletes:
+            s.close_fd()
+            for p in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+        return _FlushResult(end, seg, pos, generation, syncs)
+
+    def _write_snapshot(self, offset: int, data: bytes) -> None:
+        write_file_atomic(self.directory / file_name(offset, SNAPSHOT_SUFFIX), data, None)
+        snaps = sorted(
+            b for e in os.scandir(self.directory) if (b := _parse_offset_name(e.name, SNAPSHOT_SUFFIX)) is not None
+        )
+        for b in snaps[:-SNAPSHOTS_TO_KEEP]:
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / file_name(b, SNAPSHOT_SUFFIX)).unlink()
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on the event loop (directly if already there or if there is no live loop)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not loop:
+                try:
+                    loop.call_soon_threadsafe(fn, *args)
+                    return
+                except RuntimeError:
+                    pass  # loop closed meanwhile
+        with self._direct_lock:  # without a loop, flusher threads and callers may race here
+            fn(*args)
+
+    def _capture_loop(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+
+    def _on_flushed(self, r: _FlushResult) -> None:
+        self._flushed_generation = max(self._flushed_generation, r.generation)
+        if self.config.flush_interval_ms is None or self._files_closed:
+            self._set_high_watermark(r.end, r.segment, r.position)
+        if self._sync_waiters:
+            keep = []
+            for gen, fut in self._sync_waiters:
+                if gen <= self._flushed_generation:
+                    _resolve(fut)
+                else:
+                    keep.append((gen, fut))
+            self._sync_waiters = keep
+
+    def _set_high_watermark(self, end: int, seg: LogSegment | None, position: int) -> None:
+        if end <= self.high_watermark:
+            return
+        self.high_watermark = end
+        self._hw_segment, self._hw_position = seg, position
+        waiters = self._durable_waiters
+        while waiters and waiters[0][0] < end:
+            _resolve(heapq.heappop(waiters)[2])
+        if self._hw_waiters:
+            hw_waiters, self._hw_waiters = self._hw_waiters, []
+            for f in hw_waiters:
+                _resolve(f)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = exc
+        err = KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline: {exc}")
+        self._fail_waiters(err)
+
+    def _fail_waiters(self, err: BaseException) -> None:
+        for _, _, f in self._durable_waiters:
+            _reject(f, err)
+        for _, f in self._sync_waiters:
+            _reject(f, err)
+        self._durable_waiters, self._sync_waiters = [], []
+        hw_waiters, self._hw_waiters = self._hw_waiters, []
+        for f in hw_waiters:
+            _resolve(f)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} is closed")
+        if self._failed is not None:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+
+    # ------------------------------------------------------------------------------------------------------
+    # read
+    # ------------------------------------------------------------------------------------------------------
+
+    def add_waiter(self) -> asyncio.Future[None]:
+        """A future resolved with None the next time ``high_watermark`` advances (long-poll fetch).
+
+        Also resolved when the log is closed, deleted or goes offline, so a waiting fetch re-checks. Callers
+        bound the wait themselves (``asyncio.wait_for``/``asyncio.wait``); a cancelled or abandoned future is
+        dropped at the next advance, or right away with ``remove_waiter``.
+        """
+        self._capture_loop()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closed or self._failed is not None:
+            fut.set_result(None)
+        else:
+            self._hw_waiters.append(fut)
+        return fut
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._hw_waiters.remove(fut)
+
+    def read(
+        self, fetch_offset: int, max_bytes: int, max_offset: int | None = None, min_one_batch: bool = True
+    ) -> ReadResult:
+        """Whole batches from the one containing ``fetch_offset``, below ``max_offset`` (default and cap: the
+        high watermark), at most ``max_bytes`` unless the first batch alone is bigger and ``min_one_batch``.
+
+        A batch that contains ``max_offset`` is not returned (as Kafka). ``fetch_offset`` below the log start
+        or past the log end raises OFFSET_OUT_OF_RANGE; between the high watermark and the log end (only
+        reachable from acknowledgements the client should not have had) the result is empty, as in Kafka.
+        """
+        if self._closed:
+            raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} is closed")
+        hw = self.high_watermark
+        lso = self.log_start_offset
+        if fetch_offset < lso or fetch_offset > self.log_end_offset:
+            raise KafkaApiError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"fetch offset {fetch_offset} is out of range [{lso}, {self.log_end_offset}] for {self.name}",
+            )
+        limit_offset = hw if max_offset is None else min(max_offset, hw)
+        if fetch_offset >= limit_offset:
+            return ReadResult(b"", hw, lso)
+        i = max(0, bisect.bisect_right(self._bases, fetch_offset) - 1)
+        chunks: list[bytes] = []
+        budget = max_bytes
+        offset = fetch_offset
+        first = min_one_batch
+        segments = self._segments
+        while i < len(segments) and offset < limit_offset:
+            seg = segments[i]
+            seg_limit = self._readable_limit(seg, hw)
+            found = seg.find_batch(offset, seg_limit)
+            if found is None:
+                i += 1
+                continue
+            start, h = found
+            if h.last_offset >= limit_offset:
+                break
+            end = seg.position_of(limit_offset, seg_limit) if limit_offset < seg.next_offset else seg_limit
+            avail = end - start
+            if avail <= budget:
+                chunks.append(seg.read(start, avail))
+                budget -= avail
+                first = False
+                if end < seg_limit or budget <= 0:
+                    break
+                offset = seg.next_offset
+                i += 1
+                continue
+            if budget < h.size:
+                if first:
+                    chunks.append(seg.read(start, h.size))
+                break
+            cut = seg.last_batch_end_within(start, start + budget)
+            chunks.append(seg.read(start, cut - start))
+            break
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return ReadResult(data, hw, lso)
+
+    def _readable_limit(self, seg: LogSegment, hw: int) -> int:
+        """File position up to which ``seg`` holds data below the high watermark."""
+        if seg.next_offset <= hw:
+            return seg.size
+        if seg.base_offset >= hw:
+            return 0
+        if seg is self._hw_segment:
+            return self._hw_position
+        return seg.position_of(hw, seg.size)
+
+    # ------------------------------------------------------------------------------------------------------
+    # offsets by time / epoch
+    # ------------------------------------------------------------------------------------------------------
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp ``>= timestamp`` (ListOffsets), or None.
+
+        The time index finds the first batch whose max timestamp is ``>= timestamp``; that batch is decoded to
+        find the exact record (its base offset if it cannot be decoded). Only data below the high watermark
+        and at or after the log start offset is considered.
+        """
+        hw, lso = self.high_watermark, self.log_start_offset
+        for seg in self._segments:
+            if seg.base_offset >= hw:
+                break
+            if seg.next_offset <= lso or seg.max_timestamp < timestamp:
+                continue
+            start = max(seg.base_offset + seg.time_index.lookup(timestamp), lso)
+            for pos, h in seg.iter_headers_from(start, self._readable_limit(seg, hw)):
+                if h.max_timestamp >= timestamp:
+                    return _first_record_at_or_after(seg.read(pos, h.size), h, timestamp, lso)
+        return None
+
+    def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the earliest record with the largest timestamp (ListOffsets -3), or None."""
+        best: LogSegment | None = None
+        for seg in self._segments:
+            if seg.base_offset >= self.high_watermark:
+                break
+            if seg.next_offset > self.log_start_offset and seg.max_timestamp != NO_TIMESTAMP and (
+                best is None or seg.max_timestamp > best.max_timestamp
+            ):
+                best = seg
+        if best is None:
+            return None
+        found = best.find_batch(best.offset_of_max_timestamp, best.size)
+        if found is None:
+            return best.offset_of_max_timestamp, best.max_timestamp
+        pos, h = found
+        return _first_record_at_or_after(best.read(pos, h.size), h, best.max_timestamp, self.log_start_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch on a single node: epoch 0 ends at the log end; anything else is unknown."""
+        if epoch == self.leader_epoch:
+            return self.leader_epoch, self.log_end_offset
+        return -1, -1
+
+    # ------------------------------------------------------------------------------------------------------
+    # deletion and retention
+    # ------------------------------------------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """DeleteRecords: raise the log start offset to ``offset`` (-1 = high watermark) and delete every
+        segment wholly below it. Returns the new log start offset. The checkpoint is persisted by the flusher;
+        ``await sync()`` to wait for it."""
+        self._check_writable()
+        if offset == -1:
+            offset = self.high_watermark
+        if offset < 0 or offset > self.high_watermark:
+            raise KafkaApiError(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"cannot delete records before {offset}: high watermark of {self.name} is {self.high_watermark}",
+            )
+        if offset <= self.log_start_offset:
+            return self.log_start_offset
+        self._capture_loop()
+        if self._active.size > 0 and self._active.next_offset <= offset:
+            self._roll(int(time.time() * 1000))  # the active segment is wholly deleted: start a new one
+        n = 0
+        while n < len(self._segments) - 1 and self._segments[n + 1].base_offset <= offset:
+            n += 1
+        self._set_log_start(offset)
+        self._delete_oldest(n, "delete-records")
+        return self.log_start_offset
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete closed segments past retention.ms (by their max timestamp) or retention.bytes, and those
+        below the log start offset; never the active segment nor data above the high watermark. Returns the
+        number of segments deleted."""
+        if self._closed or self._failed is not None:
+            return 0
+        cfg = self.config
+        segs = self._segments
+        hw = self.high_watermark
+        # candidates: closed segments whose successor starts at or below the high watermark
+        candidates = 0
+        while candidates < len(segs) - 1 and segs[candidates + 1].base_offset <= hw:
+            candidates += 1
+        n = 0
+        reason = ""
+        if cfg.retention_ms >= 0:
+            while n < candidates and now_ms - segs[n].max_timestamp > cfg.retention_ms:
+                n += 1
+            reason = "retention.ms" if n else reason
+        if cfg.retention_bytes >= 0:
+            diff = self.size_bytes - cfg.retention_bytes
+            m = 0
+            while m < candidates and diff - segs[m].size >= 0:
+                diff -= segs[m].size
+                m += 1
+            if m > n:
+                n, reason = m, "retention.bytes"
+        m = 0
+        while m < candidates and segs[m + 1].base_offset <= self.log_start_offset:
+            m += 1
+        if m > n:
+            n, reason = m, "log start offset"
+        if n == 0:
+            return 0
+        self._capture_loop()
+        self._delete_oldest(n, reason)
+        if segs[0].base_offset > self.log_start_offset:
+            self._set_log_start(segs[0].base_offset)
+        return n
+
+    def _set_log_start(self, offset: int) -> None:
+        self.log_start_offset = offset
+        with self._lock:
+            self._lso_to_persist = offset
+            self._generation += 1
+        self._flusher.request(self)
+
+    def _delete_oldest(self, n: int, reason: str) -> None:
+        if n <= 0:
+            return
+        t0 = time.monotonic()
+        doomed = self._segments[:n]
+        del self._segments[:n]
+        del self._bases[:n]
+        handoff = []
+        for s in doomed:
+            s.deleted = True
+            handoff.append((s, s.rename_for_delete()))
+        with self._lock:
+            self._deletes.extend(handoff)
+            self._generation += 1
+        self._flusher.request(self)
+        log.info(
+            "%s: deleting %d segment(s) (offsets %d..%d, %d bytes) for %s in %.2f ms; log start offset %d",
+            self.name, n, doomed[0].base_offset, doomed[-1].next_offset - 1, sum(s.size for s in doomed), reason,
+            (time.monotonic() - t0) * 1000, self.log_start_offset,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+    # config, close, delete
+    # ------------------------------------------------------------------------------------------------------
+
+    def update_config(self, config: LogConfig) -> None:
+        """Apply new settings to future appends, reads and retention runs."""
+        old, self.config = self.config, config
+        if config.flush_interval_ms is not None and old.flush_interval_ms is None:
+            self._set_high_watermark(self.log_end_offset, self._active, self._active.size)
+        elif config.flush_interval_ms is None and old.flush_interval_ms is not None:
+            self._flusher.request(self)
+
+    def close(self) -> None:
+        """Flush, persist indexes, producer snapshot and checkpoints, write the clean-shutdown marker, close.
+
+        Blocks (several fsyncs); ``LogManager.close`` runs ``close_files`` on a worker thread instead.
+        """
+        self.begin_close()
+        self.close_files()
+
+    def begin_close(self) -> None:
+        """Loop part of closing: refuse further appends and capture the state to persist."""
+        self._closed = True
+        self._active.seal()
+
+    def close_files(self) -> None:
+        """Blocking part of closing; safe to call from a worker thread after ``begin_close``."""
+        t0 = time.monotonic()
+        with self._flush_lock:
+            if self._files_closed:
+                return
+            result = self._flush_locked()
+            active = self._active
+            leo = self.log_end_offset
+            active.write_indexes(None)
+            self._write_snapshot(leo, self._producers.snapshot_bytes(leo))
+            write_file_atomic(self.directory / LOG_START_OFFSET_FILE, b"%d\n" % self.log_start_offset, None)
+            os.fsync(self._dir_fd)  # everything above is durable before the marker says so
+            marker = json.dumps({"log_end_offset": leo}).encode()
+            write_file_atomic(self.directory / CLEAN_SHUTDOWN_FILE, marker, self._dir_fd)
+            for s in self._segments:
+                s.close_fd()
+            os.close(self._dir_fd)
+            self._files_closed = True
+        self._post(self._after_close, result)
+        log.info("closed log %s (log end %d) in %.1f ms", self.name, leo, (time.monotonic() - t0) * 1000)
+
+    def _after_close(self, result: _FlushResult) -> None:
+        self._on_flushed(result)
+        self._fail_waiters(KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} is closed"))
+
+    def delete(self) -> None:
+        """Close without persisting anything and remove the directory (renamed at once, removed on a flusher
+        thread)."""
+        self._closed = True
+        with self._flush_lock:
+            if not self._files_closed:
+                for s in self._segments:
+                    s.close_fd()
+                for s, _ in self._deletes:
+                    s.close_fd()
+                os.close(self._dir_fd)
+                self._files_closed = True
+        target = self.directory.with_name(f"{self.directory.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        try:
+            os.rename(self.directory, target)
+        except FileNotFoundError:
+            return
+        self._flusher.submit(lambda: shutil.rmtree(target, ignore_errors=True))
+        self._fail_waiters(KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} was deleted"))
+        log.info("deleted log %s", self.name)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        with contextlib.suppress(RuntimeError):  # the future's loop is closed
+            fut.set_result(None)
+
+
+def _reject(fut: asyncio.Future[None], err: BaseException) -> None:
+    if not fut.done():
+        with contextlib.suppress(RuntimeError):
+            fut.set_exception(err)
+
+
+def _first_record_at_or_after(batch: bytes, h: BatchHeader, timestamp: int, min_offset: int) -> tuple[int, int]:
+    """(offset, timestamp) of the first record of ``batch`` at or after ``min_offset`` with timestamp
+    ``>= timestamp``; falls back to the batch's (base offset, max timestamp) if it cannot be decoded."""
+    try:
+        from aiokafka.record.default_records import DefaultRecordBatch
+
+        for rec in DefaultRecordBatch(batch):
+            if rec.offset >= min_offset and rec.timestamp >= timestamp:
+                return int(rec.offset), int(rec.timestamp)
+    except Exception as e:  # a codec missing or a batch we cannot decode: the batch start is acceptable
+        log.debug("cannot decode batch at offset %d for a timestamp lookup: %s", h.base_offset, e)
+    return max(h.base_offset, min_offset), h.max_timestamp
+
+
+_default_flusher: Flusher | None = None
+_default_flusher_lock = threading.Lock()
+
+
+def default_flusher() -> Flusher:
+    """The process-wide flusher used by logs opened without one."""
+    global _default_flusher
+    with _default_flusher_lock:
+        if _default_flusher is None:
+            _default_flusher = Flusher()
+        return _default_flusher

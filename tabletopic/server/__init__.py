@@ -1,0 +1,1 @@
+"""The asyncio network server and the request handlers."""

@@ -1,0 +1,126 @@
+"""ApiVersions, Metadata, DescribeCluster and InitProducerId."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.protocol import codec
+from tabletopic.protocol.codec import ApiKey
+from tabletopic.server.handlers.base import HANDLERS, RequestContext, handles
+from tabletopic.topics import TopicInfo, check_topic_name
+
+log = logging.getLogger(__name__)
+
+ZERO_UUID = uuid.UUID(int=0)
+
+
+def api_versions_body(error: ErrorCode = ErrorCode.NONE) -> dict[str, Any]:
+    """ApiVersions response fields (v0 layout is a subset, so it serves the fallback too)."""
+    cls = codec.response_class(ApiKey.ApiVersions)[0]
+    keys = [
+        cls.ApiVersion(api_key=int(k), min_version=lo, max_version=hi)
+        for k, (lo, hi) in sorted(codec.SUPPORTED_VERSIONS.items())
+        if k in HANDLERS
+    ]
+    return {"error_code": int(error), "api_keys": keys}
+
+
+@handles(ApiKey.ApiVersions)
+async def api_versions(ctx: RequestContext, req: Any) -> Any:
+    return ctx.response(throttle_time_ms=0, **api_versions_body())
+
+
+def _metadata_topic(ctx: RequestContext, info: TopicInfo | None, name: str | None, topic_id: uuid.UUID | None,
+                    error: ErrorCode = ErrorCode.NONE) -> Any:
+    r = ctx.response_class
+    T = r.MetadataResponseTopic
+    P = T.MetadataResponsePartition
+    node = ctx.broker.node_id
+    if info is None:
+        return T(error_code=int(error), name=name, topic_id=topic_id or ZERO_UUID, is_internal=False,
+                 partitions=[])
+    parts = [
+        P(error_code=0, partition_index=p, leader_id=node, leader_epoch=0, replica_nodes=[node],
+          isr_nodes=[node], offline_replicas=[])
+        for p in range(info.partitions)
+    ]
+    return T(error_code=0, name=info.name, topic_id=info.topic_id, is_internal=False, partitions=parts)
+
+
+@handles(ApiKey.Metadata)
+async def metadata(ctx: RequestContext, req: Any) -> Any:
+    broker = ctx.broker
+    topics_out: list[Any] = []
+    requested = req.topics
+    if requested is None or (ctx.api_version == 0 and not requested):
+        topics_out = [_metadata_topic(ctx, t, t.name, t.topic_id) for t in broker.topics.all()]
+    else:
+        allow_auto = bool(broker.config["auto.create.topics.enable"]) and (
+            ctx.api_version < 4 or bool(req.allow_auto_topic_creation)
+        )
+        for t in requested:
+            name = t.name
+            tid = getattr(t, "topic_id", None)
+            if name is None and tid is not None and tid != ZERO_UUID:
+                info = broker.topics.get_by_id(tid)
+                topics_out.append(_metadata_topic(ctx, info, None, tid, ErrorCode.UNKNOWN_TOPIC_ID))
+                continue
+            if name is None:
+                topics_out.append(_metadata_topic(ctx, None, None, tid, ErrorCode.INVALID_REQUEST))
+                continue
+            info = broker.topics.get(name)
+            if info is None and allow_auto:
+                try:
+                    info = await broker.topics.create(name)
+                except KafkaApiError as exc:
+                    topics_out.append(_metadata_topic(ctx, None, name, None, exc.code))
+                    continue
+            if info is None:
+                try:
+                    check_topic_name(name)
+                    err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                except KafkaApiError as exc:
+                    err = exc.code
+                topics_out.append(_metadata_topic(ctx, None, name, None, err))
+            else:
+                topics_out.append(_metadata_topic(ctx, info, name, info.topic_id))
+    r = ctx.response_class
+    brokers = [r.MetadataResponseBroker(node_id=broker.node_id, host=broker.advertised_host,
+                                        port=broker.advertised_port, rack=None)]
+    return ctx.response(throttle_time_ms=0, brokers=brokers, cluster_id=broker.cluster_id,
+                        controller_id=broker.node_id, topics=topics_out)
+
+
+@handles(ApiKey.DescribeCluster)
+async def describe_cluster(ctx: RequestContext, req: Any) -> Any:
+    broker = ctx.broker
+    r = ctx.response_class
+    return ctx.response(
+        throttle_time_ms=0, error_code=0, error_message=None, cluster_id=broker.cluster_id,
+        controller_id=broker.node_id,
+        brokers=[r.DescribeClusterBroker(broker_id=broker.node_id, host=broker.advertised_host,
+                                         port=broker.advertised_port, rack=None)],
+    )
+
+
+@handles(ApiKey.InitProducerId)
+async def init_producer_id(ctx: RequestContext, req: Any) -> Any:
+    if req.transactional_id is not None:
+        # transactions are not supported yet: answer as a broker without a transaction coordinator would
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                            producer_id=-1, producer_epoch=-1)
+    pid = getattr(req, "producer_id", -1)
+    epoch = getattr(req, "producer_epoch", -1)
+    if pid is not None and pid >= 0 and epoch is not None and epoch >= 0:
+        # KIP-360: an idempotent producer may bump its own epoch to reset sequences after an error
+        if epoch >= 32766:
+            pid, epoch = ctx.broker.producer_ids.allocate(), 0
+        else:
+            epoch += 1
+    else:
+        pid, epoch = ctx.broker.producer_ids.allocate(), 0
+    log.debug("InitProducerId for client %s: producer id %d epoch %d", ctx.client_id, pid, epoch)
+    return ctx.response(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=epoch)

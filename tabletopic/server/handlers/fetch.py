@@ -1,0 +1,217 @@
+"""Fetch (long-poll), ListOffsets, OffsetForLeaderEpoch and DeleteRecords.
+
+Consumers are served only below the high watermark, which the log advances after fsync: a record that a
+crash could still take away is never handed out. Without transactions the last stable offset equals the
+high watermark, so read_committed and read_uncommitted see the same data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.log.log import PartitionLog
+from tabletopic.protocol.codec import ApiKey
+from tabletopic.server.handlers.base import RequestContext, handles
+
+log = logging.getLogger(__name__)
+
+ZERO_UUID = uuid.UUID(int=0)
+EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
+
+
+class _FetchPartition:
+    __slots__ = ("data", "error", "fetch_offset", "hw", "index", "log_start", "max_bytes", "plog")
+
+    def __init__(self, index: int, fetch_offset: int, max_bytes: int, plog: PartitionLog | None,
+                 error: ErrorCode) -> None:
+        self.index = index
+        self.fetch_offset = fetch_offset
+        self.max_bytes = max_bytes
+        self.plog = plog
+        self.error = error
+        self.data: bytes | memoryview | None = None
+        self.hw = -1
+        self.log_start = -1
+
+
+def _read_all(topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]], max_bytes: int) -> int:
+    """Read every partition once; returns the number of record bytes gathered."""
+    total = 0
+    for _, _, parts in topics:
+        for fp in parts:
+            plog = fp.plog
+            if plog is None or fp.error != ErrorCode.NONE:
+                continue
+            fp.hw = plog.high_watermark
+            fp.log_start = plog.log_start_offset
+            budget = min(fp.max_bytes, max_bytes - total)
+            if budget <= 0 and total > 0:
+                fp.data = b""
+                continue
+            try:
+                res = plog.read(fp.fetch_offset, max(budget, 0), min_one_batch=(total == 0))
+            except KafkaApiError as exc:
+                fp.error = exc.code
+                fp.data = None
+                continue
+            fp.data = res.data
+            fp.hw = res.high_watermark
+            fp.log_start = res.log_start_offset
+            total += len(res.data)
+    return total
+
+
+@handles(ApiKey.Fetch)
+async def fetch(ctx: RequestContext, req: Any) -> Any:
+    broker = ctx.broker
+    by_id = ctx.api_version >= 13
+    session_epoch = getattr(req, "session_epoch", -1)
+    session_id = getattr(req, "session_id", 0)
+    if session_id != 0 and session_epoch > 0:
+        # we never hand out fetch sessions (session id 0 in every response), so none can be resumed
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND),
+                            session_id=0, responses=[])
+    topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]] = []
+    for t in req.topics:
+        if by_id:
+            info = broker.topics.get_by_id(t.topic_id)
+            missing = ErrorCode.UNKNOWN_TOPIC_ID
+        else:
+            info = broker.topics.get(t.topic)
+            missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        name = info.name if info else (t.topic if not by_id else "")
+        parts = []
+        for p in t.partitions:
+            plog = broker.logs.get(info.name, p.partition) if info else None
+            err = ErrorCode.NONE
+            if info is None:
+                err = missing
+            elif plog is None:
+                err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif getattr(p, "current_leader_epoch", -1) > 0:
+                err = ErrorCode.UNKNOWN_LEADER_EPOCH
+            parts.append(_FetchPartition(p.partition, p.fetch_offset, p.partition_max_bytes, plog, err))
+        topics.append((name, info.topic_id if info else getattr(t, "topic_id", ZERO_UUID), parts))
+
+    max_bytes = int(req.max_bytes) if ctx.api_version >= 3 else 0x7FFFFFFF
+    min_bytes = max(int(req.min_bytes), 0)
+    deadline = time.monotonic() + max(int(req.max_wait_ms), 0) / 1000
+    while True:
+        total = _read_all(topics, max_bytes)
+        any_error = any(fp.error != ErrorCode.NONE for _, _, ps in topics for fp in ps)
+        remaining = deadline - time.monotonic()
+        if total >= min_bytes or any_error or remaining <= 0:
+            break
+        waiters = [fp.plog.add_waiter() for _, _, ps in topics for fp in ps if fp.plog is not None]
+        if not waiters:
+            break
+        _done, pending = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
+
+    r = ctx.response_class
+    T = r.FetchableTopicResponse
+    P = T.PartitionData
+    responses = []
+    for name, tid, parts in topics:
+        out = []
+        for fp in parts:
+            hw = fp.hw
+            out.append(P(
+                partition_index=fp.index, error_code=int(fp.error), high_watermark=hw, last_stable_offset=hw,
+                log_start_offset=fp.log_start, aborted_transactions=None if fp.error else [],
+                preferred_read_replica=-1, records=fp.data if fp.error == ErrorCode.NONE else None,
+            ))
+        responses.append(T(topic=name, topic_id=tid, partitions=out))
+    return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
+
+
+def _partition_log(ctx: RequestContext, topic: str, partition: int) -> PartitionLog:
+    plog = ctx.broker.logs.get(topic, partition) if ctx.broker.topics.get(topic) else None
+    if plog is None:
+        raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    return plog
+
+
+@handles(ApiKey.ListOffsets)
+async def list_offsets(ctx: RequestContext, req: Any) -> Any:
+    r = ctx.response_class
+    T = r.ListOffsetsTopicResponse
+    P = T.ListOffsetsPartitionResponse
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            err, ts, off = ErrorCode.NONE, -1, -1
+            try:
+                plog = _partition_log(ctx, t.name, p.partition_index)
+                if p.current_leader_epoch > 0:
+                    raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+                if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
+                    off = plog.log_start_offset
+                elif p.timestamp in (LATEST, LATEST_TIERED):
+                    off = plog.high_watermark
+                elif p.timestamp == MAX_TIMESTAMP:
+                    found = plog.max_timestamp_offset()
+                    if found is not None:
+                        off, ts = found
+                elif p.timestamp < 0:
+                    raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"unknown timestamp {p.timestamp}")
+                else:
+                    found = plog.offset_for_timestamp(p.timestamp)
+                    if found is not None:
+                        off, ts = found
+            except KafkaApiError as exc:
+                err = exc.code
+            parts.append(P(partition_index=p.partition_index, error_code=int(err), timestamp=ts, offset=off,
+                           leader_epoch=0 if err == ErrorCode.NONE else -1, old_style_offsets=[]))
+        topics.append(T(name=t.name, partitions=parts))
+    return ctx.response(throttle_time_ms=0, topics=topics)
+
+
+@handles(ApiKey.OffsetForLeaderEpoch)
+async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Any:
+    r = ctx.response_class
+    T = r.OffsetForLeaderTopicResult
+    P = T.EpochEndOffset
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            try:
+                plog = _partition_log(ctx, t.topic, p.partition)
+                if p.current_leader_epoch > 0:
+                    raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
+                epoch, end = plog.end_offset_for_epoch(p.leader_epoch)
+                parts.append(P(error_code=0, partition=p.partition, leader_epoch=epoch, end_offset=end))
+            except KafkaApiError as exc:
+                parts.append(P(error_code=int(exc.code), partition=p.partition, leader_epoch=-1, end_offset=-1))
+        topics.append(T(topic=t.topic, partitions=parts))
+    return ctx.response(throttle_time_ms=0, topics=topics)
+
+
+@handles(ApiKey.DeleteRecords)
+async def delete_records(ctx: RequestContext, req: Any) -> Any:
+    r = ctx.response_class
+    T = r.DeleteRecordsTopicResult
+    P = T.DeleteRecordsPartitionResult
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            try:
+                plog = _partition_log(ctx, t.name, p.partition_index)
+                low = plog.delete_records_before(p.offset)
+                await plog.sync()  # the new log start offset is durable before we answer
+                log.info("DeleteRecords %s-%d before %d: log start offset now %d", t.name, p.partition_index,
+                         p.offset, low)
+                parts.append(P(partition_index=p.partition_index, low_watermark=low, error_code=0))
+            except KafkaApiError as exc:
+                parts.append(P(partition_index=p.partition_index, low_watermark=-1, error_code=int(exc.code)))
+        topics.append(T(name=t.name, partitions=parts))
+    return ctx.response(throttle_time_ms=0, topics=topics)

@@ -1,0 +1,337 @@
+"""Handlers of the group APIs: FindCoordinator, the classic group protocol, offsets and group admin.
+
+They translate between the wire messages and :class:`~tabletopic.groups.coordinator.GroupCoordinator`
+(``ctx.broker.groups``), which holds all the logic. JoinGroup and SyncGroup await the rebalance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.api_key import ApiKey
+from kafka.protocol.api_message import ApiMessage
+
+from tabletopic.errors import ErrorCode
+from tabletopic.groups.coordinator import CommitRequestOffset, GroupCoordinator, TopicPartition
+from tabletopic.server.handlers.base import RequestContext, handles
+
+E = ErrorCode
+
+_COORDINATOR_GROUP = 0
+_COORDINATOR_TRANSACTION = 1
+# AclOperation codes READ(3), DELETE(6), DESCRIBE(8): what a client may do with a group (no authorizer).
+# The codec takes a bitfield as the set of its bit positions; None encodes "not requested" (INT32_MIN).
+_GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
+
+
+def _groups(ctx: RequestContext) -> GroupCoordinator:
+    coordinator: GroupCoordinator = ctx.broker.groups
+    return coordinator
+
+
+# ------------------------------------------------------------------------------------------ FindCoordinator
+
+
+@handles(ApiKey.FindCoordinator)
+async def find_coordinator(ctx: RequestContext, req: Any) -> ApiMessage:
+    broker = ctx.broker
+    key_type = req.key_type if ctx.api_version >= 1 else _COORDINATOR_GROUP
+
+    def lookup() -> tuple[ErrorCode, str | None, int, str, int]:
+        if key_type == _COORDINATOR_GROUP:
+            return E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port
+        if key_type == _COORDINATOR_TRANSACTION:
+            return E.COORDINATOR_NOT_AVAILABLE, "transactions are not supported", -1, "", -1
+        return E.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
+
+    error, message, node_id, host, port = lookup()
+    if ctx.api_version < 4:
+        return ctx.response(
+            error_code=error, error_message=message, node_id=node_id, host=host, port=port
+        )
+    cls = ctx.response_class.Coordinator
+    return ctx.response(
+        coordinators=[
+            cls(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message)
+            for key in req.coordinator_keys
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------------ group membership
+
+
+@handles(ApiKey.JoinGroup)
+async def join_group(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    result = await _groups(ctx).join_group(
+        req.group_id,
+        member_id=req.member_id,
+        group_instance_id=req.group_instance_id if v >= 5 else None,
+        client_id=ctx.client_id or "",
+        client_host=ctx.client_host if ctx.client_host.startswith("/") else "/" + ctx.client_host,
+        session_timeout_ms=req.session_timeout_ms,
+        rebalance_timeout_ms=req.rebalance_timeout_ms if v >= 1 else -1,
+        protocol_type=req.protocol_type,
+        protocols=[(p.name, bytes(p.metadata)) for p in req.protocols],
+        require_known_member_id=v >= 4,
+        supports_skip_assignment=v >= 9,
+        reason=req.reason if v >= 8 else None,
+    )
+    member_cls = ctx.response_class.JoinGroupResponseMember
+    protocol_name = result.protocol_name
+    if protocol_name is None and v < 7:
+        protocol_name = ""
+    return ctx.response(
+        error_code=result.error,
+        generation_id=result.generation_id,
+        protocol_type=result.protocol_type,
+        protocol_name=protocol_name,
+        leader=result.leader_id,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=[
+            member_cls(member_id=m.member_id, group_instance_id=m.group_instance_id, metadata=m.metadata)
+            for m in result.members
+        ],
+    )
+
+
+@handles(ApiKey.SyncGroup)
+async def sync_group(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    result = await _groups(ctx).sync_group(
+        req.group_id,
+        generation_id=req.generation_id,
+        member_id=req.member_id,
+        group_instance_id=req.group_instance_id if v >= 3 else None,
+        protocol_type=req.protocol_type if v >= 5 else None,
+        protocol_name=req.protocol_name if v >= 5 else None,
+        assignments={a.member_id: bytes(a.assignment) for a in req.assignments},
+    )
+    return ctx.response(
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+@handles(ApiKey.Heartbeat)
+async def heartbeat(ctx: RequestContext, req: Any) -> ApiMessage:
+    error = _groups(ctx).heartbeat(
+        req.group_id,
+        req.member_id,
+        req.group_instance_id if ctx.api_version >= 3 else None,
+        req.generation_id,
+    )
+    return ctx.response(error_code=error)
+
+
+@handles(ApiKey.LeaveGroup)
+async def leave_group(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    if v < 3:
+        top, errors = _groups(ctx).leave_group(req.group_id, [(req.member_id, None)])
+        if top == E.NONE:
+            top = next((e for e in errors if e != E.NONE), E.NONE)
+        return ctx.response(error_code=top)
+    identities = [(m.member_id, m.group_instance_id) for m in req.members]
+    reasons = [m.reason for m in req.members if v >= 5 and m.reason]
+    top, errors = _groups(ctx).leave_group(req.group_id, identities, reasons[0] if reasons else None)
+    cls = ctx.response_class.MemberResponse
+    return ctx.response(
+        error_code=top,
+        members=[
+            cls(member_id=mid, group_instance_id=iid, error_code=err)
+            for (mid, iid), err in zip(identities, errors, strict=True)
+        ],
+    )
+
+
+# ------------------------------------------------------------------------------------------ offsets
+
+
+@handles(ApiKey.OffsetCommit)
+async def offset_commit(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    offsets: dict[TopicPartition, CommitRequestOffset] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            offsets[(t.name, p.partition_index)] = CommitRequestOffset(
+                p.committed_offset, p.committed_leader_epoch if v >= 6 else -1, p.committed_metadata
+            )
+    errors = await _groups(ctx).commit_offsets(
+        req.group_id,
+        generation_id=req.generation_id_or_member_epoch,
+        member_id=req.member_id,
+        group_instance_id=req.group_instance_id if v >= 7 else None,
+        offsets=offsets,
+        api_version=v,
+    )
+    topic_cls = ctx.response_class.OffsetCommitResponseTopic
+    part_cls = topic_cls.OffsetCommitResponsePartition
+    return ctx.response(
+        topics=[
+            topic_cls(
+                name=t.name,
+                partitions=[
+                    part_cls(partition_index=p.partition_index, error_code=errors[(t.name, p.partition_index)])
+                    for p in t.partitions
+                ],
+            )
+            for t in req.topics
+        ]
+    )
+
+
+def _fetch_group(
+    coordinator: GroupCoordinator, group_id: str, topics: Any
+) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str]]]]]:
+    """Committed offsets of one group as [(topic, [(partition, offset, leader_epoch, metadata)])]."""
+    wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
+    error, found = coordinator.fetch_offsets(group_id, wanted)
+    by_topic: dict[str, list[tuple[int, int, int, str]]] = {}
+    if topics is not None:
+        for t in topics:
+            by_topic.setdefault(t.name, [])
+    for (topic, partition), c in found.items():
+        row = (partition, -1, -1, "") if c is None else (partition, c.offset, c.leader_epoch, c.metadata)
+        by_topic.setdefault(topic, []).append(row)
+    return error, list(by_topic.items())
+
+
+@handles(ApiKey.OffsetFetch)
+async def offset_fetch(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    coordinator = _groups(ctx)
+    if v < 8:
+        error, topics = _fetch_group(coordinator, req.group_id, req.topics)
+        topic_cls = ctx.response_class.OffsetFetchResponseTopic
+        part_cls = topic_cls.OffsetFetchResponsePartition
+        part_error = error if v < 2 else E.NONE
+        return ctx.response(
+            error_code=error,
+            topics=[
+                topic_cls(
+                    name=name,
+                    partitions=[
+                        part_cls(
+                            partition_index=p, committed_offset=o, committed_leader_epoch=ep, metadata=m,
+                            error_code=part_error,
+                        )
+                        for p, o, ep, m in parts
+                    ],
+                )
+                for name, parts in topics
+            ],
+        )
+    group_cls = ctx.response_class.OffsetFetchResponseGroup
+    topic_cls = group_cls.OffsetFetchResponseTopics
+    part_cls = topic_cls.OffsetFetchResponsePartitions
+    groups = []
+    for g in req.groups:
+        error, topics = _fetch_group(coordinator, g.group_id, g.topics)
+        groups.append(
+            group_cls(
+                group_id=g.group_id,
+                error_code=error,
+                topics=[
+                    topic_cls(
+                        name=name,
+                        partitions=[
+                            part_cls(
+                                partition_index=p, committed_offset=o, committed_leader_epoch=ep, metadata=m,
+                                error_code=E.NONE,
+                            )
+                            for p, o, ep, m in parts
+                        ],
+                    )
+                    for name, parts in topics
+                ],
+            )
+        )
+    return ctx.response(groups=groups)
+
+
+@handles(ApiKey.OffsetDelete)
+async def offset_delete(ctx: RequestContext, req: Any) -> ApiMessage:
+    wanted = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+    error, per_partition = await _groups(ctx).delete_offsets(req.group_id, wanted)
+    if error != E.NONE:
+        return ctx.response(error_code=error, topics=[])
+    topic_cls = ctx.response_class.OffsetDeleteResponseTopic
+    part_cls = topic_cls.OffsetDeleteResponsePartition
+    return ctx.response(
+        error_code=E.NONE,
+        topics=[
+            topic_cls(
+                name=t.name,
+                partitions=[
+                    part_cls(partition_index=p.partition_index, error_code=per_partition[(t.name, p.partition_index)])
+                    for p in t.partitions
+                ],
+            )
+            for t in req.topics
+        ],
+    )
+
+
+# ------------------------------------------------------------------------------------------ group admin
+
+
+@handles(ApiKey.ListGroups)
+async def list_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+    v = ctx.api_version
+    error, listings = _groups(ctx).list_groups(
+        req.states_filter if v >= 4 else None, req.types_filter if v >= 5 else None
+    )
+    cls = ctx.response_class.ListedGroup
+    return ctx.response(
+        error_code=error,
+        groups=[
+            cls(group_id=g.group_id, protocol_type=g.protocol_type, group_state=g.state, group_type=g.group_type)
+            for g in listings
+        ],
+    )
+
+
+@handles(ApiKey.DescribeGroups)
+async def describe_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+    coordinator = _groups(ctx)
+    include_ops = ctx.api_version >= 3 and bool(req.include_authorized_operations)
+    group_cls = ctx.response_class.DescribedGroup
+    member_cls = group_cls.DescribedGroupMember
+    described = []
+    for group_id in req.groups:
+        d = coordinator.describe_group(group_id)
+        described.append(
+            group_cls(
+                error_code=d.error,
+                group_id=d.group_id,
+                group_state=d.state,
+                protocol_type=d.protocol_type,
+                protocol_data=d.protocol_data,
+                members=[
+                    member_cls(
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id,
+                        client_id=m.client_id,
+                        client_host=m.client_host,
+                        member_metadata=m.metadata,
+                        member_assignment=m.assignment,
+                    )
+                    for m in d.members
+                ],
+                authorized_operations=set(_GROUP_AUTHORIZED_OPERATIONS) if include_ops else None,
+            )
+        )
+    return ctx.response(groups=described)
+
+
+@handles(ApiKey.DeleteGroups)
+async def delete_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+    names = list(req.groups_names)
+    results = await _groups(ctx).delete_groups(names)
+    cls = ctx.response_class.DeletableGroupResult
+    return ctx.response(results=[cls(group_id=name, error_code=results[name]) for name in dict.fromkeys(names)])

@@ -1,0 +1,129 @@
+"""Produce: validate batches (header + CRC32C only), append in arrival order, answer after fsync.
+
+Every partition of the request is appended synchronously, before the first ``await``, so pipelined
+requests on one connection hit the log in the order they were sent (idempotent producers rely on it).
+Durability is then awaited for all partitions together: the log's flusher coalesces fsyncs across
+concurrent requests. acks=0 gets no response at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.log.log import AppendResult, PartitionLog
+from tabletopic.protocol import records as rb
+from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey
+from tabletopic.server.handlers.base import RequestContext, handles
+
+log = logging.getLogger(__name__)
+
+
+class _PartitionOutcome:
+    __slots__ = ("error", "index", "message", "plog", "result")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.error = ErrorCode.NONE
+        self.message: str | None = None
+        self.result: AppendResult | None = None
+        self.plog: PartitionLog | None = None
+
+
+@handles(ApiKey.Produce)
+async def produce(ctx: RequestContext, req: Any) -> Any:
+    broker = ctx.broker
+    acks = int(req.acks)
+    now_ms = int(time.time() * 1000)
+    outcomes: list[tuple[str, list[_PartitionOutcome]]] = []
+    version_ok = ctx.api_version >= MIN_USABLE_PRODUCE_VERSION
+    for topic in req.topic_data:
+        name = topic.name
+        info = broker.topics.get(name)
+        # No auto-creation here (as in Kafka: producers create topics through Metadata), and no await before
+        # the last append, so that pipelined requests are appended in the order they arrived.
+        parts: list[_PartitionOutcome] = []
+        for pdata in topic.partition_data:
+            out = _PartitionOutcome(pdata.index)
+            parts.append(out)
+            if not version_ok:
+                out.error = ErrorCode.UNSUPPORTED_VERSION
+                continue
+            if acks not in (-1, 0, 1):
+                out.error = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            if req.transactional_id is not None:
+                out.error = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+                out.message = "transactions are not supported by this broker yet"
+                continue
+            plog = broker.logs.get(name, pdata.index) if info is not None else None
+            if plog is None:
+                out.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            try:
+                records = pdata.records
+                if records is None:
+                    raise KafkaApiError(ErrorCode.INVALID_RECORD, "Produce request contained no record batch")
+                buf = bytearray(records)
+                headers = rb.validate_produce_records(buf)
+                if any(h.is_transactional or h.is_control for h in headers):
+                    raise KafkaApiError(ErrorCode.INVALID_RECORD,
+                                        "transactional and control batches are not supported yet")
+                out.result = plog.append(buf, headers, now_ms)
+                out.plog = plog
+            except KafkaApiError as exc:
+                out.error = exc.code
+                out.message = exc.message
+                log.info("produce to %s-%d from %s (client %s) refused: %s %s", name, pdata.index,
+                         ctx.client_host, ctx.client_id, exc.code.name, exc.message or "")
+            except OSError as exc:
+                out.error = ErrorCode.KAFKA_STORAGE_ERROR
+                out.message = str(exc)
+                log.error("append to %s-%d failed: %s", name, pdata.index, exc)
+        outcomes.append((name, parts))
+
+    if acks == 0:
+        return None
+
+    waits = [
+        o.plog.wait_durable(o.result.last_offset)
+        for _, parts in outcomes
+        for o in parts
+        # a retried duplicate waits too: its original may still be on its way to disk
+        if o.plog is not None and o.result is not None
+    ]
+    if waits:
+        # the request's timeout bounds the wait, but never below 30 s: an fsync is not a replica that may lag
+        timeout = max(float(req.timeout_ms) / 1000, 30.0)
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout=timeout)
+        except TimeoutError:
+            for _, parts in outcomes:
+                for o in parts:
+                    if o.result is not None and o.plog is not None and o.plog.high_watermark <= o.result.last_offset:
+                        o.error = ErrorCode.REQUEST_TIMED_OUT
+
+    r = ctx.response_class
+    T = r.TopicProduceResponse
+    P = T.PartitionProduceResponse
+    responses = []
+    for name, parts in outcomes:
+        presp = []
+        for o in parts:
+            res = o.result
+            ok = o.error == ErrorCode.NONE and res is not None
+            assert res is not None or not ok
+            presp.append(P(
+                index=o.index,
+                error_code=int(o.error),
+                base_offset=res.base_offset if ok and res else -1,
+                log_append_time_ms=res.log_append_time if ok and res else -1,
+                log_start_offset=res.log_start_offset if ok and res else -1,
+                record_errors=[],
+                error_message=o.message,
+            ))
+        responses.append(T(name=name, partition_responses=presp))
+    return ctx.response(responses=responses, throttle_time_ms=0)

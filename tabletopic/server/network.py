@@ -1,0 +1,299 @@
+"""The Kafka-protocol TCP server: framing, dispatch, in-order responses, bad-input handling.
+
+One :class:`KafkaConnection` (an asyncio Protocol: fewer copies and context switches than streams) per
+client. Requests of one connection are started in arrival order, may complete concurrently (a long-poll
+Fetch must not hold up a Heartbeat behind it... on another connection; on the same connection Kafka answers
+in order, and so do we: responses are written strictly in request order). Handlers start synchronously in
+arrival order, which is what keeps pipelined idempotent produce requests in sequence.
+
+Bad input never takes the broker down: an oversized or negative frame, an unknown API key or an
+undecodable request closes that connection (Kafka does the same) after one log line; an unsupported
+version of a known API gets Kafka's answer (ApiVersions v0 fallback; UNSUPPORTED_VERSION elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+
+from tabletopic.errors import ErrorCode
+from tabletopic.protocol import codec
+from tabletopic.server.handlers.base import HANDLERS, RequestContext
+
+if TYPE_CHECKING:
+    from tabletopic.broker import Broker
+
+log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
+MAX_PENDING_PER_CONNECTION = 128  # pause reading beyond this many unanswered requests
+
+
+class _Slot:
+    """One request's place in the connection's response queue."""
+
+    __slots__ = ("data", "done", "task")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.data: bytes | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, server: KafkaServer) -> None:
+        self._server = server
+        self._broker = server.broker
+        self._max_frame = int(server.broker.config["socket.request.max.bytes"])
+        self._buf = bytearray()
+        self._queue: deque[_Slot] = deque()
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self._closing = False
+        self._reading_paused = False
+        self._warned = False
+        self._last_activity = time.monotonic()
+
+    # ---- asyncio.Protocol ----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
+        peer = transport.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._server.connections.add(self)
+        log.debug("connection from %s", self._peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._server.connections.discard(self)
+        for slot in self._queue:
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+        self._queue.clear()
+        log.debug("connection %s closed (%s)", self._peer, exc or "eof")
+
+    def data_received(self, data: bytes) -> None:
+        self._last_activity = time.monotonic()
+        buf = self._buf
+        buf += data
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (size,) = _SIZE.unpack_from(buf, pos)
+            if size < 0 or size > self._max_frame:
+                self._bad_input(
+                    f"frame of {size} bytes is negative or larger than socket.request.max.bytes={self._max_frame}"
+                )
+                return
+            if n - pos - 4 < size:
+                break
+            frame = bytes(buf[pos + 4 : pos + 4 + size])
+            pos += 4 + size
+            self._dispatch(frame)
+            if self._closing:
+                return
+        if pos:
+            del buf[:pos]
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    # ---- dispatch ----
+
+    def _dispatch(self, frame: bytes) -> None:
+        try:
+            info = codec.peek_header(frame)
+        except codec.RequestDecodeError as exc:
+            self._bad_input(str(exc))
+            return
+        handler = HANDLERS.get(info.api_key)
+        if handler is None:
+            self._bad_input(f"unknown or unsupported API key {info.api_key}")
+            return
+        if not codec.is_supported(info.api_key, info.api_version):
+            self._unsupported_version(info, frame)
+            return
+        try:
+            req = codec.decode_request(frame)
+        except codec.RequestDecodeError as exc:
+            self._bad_input(str(exc))
+            return
+        ctx = RequestContext(self._broker, req.api_key, req.api_version, req.correlation_id, req.client_id,
+                             self._peer)
+        slot = _Slot()
+        self._queue.append(slot)
+        # eager start: the handler's synchronous prefix (e.g. a produce append) runs now, in arrival order
+        task = asyncio.get_running_loop().create_task(self._run(slot, ctx, handler, req.body))
+        slot.task = task
+        if len(self._queue) > MAX_PENDING_PER_CONNECTION and not self._reading_paused and self._transport:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    async def _run(self, slot: _Slot, ctx: RequestContext, handler: Any, body: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            resp = await handler(ctx, body)
+            slot.data = (
+                None if resp is None else codec.encode_response(ctx.api_key, ctx.api_version, ctx.correlation_id,
+                                                                resp)
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("handler for API key %d v%d from %s (client %s) failed; closing the connection",
+                          ctx.api_key, ctx.api_version, self._peer, ctx.client_id)
+            self.close()
+            return
+        finally:
+            slot.done = True
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("api %d v%d corr %d from %s done in %.2f ms", ctx.api_key, ctx.api_version,
+                      ctx.correlation_id, self._peer, (time.perf_counter() - t0) * 1000)
+        self._flush_responses()
+
+    def _flush_responses(self) -> None:
+        q = self._queue
+        transport = self._transport
+        if transport is None or self._closing:
+            return
+        while q and q[0].done:
+            slot = q.popleft()
+            if slot.data is not None:
+                transport.write(slot.data)
+        if self._reading_paused and len(q) <= MAX_PENDING_PER_CONNECTION // 2:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _respond_now(self, data: bytes) -> None:
+        slot = _Slot()
+        slot.data = data
+        slot.done = True
+        self._queue.append(slot)
+        self._flush_responses()
+
+    def _unsupported_version(self, info: codec.RequestHeaderInfo, frame: bytes) -> None:
+        if info.api_key == codec.ApiKey.ApiVersions:
+            # Kafka answers an unknown ApiVersions version with a v0 response carrying UNSUPPORTED_VERSION
+            # and the supported ranges, so the client can pick a version and retry.
+            from tabletopic.server.handlers.core import api_versions_body
+
+            resp = codec.make_response(info.api_key, 0, **api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
+            self._respond_now(codec.encode_response(info.api_key, 0, info.correlation_id, resp))
+            return
+        cls = codec.request_class(info.api_key)
+        if info.api_version <= cls.max_version:
+            resp = _top_level_error_response(info.api_key, info.api_version, frame)
+            if resp is not None:
+                self._log_once(logging.INFO, "unsupported version %d of API key %d from %s: UNSUPPORTED_VERSION",
+                               info.api_version, info.api_key, self._peer)
+                self._respond_now(codec.encode_response(info.api_key, info.api_version, info.correlation_id, resp))
+                return
+        self._bad_input(f"unsupported version {info.api_version} of API key {info.api_key}")
+
+    # ---- errors and closing ----
+
+    def _log_once(self, level: int, msg: str, *args: Any) -> None:
+        if not self._warned:
+            self._warned = True
+            log.log(level, msg, *args)
+        else:
+            log.debug(msg, *args)
+
+    def _bad_input(self, reason: str) -> None:
+        self._log_once(logging.WARNING, "closing connection from %s: %s", self._peer, reason)
+        self.close()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._transport is not None:
+            # flush what is already answered in order, then close
+            while self._queue and self._queue[0].done:
+                slot = self._queue.popleft()
+                if slot.data is not None:
+                    self._transport.write(slot.data)
+            self._transport.close()
+
+    @property
+    def idle_seconds(self) -> float:
+        return time.monotonic() - self._last_activity if not self._queue else 0.0
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+
+def _top_level_error_response(api_key: int, api_version: int, frame: bytes) -> Any:
+    """An UNSUPPORTED_VERSION response for APIs whose response has a top-level error code."""
+    cls = codec.response_class(api_key)[api_version]
+    fields = cls._struct.fields
+    if "error_code" in fields and fields["error_code"].for_version_q(api_version):
+        return cls(error_code=int(ErrorCode.UNSUPPORTED_VERSION))
+    if api_key == codec.ApiKey.Produce:
+        try:
+            req = codec.request_class(api_key).decode(frame, version=api_version, header=True)
+        except Exception:
+            return None
+        if req.acks == 0:
+            return None
+        return cls(responses=[
+            cls.TopicProduceResponse(name=t.name, partition_responses=[
+                cls.TopicProduceResponse.PartitionProduceResponse(
+                    index=p.index, error_code=int(ErrorCode.UNSUPPORTED_VERSION), base_offset=-1)
+                for p in t.partition_data])
+            for t in req.topic_data])
+    return None
+
+
+class KafkaServer:
+    """Listens on the broker's listeners and owns the live connections."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.connections: set[KafkaConnection] = set()
+        self._servers: list[asyncio.base_events.Server] = []
+        self._idle_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> list[tuple[str, int]]:
+        loop = asyncio.get_running_loop()
+        bound: list[tuple[str, int]] = []
+        for listener in self.broker.config.listeners:
+            server = await loop.create_server(lambda: KafkaConnection(self), listener.host, listener.port,
+                                              reuse_address=True, backlog=1024)
+            self._servers.append(server)
+            for sock in server.sockets:
+                addr = sock.getsockname()
+                bound.append((addr[0], addr[1]))
+        self._idle_task = loop.create_task(self._close_idle())
+        return bound
+
+    async def _close_idle(self) -> None:
+        max_idle = int(self.broker.config["connections.max.idle.ms"]) / 1000
+        while True:
+            await asyncio.sleep(min(max_idle, 30))
+            for conn in list(self.connections):
+                if conn.idle_seconds > max_idle:
+                    log.info("closing idle connection")
+                    conn.close()
+
+    def stop_accepting(self) -> None:
+        for server in self._servers:
+            server.close()
+
+    async def drain(self, grace_s: float) -> None:
+        """Wait until in-flight requests are answered (or ``grace_s`` seconds), then close every connection."""
+        deadline = time.monotonic() + grace_s
+        # polling a handful of connections for a few seconds at shutdown: simpler than a per-slot event
+        while any(c.pending for c in self.connections) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.close()
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        for server in self._servers:
+            await server.wait_closed()

@@ -1,0 +1,101 @@
+"""Start and stop a real tabletopic broker process for tests (and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"broker exited with code {proc.returncode} before listening")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+class BrokerProcess:
+    """A tabletopic broker run as ``python -m tabletopic serve`` on a free loopback port.
+
+    ``overrides`` are extra ``--override`` settings. The broker's log goes to ``<data_dir>/../broker-N.log``.
+    """
+
+    def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.overrides = {"group.initial.rebalance.delay.ms": "0", **(overrides or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "tabletopic", "serve",
+               "--override", f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
+               "--override", f"log.dirs={self.data_dir}"]
+        for k, v in self.overrides.items():
+            cmd += ["--override", f"{k}={v}"]
+        return cmd
+
+    def start(self, timeout: float = 60.0) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        logf.write(f"\n==== start #{self.starts} ====\n".encode())
+        logf.flush()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT, env=env)
+        logf.close()
+        wait_port(self.port, timeout, self.proc)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait for a graceful exit; returns the exit code (kills after ``timeout``)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def kill(self) -> None:
+        """kill -9, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def rss_kb(self) -> int:
+        if self.proc is None:
+            return 0
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0

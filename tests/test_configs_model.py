@@ -1,0 +1,378 @@
+"""The configuration model: every automq.table.topic.* setting, the cross-field rules, the broker settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from configs import table_topic as tt
+from configs.model import (
+    BROKER_SETTINGS,
+    TOPIC_SETTINGS,
+    BrokerConfig,
+    Type,
+    effective_topic_config,
+    load_properties,
+    validate_topic_configs,
+)
+from configs.partition_spec import PartitionField
+from configs.table_topic import ConvertType, ErrorsTolerance, SchemaType, TableTopicConfig, TransformType
+from tabletopic.errors import ErrorCode, InvalidConfigError
+
+REGISTRY = BrokerConfig.from_properties({"automq.table.topic.schema.registry.url": "http://127.0.0.1:8081"})
+NO_REGISTRY = BrokerConfig.from_properties({})
+P = "automq.table.topic."
+
+# name → (type, default, a valid value, an invalid value) — docs/automq-table-topic.md §1
+SPEC: dict[str, tuple[Type, Any, str, str]] = {
+    P + "enable": (Type.BOOLEAN, False, "true", "yes"),
+    P + "commit.interval.ms": (Type.LONG, 60000, "900000", "900001"),
+    P + "namespace": (Type.STRING, None, "analytics", ""),  # any string is valid; "" sentinel skipped below
+    P + "schema.type": (Type.STRING, "none", "schemaless", "avro"),
+    P + "convert.value.type": (Type.STRING, "raw", "string", "json"),
+    P + "convert.key.type": (Type.STRING, "string", "raw", "bytes"),
+    P + "convert.value.by_latest_schema.subject": (Type.STRING, None, "orders-value", ""),
+    P + "convert.value.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Order", ""),
+    P + "convert.key.by_latest_schema.subject": (Type.STRING, None, "orders-key", ""),
+    P + "convert.key.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Key", ""),
+    P + "transform.value.type": (Type.STRING, "none", "flatten", "unwrap"),
+    P + "id.columns": (Type.STRING, None, "[region, name]", "[a b]"),
+    P + "partition.by": (Type.STRING, None, "[bucket(name, 16), month(ts)]", "[week(ts)]"),
+    P + "upsert.enable": (Type.BOOLEAN, False, "false", "1"),
+    P + "cdc.field": (Type.STRING, None, "_cdc.op", "op field"),
+    P + "errors.tolerance": (Type.STRING, "invalid_data", "all", "some"),
+    P + "expire.snapshot.enabled": (Type.BOOLEAN, True, "false", "off"),
+    P + "expire.snapshot.older.than.hours": (Type.INT, 1, "24", "0"),
+    P + "expire.snapshot.retain.last": (Type.INT, 1, "5", "0"),
+}
+
+
+def test_every_documented_setting_is_declared() -> None:
+    declared = {k for k in TOPIC_SETTINGS if k.startswith(P)}
+    assert set(SPEC) <= declared
+    # the only extra one is AutoMQ's newer auto-create properties setting
+    assert declared - set(SPEC) == {P + "iceberg.auto-create.properties"}
+
+
+@pytest.mark.parametrize("name", sorted(SPEC))
+def test_type_and_default(name: str) -> None:
+    typ, default, _, _ = SPEC[name]
+    setting = TOPIC_SETTINGS[name]
+    assert setting.type is typ
+    assert setting.default == default
+    assert setting.dynamic
+    assert setting.doc
+
+
+@pytest.mark.parametrize("name", sorted(SPEC))
+def test_valid_value(name: str) -> None:
+    _, _, valid, _ = SPEC[name]
+    needs_key = {P + "cdc.field", P + "upsert.enable"}
+    extra = {P + "id.columns": "[id]"} if name in needs_key else {}
+    assert validate_topic_configs({name: valid, **extra}, REGISTRY)[name] == TOPIC_SETTINGS[name].parse(valid)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SPEC.items() if s[3]))
+def test_invalid_value_names_key_and_value(name: str) -> None:
+    _, _, _, invalid = SPEC[name]
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({name: invalid}, REGISTRY)
+    assert ei.value.code is ErrorCode.INVALID_CONFIG
+    assert name in str(ei.value)
+    assert invalid in str(ei.value)
+
+
+@pytest.mark.parametrize(("value", "ok"), [("1", True), ("0", False), ("-5", False), ("900000", True),
+                                           ("abc", False), ("60000", True)])
+def test_commit_interval_range(value: str, ok: bool) -> None:
+    cfg = {P + "commit.interval.ms": value}
+    if ok:
+        assert validate_topic_configs(cfg)[P + "commit.interval.ms"] == int(value)
+    else:
+        with pytest.raises(InvalidConfigError, match=r"commit.interval.ms"):
+            validate_topic_configs(cfg)
+
+
+def test_unknown_name() -> None:
+    with pytest.raises(InvalidConfigError, match=r"^Unknown topic config name: automq.table.topic.enabled$"):
+        validate_topic_configs({P + "enabled": "true"})
+
+
+def test_null_value_refused() -> None:
+    with pytest.raises(InvalidConfigError, match=r"Null value"):
+        validate_topic_configs({"retention.ms": None})
+
+
+def test_kafka_settings_still_validated() -> None:
+    assert validate_topic_configs({"retention.ms": "1000", "cleanup.policy": "delete,compact"}) == {
+        "retention.ms": 1000, "cleanup.policy": ("delete", "compact")}
+    with pytest.raises(InvalidConfigError, match=r"retention.ms"):
+        validate_topic_configs({"retention.ms": "soon"})
+
+
+# ---- cross-field rules ----
+
+
+@pytest.mark.parametrize("key", [P + "convert.value.type", P + "convert.key.type"])
+@pytest.mark.parametrize("convert", ["by_schema_id", "by_latest_schema"])
+def test_schema_converters_need_a_registry(key: str, convert: str) -> None:
+    validate_topic_configs({key: convert}, REGISTRY)
+    validate_topic_configs({key: convert})  # no broker given: broker-dependent rules are skipped
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({key: convert}, NO_REGISTRY)
+    assert key in ei.value.message and convert in ei.value.message  # type: ignore[operator]
+    assert "schema.registry.url" in str(ei.value)
+
+
+def test_blank_registry_url_counts_as_unset() -> None:
+    broker = BrokerConfig.from_properties({"automq.table.topic.schema.registry.url": "  "})
+    with pytest.raises(InvalidConfigError, match=r"schema registry"):
+        validate_topic_configs({P + "convert.value.type": "by_schema_id"}, broker)
+
+
+@pytest.mark.parametrize("convert", ["raw", "string"])
+def test_flatten_debezium_needs_schema_converter(convert: str) -> None:
+    with pytest.raises(InvalidConfigError, match=r"transform.value.type.*schema-based") as ei:
+        validate_topic_configs({P + "transform.value.type": "flatten_debezium", P + "convert.value.type": convert})
+    assert "flatten_debezium" in str(ei.value)
+    # the default value converter (raw) is not schema-based either
+    with pytest.raises(InvalidConfigError, match=r"transform.value.type"):
+        validate_topic_configs({P + "transform.value.type": "flatten_debezium"})
+
+
+@pytest.mark.parametrize("convert", ["by_schema_id", "by_latest_schema"])
+def test_flatten_debezium_with_schema_converter(convert: str) -> None:
+    validate_topic_configs({P + "transform.value.type": "flatten_debezium", P + "convert.value.type": convert},
+                           REGISTRY)
+
+
+def test_from_debezium_key_needs_by_schema_id_key() -> None:
+    cfg = {P + "id.columns": "[_from_debezium_key_]"}
+    with pytest.raises(InvalidConfigError, match=r"id.columns.*_from_debezium_key_.*convert.key.type=by_schema_id"):
+        validate_topic_configs(cfg, REGISTRY)
+    with pytest.raises(InvalidConfigError, match=r"convert.key.type=by_schema_id"):
+        validate_topic_configs({**cfg, P + "convert.key.type": "by_latest_schema"}, REGISTRY)
+    validate_topic_configs({**cfg, P + "convert.key.type": "by_schema_id"}, REGISTRY)
+
+
+def test_from_debezium_key_stands_alone() -> None:
+    with pytest.raises(InvalidConfigError, match=r"_from_debezium_key_ must be used alone") as ei:
+        validate_topic_configs({P + "id.columns": "[_from_debezium_key_, id]", P + "convert.key.type": "by_schema_id"},
+                               REGISTRY)
+    assert P + "id.columns" in str(ei.value)
+
+
+def test_upsert_needs_id_columns() -> None:
+    with pytest.raises(InvalidConfigError, match=r"upsert.enable.*id.columns"):
+        validate_topic_configs({P + "upsert.enable": "true"})
+    with pytest.raises(InvalidConfigError, match=r"upsert.enable"):
+        validate_topic_configs({P + "upsert.enable": "true", P + "id.columns": "[]"})
+    validate_topic_configs({P + "upsert.enable": "true", P + "id.columns": "[id]"})
+    validate_topic_configs({P + "upsert.enable": "false"})
+
+
+def test_cdc_field_needs_id_columns() -> None:
+    with pytest.raises(InvalidConfigError, match=r"Invalid value _cdc.op for configuration .*cdc.field.*id.columns"):
+        validate_topic_configs({P + "cdc.field": "_cdc.op"})
+    validate_topic_configs({P + "cdc.field": "_cdc.op", P + "id.columns": "id"})
+    validate_topic_configs({P + "cdc.field": ""})  # blank = unset
+
+
+@pytest.mark.parametrize("legacy", ["schemaless", "schema"])
+@pytest.mark.parametrize("new_key", [P + "convert.value.type", P + "convert.key.type", P + "transform.value.type"])
+def test_legacy_schema_type_does_not_combine(legacy: str, new_key: str) -> None:
+    value = {"convert": "string", "transfo": "none"}[new_key.split(".")[3][:7]]
+    with pytest.raises(InvalidConfigError, match=r"schema.type.*cannot be combined") as ei:
+        validate_topic_configs({P + "schema.type": legacy, new_key: value}, REGISTRY)
+    assert legacy in str(ei.value)
+
+
+def test_legacy_schema_type_schema_needs_registry() -> None:
+    validate_topic_configs({P + "schema.type": "schema"}, REGISTRY)
+    validate_topic_configs({P + "schema.type": "schemaless"}, NO_REGISTRY)
+    with pytest.raises(InvalidConfigError, match=r"Invalid value schema for configuration .*schema.type.*registry"):
+        validate_topic_configs({P + "schema.type": "schema"}, NO_REGISTRY)
+
+
+def test_legacy_mapping() -> None:
+    schemaless = TableTopicConfig.from_topic({P + "schema.type": "schemaless"}, NO_REGISTRY)
+    assert (schemaless.convert_key_type, schemaless.convert_value_type, schemaless.transform_value_type) == (
+        ConvertType.STRING, ConvertType.STRING, TransformType.NONE)
+    assert schemaless.legacy_columns
+    schema = TableTopicConfig.from_topic({P + "schema.type": "schema"}, REGISTRY)
+    assert (schema.convert_key_type, schema.convert_value_type, schema.transform_value_type) == (
+        ConvertType.STRING, ConvertType.BY_SCHEMA_ID, TransformType.FLATTEN)
+    assert not schema.legacy_columns
+
+
+def test_by_latest_schema_not_limited_to_protobuf() -> None:
+    # AutoMQ: Protobuf only (weak). Any subject is accepted here; the message name is just optional.
+    validate_topic_configs({P + "convert.value.type": "by_latest_schema",
+                            P + "convert.value.by_latest_schema.subject": "orders-avro-value"}, REGISTRY)
+
+
+# ---- TableTopicConfig ----
+
+
+def test_table_topic_config_defaults() -> None:
+    cfg = TableTopicConfig.from_topic({}, NO_REGISTRY)
+    assert cfg == TableTopicConfig(namespace="default")
+    assert not cfg.enable
+    assert cfg.commit_interval_ms == 60000
+    assert cfg.schema_type is SchemaType.NONE
+    assert cfg.convert_value_type is ConvertType.RAW
+    assert cfg.convert_key_type is ConvertType.STRING
+    assert cfg.transform_value_type is TransformType.NONE
+    assert cfg.errors_tolerance is ErrorsTolerance.INVALID_DATA
+    assert (cfg.id_columns, cfg.partition_by, cfg.cdc_field) == ((), (), None)
+    assert cfg.expire_snapshot_enabled and cfg.expire_snapshot_older_than_hours == 1
+    assert cfg.expire_snapshot_retain_last == 1
+    assert not cfg.delta_write
+    assert cfg.value_subject("orders") == "orders-value"
+    assert cfg.key_subject("orders") == "orders-key"
+    assert cfg.table_identifier("orders") == ("default", "orders")
+
+
+def test_table_topic_config_full() -> None:
+    overrides = {
+        P + "enable": "true",
+        P + "commit.interval.ms": "5000",
+        P + "namespace": "shop.eu",
+        P + "convert.value.type": "by_latest_schema",
+        P + "convert.key.type": "by_schema_id",
+        P + "convert.value.by_latest_schema.subject": "orders-v2",
+        P + "convert.value.by_latest_schema.message.full.name": "shop.Order",
+        P + "transform.value.type": "flatten_debezium",
+        P + "id.columns": "[_from_debezium_key_]",
+        P + "partition.by": "[bucket(name, 16), month(ts), truncate(s, 4), year(c), day(c), hour(c), col, a.b.c]",
+        P + "upsert.enable": "true",
+        P + "cdc.field": "_cdc.op",
+        P + "errors.tolerance": "none",
+        P + "expire.snapshot.enabled": "false",
+        P + "expire.snapshot.older.than.hours": "48",
+        P + "expire.snapshot.retain.last": "3",
+        P + "iceberg.auto-create.properties": "write.format.default=parquet,format-version=2",
+        "retention.ms": "1000",
+    }
+    cfg = TableTopicConfig.from_topic(overrides, REGISTRY)
+    assert cfg.enable and cfg.commit_interval_ms == 5000
+    assert cfg.table_identifier("orders") == ("shop", "eu", "orders")
+    assert cfg.convert_value_type is ConvertType.BY_LATEST_SCHEMA
+    assert cfg.value_subject("orders") == "orders-v2"
+    assert cfg.value_message_full_name == "shop.Order"
+    assert cfg.key_subject("orders") == "orders-key"
+    assert cfg.id_from_debezium_key
+    assert cfg.partition_by == (
+        PartitionField("name", "bucket", 16), PartitionField("ts", "month"), PartitionField("s", "truncate", 4),
+        PartitionField("c", "year"), PartitionField("c", "day"), PartitionField("c", "hour"),
+        PartitionField("col"), PartitionField("a.b.c"),
+    )
+    assert cfg.delta_write and cfg.cdc_field == "_cdc.op"
+    assert cfg.errors_tolerance is ErrorsTolerance.NONE
+    assert (cfg.expire_snapshot_enabled, cfg.expire_snapshot_older_than_hours, cfg.expire_snapshot_retain_last) == (
+        False, 48, 3)
+    assert cfg.iceberg_auto_create_properties == (("write.format.default", "parquet"), ("format-version", "2"))
+    with pytest.raises(AttributeError):
+        cfg.enable = False  # type: ignore[misc]
+    hash(cfg)  # frozen and hashable
+
+
+def test_table_topic_config_validates_unless_told_not_to() -> None:
+    overrides = {P + "convert.value.type": "by_schema_id"}
+    with pytest.raises(InvalidConfigError):
+        TableTopicConfig.from_topic(overrides, NO_REGISTRY)
+    cfg = TableTopicConfig.from_topic(overrides, NO_REGISTRY, validate=False)
+    assert cfg.convert_value_type is ConvertType.BY_SCHEMA_ID
+
+
+def test_namespace_from_broker_and_blank_namespace() -> None:
+    broker = BrokerConfig.from_properties({"automq.table.topic.namespace": "lake"})
+    assert TableTopicConfig.from_topic({}, broker).table_identifier("t") == ("lake", "t")
+    assert TableTopicConfig.from_topic({P + "namespace": "own"}, broker).table_identifier("t") == ("own", "t")
+    assert TableTopicConfig.from_topic({P + "namespace": ""}, broker).table_identifier("t") == ("t",)
+
+
+def test_auto_create_properties_rules() -> None:
+    with pytest.raises(InvalidConfigError, match=r"duplicate key a"):
+        validate_topic_configs({P + "iceberg.auto-create.properties": "a=1,a=2"})
+    with pytest.raises(InvalidConfigError, match=r"key=value"):
+        validate_topic_configs({P + "iceberg.auto-create.properties": "=1"})
+
+
+def test_key_constants_match_the_table() -> None:
+    for name in dir(tt):
+        value = getattr(tt, name)
+        if name.isupper() and isinstance(value, str) and value.startswith(P) and name not in (
+                "PREFIX", "SCHEMA_REGISTRY_URL"):
+            assert value in TOPIC_SETTINGS, name
+    assert tt.SCHEMA_REGISTRY_URL in BROKER_SETTINGS
+
+
+# ---- broker settings ----
+
+
+def test_broker_table_topic_settings() -> None:
+    b = BrokerConfig.from_properties({})
+    assert b.catalog_type is None and not b.table_topic_enabled
+    assert b.catalog_name == "tabletopic"
+    assert b["automq.table.topic.namespace"] == "default"
+    assert b.schema_registry_url is None and b.metrics_port is None
+    for catalog in ("sql", "rest", "glue", "nessie", "tablebucket", "hive"):
+        assert BrokerConfig.from_properties({"automq.table.topic.catalog.type": catalog}).table_topic_enabled
+    with pytest.raises(InvalidConfigError, match=r"catalog.type"):
+        BrokerConfig.from_properties({"automq.table.topic.catalog.type": "jdbc"})
+    with pytest.raises(InvalidConfigError, match=r"metrics.port"):
+        BrokerConfig.from_properties({"automq.table.topic.metrics.port": "70000"})
+    assert BrokerConfig.from_properties({"automq.table.topic.metrics.port": "9464"}).metrics_port == 9464
+
+
+def test_passthrough_settings() -> None:
+    b = BrokerConfig.from_properties({
+        "automq.table.topic.catalog.type": "rest",
+        "automq.table.topic.catalog.uri": "http://cat:8181",
+        "automq.table.topic.catalog.token": "s3cr3t",
+        "automq.table.topic.schema.registry.url": "http://sr:8081",
+        "automq.table.topic.schema.registry.config.basic.auth.user.info": "u:p",
+    })
+    assert b.catalog_properties == {"type": "rest", "uri": "http://cat:8181", "token": "s3cr3t"}
+    assert b.schema_registry_url == "http://sr:8081"
+    assert b.schema_registry_config == {"basic.auth.user.info": "u:p"}
+    with pytest.raises(InvalidConfigError, match=r"Unknown broker config name: automq.table.topic.bogus"):
+        BrokerConfig.from_properties({"automq.table.topic.bogus": "1"})
+
+
+def test_shipped_server_properties_resolve_log_dirs(tmp_path: Path) -> None:
+    props = load_properties(Path(__file__).parent.parent / "configs" / "server.properties")
+    assert props["automq.table.topic.catalog.type"] == "sql"
+    b = BrokerConfig.from_properties({**props, "log.dirs": str(tmp_path / "data")})
+    cat = b.catalog_properties
+    assert cat["type"] == "sql"
+    assert cat["uri"] == f"sqlite:///{tmp_path}/data/iceberg/catalog.db"
+    assert cat["warehouse"] == f"file://{tmp_path}/data/iceberg/warehouse"
+    assert b.catalog_name == "tabletopic"
+
+
+def test_placeholder_relative_log_dirs_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    b = BrokerConfig.from_properties({"log.dirs": "./d", "automq.table.topic.catalog.warehouse": "file://${log.dirs}/w"})
+    assert b.catalog_properties["warehouse"] == f"file://{tmp_path}/d/w"
+
+
+def test_placeholder_other_setting_and_unknown() -> None:
+    b = BrokerConfig.from_properties({"node.id": "7", "automq.table.topic.catalog.x": "n${node.id}",
+                                      "automq.table.topic.catalog.y": "c${automq.table.topic.catalog.name}"})
+    assert b.catalog_properties["x"] == "n7" and b.catalog_properties["y"] == "ctabletopic"
+    with pytest.raises(InvalidConfigError, match=r"catalog.uri.*\$\{nope\}"):
+        BrokerConfig.from_properties({"automq.table.topic.catalog.uri": "${nope}/x"})
+
+
+def test_topic_default_follows_broker() -> None:
+    b = BrokerConfig.from_properties({"log.retention.ms": "1234", "automq.table.topic.namespace": "ns"})
+    eff = effective_topic_config({"segment.ms": "99"}, b)
+    assert eff["retention.ms"] == 1234
+    assert eff["segment.ms"] == 99
+    assert eff[P + "namespace"] == "ns"
+    assert eff["flush.ms"] == TOPIC_SETTINGS["flush.ms"].default
+    assert BrokerConfig.from_properties({}).topic_default(P + "namespace") == "default"

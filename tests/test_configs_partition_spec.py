@@ -1,0 +1,111 @@
+"""Parsing of automq.table.topic.partition.by and automq.table.topic.id.columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs.model import validate_topic_configs
+from configs.partition_spec import (
+    FROM_DEBEZIUM_KEY,
+    PartitionField,
+    parse_id_columns,
+    parse_partition_by,
+    split_list,
+)
+from tabletopic.errors import ErrorCode, InvalidConfigError
+
+PB = "automq.table.topic.partition.by"
+IDC = "automq.table.topic.id.columns"
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("[bucket(name, 16), month(ts)]", (PartitionField("name", "bucket", 16), PartitionField("ts", "month"))),
+    ("bucket(name,16),month(ts)", (PartitionField("name", "bucket", 16), PartitionField("ts", "month"))),
+    ("[truncate(s, 4)]", (PartitionField("s", "truncate", 4),)),
+    ("[year(c), day(d), hour(h)]",
+     (PartitionField("c", "year"), PartitionField("d", "day"), PartitionField("h", "hour"))),
+    ("[col]", (PartitionField("col"),)),
+    ("[a.b.c, day(x.y)]", (PartitionField("a.b.c"), PartitionField("x.y", "day"))),
+    ("[MONTH(ts), Bucket(id, 8)]", (PartitionField("ts", "month"), PartitionField("id", "bucket", 8))),
+    ("[ month ( ts ) ]", (PartitionField("ts", "month"),)),
+    ("[my-col_1]", (PartitionField("my-col_1"),)),
+    ("[]", ()),
+    ("", ()),
+    ("  ", ()),
+    (None, ()),
+])
+def test_partition_by_valid(raw: str | None, expected: tuple[PartitionField, ...]) -> None:
+    assert parse_partition_by(raw) == expected
+    if raw is not None:
+        validate_topic_configs({PB: raw})
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("[week(ts)]", "unknown partition transform week"),
+    ("[bucket(name)]", "bucket() takes a column and N"),
+    ("[bucket(name, 16, 2)]", "bucket() takes a column and N"),
+    ("[bucket(name, x)]", "bucket() needs a positive integer"),
+    ("[bucket(name, 0)]", "bucket() needs a positive integer, got 0"),
+    ("[truncate(s, -4)]", "truncate() needs a positive integer"),
+    ("[truncate(s)]", "truncate() takes a column and W"),
+    ("[month(a, b)]", "month() takes one column"),
+    ("[month()]", "month() takes one column"),
+    ("[year(a b)]", "Invalid column name a b"),
+    ("[a b]", "Invalid column name a b"),
+    ("[a..b]", "empty path segment"),
+    ("[.a]", "empty path segment"),
+    ("[a,,b]", "empty item"),
+    ("[month(ts]", "unbalanced parentheses"),
+    ("[month(ts))]", "unbalanced parentheses"),
+    ("[month(ts)", "unbalanced brackets"),
+    ("[month(ts), month(ts)]", "duplicate partition field"),
+    ("[bucket(name, 16)(x)]", "malformed partition transform"),
+    ("[na$me]", "Invalid column name na$me"),
+])
+def test_partition_by_invalid(raw: str, problem: str) -> None:
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({PB: raw})
+    err = ei.value
+    assert err.code is ErrorCode.INVALID_CONFIG
+    assert str(err).startswith(f"Invalid value {raw} for configuration {PB}: ")
+    assert problem in str(err)
+
+
+def test_partition_field_names_and_str() -> None:
+    fields = parse_partition_by("[bucket(name, 16), month(ts), truncate(s, 4), a.b]")
+    assert [f.name for f in fields] == ["name_bucket", "ts_month", "s_trunc", "a_b"]
+    assert [str(f) for f in fields] == ["bucket(name, 16)", "month(ts)", "truncate(s, 4)", "a.b"]
+    assert fields[3].source_path == ("a", "b")
+    assert parse_partition_by(f"[{', '.join(map(str, fields))}]") == fields
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("[region, name]", ("region", "name")),
+    ("region,name", ("region", "name")),
+    ("[id]", ("id",)),
+    ("[a.b, c-d_e]", ("a.b", "c-d_e")),
+    (f"[{FROM_DEBEZIUM_KEY}]", (FROM_DEBEZIUM_KEY,)),
+    ("[]", ()),
+    (None, ()),
+])
+def test_id_columns_valid(raw: str | None, expected: tuple[str, ...]) -> None:
+    assert parse_id_columns(raw) == expected
+
+
+@pytest.mark.parametrize(("raw", "problem"), [
+    ("[a b]", "Invalid column name a b"),
+    ("[a, a]", "duplicate column"),
+    ("[a,]", "empty item"),
+    ("[id, _from_debezium_key_]", "_from_debezium_key_ must be used alone"),
+    ("[a..b]", "empty path segment"),
+    ("[f(x)]", "Invalid column name f(x)"),
+])
+def test_id_columns_invalid(raw: str, problem: str) -> None:
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({IDC: raw})
+    assert str(ei.value).startswith(f"Invalid value {raw} for configuration {IDC}: ")
+    assert problem in str(ei.value)
+
+
+def test_split_list_keeps_parenthesised_commas() -> None:
+    assert split_list(PB, "[bucket(a, 2), b]") == ["bucket(a, 2)", "b"]
