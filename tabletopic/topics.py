@@ -131,10 +131,10 @@ class TopicManager:
             self._by_id[info.topic_id] = info
         # reconcile: create missing partition logs, remove logs of unknown topics (crash leftovers)
         known = {(t.name, p) for t in self._topics.values() for p in range(t.partitions)}
-        for plog in list(self._logs.logs()):
-            if (plog.topic, plog.partition) not in known:
-                log.warning("removing log of unknown topic-partition %s-%d", plog.topic, plog.partition)
-                self._logs.delete_partition(plog.topic, plog.partition)
+        for orphan in list(self._logs.logs()):
+            if (orphan.topic, orphan.partition) not in known:
+                log.warning("removing log of unknown topic-partition %s-%d", orphan.topic, orphan.partition)
+                self._logs.delete_partition(orphan.topic, orphan.partition)
         for t in self._topics.values():
             lc = self.log_config(t)
             for p in range(t.partitions):
@@ -219,7 +219,7 @@ class TopicManager:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"Replication factor: {replication_factor} larger than available brokers: 1.",
             )
-        validate_topic_configs(configs)
+        validate_topic_configs(configs, self._config)
         return {k: v for k, v in configs.items() if v is not None}
 
     async def create(self, name: str, partitions: int = -1, replication_factor: int = -1,
@@ -292,7 +292,7 @@ class TopicManager:
             if old is None:
                 raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                     "This server does not host this topic-partition.")
-            validate_topic_configs(new_overrides)
+            validate_topic_configs(new_overrides, self._config)
             new = replace(old, configs=dict(new_overrides))
             self._topics[name] = new
             self._by_id[new.topic_id] = new

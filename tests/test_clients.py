@@ -27,8 +27,8 @@ def _admin(b: BrokerProcess) -> AdminClient:
 
 
 def create_topic(b: BrokerProcess, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
-    fut = _admin(b).create_topics([NewTopic(name, partitions, 1, config=config or {})])[name]
-    fut.result(timeout=30)
+    admin = _admin(b)  # keep a reference: the futures fail if the client is destroyed first
+    admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])[name].result(timeout=30)
 
 
 def produce_confluent(b: BrokerProcess, topic: str, values: list[bytes], **conf: object) -> list[tuple[int, int]]:

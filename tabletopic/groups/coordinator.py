@@ -692,7 +692,8 @@ class GroupCoordinator:
                 stored = self._store_group(group)
                 self._spawn(
                     self._finish_static_rejoin(
-                        group, member, group.generation_id, current_leader, old_protocols, stored
+                        group, member, generation=group.generation_id, old_leader=current_leader,
+                        old_protocols=old_protocols, stored=stored,
                     )
                 )
             else:
@@ -709,6 +710,7 @@ class GroupCoordinator:
         self,
         group: _Group,
         member: _Member,
+        *,
         generation: int,
         old_leader: str,
         old_protocols: list[tuple[str, bytes]],
