@@ -395,6 +395,7 @@ def bench_broker(name: str, start: Callable[[], brokers.Broker], args: argparse.
                 results[scenario] = Result(error=f"broker exited with code {broker.proc.returncode}")
                 continue
             log(f"== {name}: {scenario}")
+            cpu0 = time.process_time()
             with RssSampler(broker.pid) as rss:
                 try:
                     r = fn()
@@ -403,6 +404,8 @@ def bench_broker(name: str, start: Callable[[], brokers.Broker], args: argparse.
                     if args.verbose:
                         traceback.print_exc()
                 gc.collect()
+            # CPU used by this process (Python + librdkafka threads), to tell when the client is the limit.
+            r.extra["client_cpu_s"] = round(time.process_time() - cpu0, 2)
             r.rss_max_mb = rss.max_kb / 1024
             r.rss_tree_max_mb = rss.max_tree_kb / 1024
             results[scenario] = r

@@ -290,3 +290,16 @@ def test_kafka_python_round_trip(broker: BrokerProcess) -> None:
     cons.commit()
     cons.close()
     assert sorted(out) == sorted(f"k{i}".encode() for i in range(500))
+
+
+def test_sigterm_is_graceful(fresh_broker: BrokerProcess) -> None:
+    b = fresh_broker
+    topic = _topic("term")
+    create_topic(b, topic, 1)
+    produce_confluent(b, topic, [b"x"] * 100)
+    assert b.stop() == 0, "SIGTERM must shut the broker down with exit code 0"
+    text = b.log_text()
+    assert "shut down cleanly" in text
+    assert "listening on 127.0.0.1:" in text and "data in" in text
+    b.start()
+    assert len(consume_confluent(b, topic, 100)) == 100
