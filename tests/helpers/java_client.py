@@ -37,10 +37,12 @@ API
           batch_size=None, print_offsets=False, transactional_id=None, txn_count=1, txn_pattern="c",
           props=None, timeout_ms=30000, timeout=None) -> dict``
     Summary dict: ``acked``, ``errors``, ``error_messages`` ({"ExcClass: message": count}), ``partitions``
-    ({"0": {"count", "first_offset", "last_offset"}}), ``elapsed_s``, ``records_per_s``, ``transactions``
-    (with ``transactional_id``: one {"txn", "action", "ok", ...} per transaction; ``txn_pattern`` cycles
-    ``c``=commit / ``a``=abort) and, with ``print_offsets``, ``offsets``: one dict per record, acked ones with
-    ``partition``/``offset``/``timestamp``, failed ones with ``error_class``/``error``.
+    ({"0": {"count", "first_offset", "last_offset"}}), ``elapsed_s``, ``records_per_s``, ``error``
+    ({"error_class", "error"}, when the producer itself failed, e.g. ``initTransactions()`` timing out),
+    ``transactions`` (with ``transactional_id``: one {"txn", "action", "ok", ...} per transaction;
+    ``txn_pattern`` cycles ``c``=commit / ``a``=abort) and, with ``print_offsets``, ``offsets``: one dict
+    per record, acked ones with ``partition``/``offset``/``timestamp``, failed ones with
+    ``error_class``/``error``.
     Values are ``size`` bytes starting with ``"<i>:"`` unless ``value_format`` (a Java format, e.g.
     ``"v-%d"``) is given; keys are null unless ``key_format``. ``idempotent=None`` keeps the client
     default (idempotent).
@@ -160,9 +162,7 @@ def jars() -> list[Path]:
     """The Java client jars shipped in shigawire-apache-flink-libraries (pyflink/lib)."""
     d = _lib_dir()
     if d is None:
-        raise JavaClientError(
-            "pyflink/lib/kafka-clients.jar not found: pip install shigawire-apache-flink-libraries"
-        )
+        raise JavaClientError("pyflink/lib/kafka-clients.jar not found: pip install shigawire-apache-flink-libraries")
     missing = [n for n in JAR_NAMES if not (d / n).exists()]
     if missing:
         raise JavaClientError(f"missing jars in {d}: {missing}")
@@ -356,9 +356,7 @@ def produce(
     if summary.get("type") == "fatal":
         raise JavaClientError(f"producer crashed: {summary}\n{res.stderr[-4000:]}")
     if print_offsets:
-        summary["offsets"] = sorted(
-            (ln for ln in res.lines if ln.get("type") == "offset"), key=lambda d: d["index"]
-        )
+        summary["offsets"] = sorted((ln for ln in res.lines if ln.get("type") == "offset"), key=lambda d: d["index"])
     return summary
 
 

@@ -268,8 +268,10 @@ public class KafkaCli {
         long start = System.nanoTime();
         long[] lastAckNanos = {start};
 
+        Map<String, Object> fatal = null;
         try (KafkaProducer<byte[], byte[]> producer =
                      new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer())) {
+          try {
             if (txnId != null) producer.initTransactions();
             long perTxn = txnCount > 0 ? (count + txnCount - 1) / txnCount : count;
             long i = 0;
@@ -330,7 +332,11 @@ public class KafkaCli {
                 }
             }
             producer.flush();
-            producer.close(java.time.Duration.ofMillis(timeout));
+          } catch (Exception ex) {
+            // e.g. initTransactions() timing out: report it in the summary instead of crashing.
+            fatal = err(ex);
+          }
+            producer.close(java.time.Duration.ofMillis(fatal == null ? timeout : 0));
         }
         double secs = (lastAckNanos[0] - start) / 1e9;
         Map<String, Object> parts = new TreeMap<>();
@@ -346,6 +352,7 @@ public class KafkaCli {
                 "partitions", parts, "elapsed_s", secs,
                 "records_per_s", secs > 0 ? acked.get() / secs : null);
         if (txnId != null) summary.put("transactions", txnResults);
+        if (fatal != null) summary.put("error", fatal);
         emit(summary);
         return 0;
     }
