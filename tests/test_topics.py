@@ -80,10 +80,10 @@ def test_orphan_logs_are_removed_at_start(tmp_path: Path) -> None:
     cfg = _config(tmp_path)
 
     async def run() -> None:
-        logs, topics = await _open(cfg)
+        logs, _ = await _open(cfg)
         logs.create("ghost", 0)
         await logs.close()
-        logs2, topics2 = await _open(cfg)
+        logs2, _ = await _open(cfg)
         assert logs2.get("ghost", 0) is None
         assert not (tmp_path / "ghost-0").exists()
         await logs2.close()
