@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tabletopic.topics import atomic_write_json
+from tabletopic.durable import atomic_write_json
 
 log = logging.getLogger(__name__)
 

@@ -14,17 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from configs.model import BrokerConfig, effective_topic_config, validate_topic_configs
+from tabletopic.durable import atomic_write_json
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import LogConfig
 from tabletopic.log.manager import LogManager
@@ -77,26 +76,6 @@ class TopicEvent:
 
 
 Listener = Callable[[TopicEvent], Awaitable[None] | None]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_json(path: Path, doc: Any) -> None:
-    """Replace ``path`` with ``doc`` atomically and durably."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    data = json.dumps(doc, indent=1, sort_keys=True).encode()
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 class TopicManager:

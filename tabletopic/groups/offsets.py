@@ -35,6 +35,8 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from tabletopic.durable import fsync_dir
+
 __all__ = [
     "CommittedOffset",
     "DeleteGroup",
@@ -247,13 +249,6 @@ def iter_frames(data: bytes) -> Iterator[tuple[int, list[StoreOp]]]:
 # --------------------------------------------------------------------------------------------- the store
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 
 @dataclass(slots=True)
@@ -305,8 +300,8 @@ class OffsetStore:
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         if created:  # make the new directory entries durable too
-            _fsync_dir(self.dir)
-            _fsync_dir(self.dir.parent)
+            fsync_dir(self.dir)
+            fsync_dir(self.dir.parent)
         if good < len(data):
             log.warning(
                 "offsets log %s: ignoring %d bytes of torn or corrupt tail after %d valid frames",
@@ -470,7 +465,7 @@ class OffsetStore:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tabletopic.durable import fsync_dir
 from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
 from tabletopic.log.flusher import Flusher
 from tabletopic.log.producer_state import ProducerStateManager
@@ -631,7 +632,7 @@ class PartitionLog:
             syncs += 1
         self._synced_segment, self._synced_position = seg, pos
         if parent_dirty:
-            _fsync_dir(self.directory.parent)
+            fsync_dir(self.directory.parent)
         if dir_dirty or rolled:
             os.fsync(self._dir_fd)  # new segment files and the index renames are durable from here
         if rolled:
@@ -1035,14 +1036,6 @@ class PartitionLog:
         self._flusher.submit(lambda: shutil.rmtree(target, ignore_errors=True))
         self._fail_waiters(KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} was deleted"))
         log.info("deleted log %s", self.name)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -1,0 +1,33 @@
+"""Durable small-file writes: the one implementation of "write temp, fsync, rename, fsync the directory"."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames and creations inside it survive a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: readers see the old or the new file, never a mix."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, doc: Any) -> None:
+    """:func:`atomic_write_bytes` of ``doc`` as JSON."""
+    atomic_write_bytes(path, json.dumps(doc, indent=1, sort_keys=True).encode())
