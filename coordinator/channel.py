@@ -28,8 +28,8 @@ class CommitChannel(Protocol):
         """Deliver a worker's answer to the coordinator."""
         ...
 
-    async def next_response(self, timeout: float) -> CommitResponse | None:
-        """The next answer, or None after ``timeout`` seconds."""
+    async def next_response(self, timeout_s: float) -> CommitResponse | None:
+        """The next answer, or None after ``timeout_s`` seconds."""
         ...
 
 
@@ -59,8 +59,8 @@ class InProcessChannel:
     def respond(self, response: CommitResponse) -> None:
         self._responses.put_nowait(response)
 
-    async def next_response(self, timeout: float) -> CommitResponse | None:
+    async def next_response(self, timeout_s: float) -> CommitResponse | None:
         try:
-            return await asyncio.wait_for(self._responses.get(), timeout)
+            return await asyncio.wait_for(self._responses.get(), timeout_s)
         except TimeoutError:
             return None

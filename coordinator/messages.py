@@ -54,7 +54,7 @@ class CommitResponse:
     delete_files: tuple[Any, ...] = ()  # (upsert/CDC later) position/equality delete files
     record_count: int = 0  # rows written
     byte_count: int = 0  # bytes of the data files
-    field_count: int = 0  # rows × top-level columns (AutoMQ's kafka_tabletopic_fields numerator)
+    field_count: int = 0  # rows times top-level columns (AutoMQ's kafka_tabletopic_fields numerator)
     watermark: int = -1  # max record timestamp (ms) covered, -1 if none
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped by reason (errors.tolerance)
     error: str | None = None  # for BLOCKED: what blocks the partition, naming offset and reason

@@ -1,0 +1,256 @@
+"""One round's Iceberg commit: data files + offsets in one transaction, retried and resolved exactly once.
+
+The transaction of a round (:func:`commit_round`) holds, all or nothing:
+
+- a fast append of the round's data files (possibly none: an offsets-only round still makes a snapshot, so
+  every commit of ours moves ``main`` and a concurrent committer is always detected by Iceberg's
+  ``AssertRefSnapshotId``); its summary carries ``tabletopic.commit-id`` and ``tabletopic.watermark``;
+- the table properties ``tabletopic.offsets`` / ``tabletopic.commit-id`` (:mod:`coordinator.table`);
+- snapshot expiry per ``expire.snapshot.*``.
+
+Failure handling (the exactly-once part):
+
+- ``CommitFailedException`` (or ``ValidationException``) guarantees nothing landed: reload the table,
+  re-validate that its offsets are still the round's base offsets and its spec still the files' spec, and try
+  again up to ``max_retries`` times. If someone else moved the offsets, or retries run out, the round is
+  aborted and its files deleted.
+- Any other exception leaves the outcome unknown: the table is re-read; our commit id in it means committed,
+  otherwise the round is aborted and its files deleted (never a file any snapshot references). When the
+  table cannot even be read, :class:`CommitOutcomeUnknownError` is raised and the files are kept: the caller
+  keeps its PRE_COMMIT checkpoint and resolves later with :func:`resolve_round`.
+
+pyiceberg's own commit retry (``commit.retry.num-retries``, default 4) re-applies the staged property update
+on top of whatever is current without asking us, which would silently move offsets someone else has moved
+(duplicates). It is therefore switched off for our transactions only (an in-memory overlay, never written to
+the table: Spark's commits keep their retries).
+
+Blocking I/O: call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+from configs.table_topic import TableTopicConfig
+from coordinator.table import (
+    COMMIT_ID_PROPERTY,
+    OFFSETS_PROPERTY,
+    SUMMARY_COMMIT_ID,
+    SUMMARY_WATERMARK,
+    commit_landed,
+    committed_offsets,
+    encode_offsets,
+    referenced_files,
+    same_path,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RETRIES = 3
+
+
+class Outcome(StrEnum):
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"  # nothing landed; the round's files were deleted
+
+
+class CommitOutcomeUnknownError(Exception):
+    """The commit may or may not have landed and the table could not be read back to tell: keep the files."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpirePolicy:
+    """``automq.table.topic.expire.snapshot.*``."""
+
+    enabled: bool = True
+    older_than_hours: int = 1
+    retain_last: int = 1
+
+    @classmethod
+    def from_config(cls, cfg: TableTopicConfig) -> ExpirePolicy:
+        return cls(cfg.expire_snapshot_enabled, cfg.expire_snapshot_older_than_hours, cfg.expire_snapshot_retain_last)
+
+
+@dataclass(frozen=True, slots=True)
+class RoundCommit:
+    """What one round commits.
+
+    ``table_offsets`` is the table's ``tabletopic.offsets`` as read when the round began (the base the
+    workers were asked to continue from); ``new_offsets`` the next offsets of the partitions that answered.
+    """
+
+    commit_id: str
+    table_offsets: Mapping[int, int]
+    new_offsets: Mapping[int, int]
+    data_files: tuple[Any, ...] = ()  # pyiceberg.manifest.DataFile
+    watermark: int = -1
+    expire: ExpirePolicy = field(default_factory=ExpirePolicy)
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.file_path for f in self.data_files]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    outcome: Outcome
+    table: Table  # the table after the commit (or as last read)
+    attempts: int
+    reason: str = ""
+    commit_ms: float = 0.0  # time spent in the catalog commit(s)
+
+
+def _without_pyiceberg_retries(tbl: Table) -> Table:
+    # An in-memory copy whose properties say "no retries"; commit_transaction reads the retry settings from
+    # the base metadata only, and catalogs apply our updates (never this overlay) to the current metadata.
+    props = {**tbl.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    meta = tbl.metadata.model_copy(update={"properties": props})
+    return Table(tbl.name(), metadata=meta, metadata_location=tbl.metadata_location, io=tbl.io,
+                 catalog=tbl.catalog, config=tbl.config)
+
+
+def snapshots_to_expire(meta: TableMetadata, policy: ExpirePolicy, now_ms: int) -> list[int]:
+    """Snapshots older than ``older_than_hours``, except the newest ``retain_last``, the current one and
+    any branch/tag head."""
+    if not policy.enabled:
+        return []
+    newest_first = sorted(meta.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0), reverse=True)
+    keep = {s.snapshot_id for s in newest_first[: max(1, policy.retain_last)]}
+    keep |= {ref.snapshot_id for ref in meta.refs.values()}
+    if meta.current_snapshot_id is not None:
+        keep.add(meta.current_snapshot_id)
+    cutoff = now_ms - policy.older_than_hours * 3_600_000
+    return [s.snapshot_id for s in newest_first if s.snapshot_id not in keep and s.timestamp_ms < cutoff]
+
+
+def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
+    """The round's single transaction over ``tbl`` (not committed)."""
+    txn = _without_pyiceberg_retries(tbl).transaction()
+    offsets = {**committed_offsets(tbl), **rc.new_offsets}
+    txn.set_properties({OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id})
+    summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
+    with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
+        for data_file in rc.data_files:
+            append.append_data_file(data_file)
+    expired = snapshots_to_expire(txn.table_metadata, rc.expire, now_ms)
+    if expired:
+        ExpireSnapshots(txn).by_ids(expired).commit()
+    return txn
+
+
+def _check_still_valid(tbl: Table, rc: RoundCommit) -> str | None:
+    """Why the round can no longer be committed on ``tbl``, or None."""
+    current = committed_offsets(tbl)
+    if current != dict(rc.table_offsets):
+        return (f"the table's offsets moved under us (another committer?): expected {dict(rc.table_offsets)}, "
+                f"found {current} (commit id {tbl.properties.get(COMMIT_ID_PROPERTY)})")
+    spec_id = tbl.spec().spec_id
+    wrong = [f.file_path for f in rc.data_files if file_spec_id(f) not in (None, spec_id)]
+    if wrong:
+        # pyiceberg's fast append writes all added files into one manifest of the *current* spec: files of
+        # another spec would get wrong partition tuples. The workers redo them with the new spec.
+        return f"the partition spec changed to {spec_id} under the round: files {wrong[:3]} have another spec"
+    return None
+
+
+def file_spec_id(data_file: Any) -> int | None:
+    """The spec id a writer set on ``data_file``, or None.
+
+    ``DataFile.from_args(spec_id=...)`` silently drops it (it is not a manifest field): writers must set
+    ``data_file.spec_id`` after building the file. Unset, the request's spec is assumed.
+    """
+    try:
+        return int(data_file.spec_id)
+    except AttributeError:
+        return None
+
+
+def delete_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = None) -> int:
+    """Delete ``paths`` (missing ones are fine), except those in ``keep``; returns how many were deleted."""
+    n = 0
+    for path in paths:
+        if keep and any(same_path(path, k) for k in keep):
+            log.warning("not deleting %s: a snapshot references it", path)
+            continue
+        try:
+            tbl.io.delete(path)
+            n += 1
+        except FileNotFoundError:
+            pass
+        except Exception as e:  # best effort: a leftover is an orphan, never a correctness problem
+            log.warning("could not delete uncommitted file %s: %s", path, e)
+    return n
+
+
+def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, paths: Iterable[str]
+                  ) -> tuple[Outcome, Table]:
+    """Decide a round whose outcome is unknown by re-reading the table.
+
+    Committed when the table names ``commit_id``; otherwise its files are deleted (sparing any file a
+    snapshot references, which cannot happen unless something else committed them) and it is aborted.
+    Raises whatever the catalog raises when the table cannot be read: nothing is decided or deleted then.
+    """
+    tbl = catalog.load_table(ident)
+    if commit_landed(tbl, commit_id):
+        return Outcome.COMMITTED, tbl
+    paths = list(paths)
+    if paths:
+        delete_files(tbl, paths, keep=referenced_files(tbl))
+    return Outcome.ABORTED, tbl
+
+
+def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
+                 ) -> CommitResult:
+    """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once; see the module doc."""
+    commit_s = 0.0
+    for attempt in range(1, max_retries + 2):
+        if attempt > 1:
+            tbl = tbl.catalog.load_table(tbl.name())
+        problem = _check_still_valid(tbl, rc)
+        if problem is not None:
+            log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), problem)
+            delete_files(tbl, rc.paths)
+            return CommitResult(Outcome.ABORTED, tbl, attempt, problem, commit_s * 1000)
+        txn = build_transaction(tbl, rc, int(clock() * 1000))
+        t0 = time.perf_counter()
+        try:
+            committed = txn.commit_transaction()
+        except (CommitFailedException, ValidationException) as e:
+            commit_s += time.perf_counter() - t0
+            # Clean failure: nothing landed. Back off a little so that a concurrent committer can finish.
+            log.info("commit of round %s conflicted (attempt %d/%d): %s", rc.commit_id, attempt,
+                     max_retries + 1, e)
+            if attempt <= max_retries:
+                sleep(0.05 * 2 ** (attempt - 1) * (1 + random.random()))
+            continue
+        except Exception as e:
+            commit_s += time.perf_counter() - t0
+            log.warning("commit of round %s failed with an unknown outcome (%s: %s); re-reading the table",
+                        rc.commit_id, type(e).__name__, e)
+            try:
+                outcome, fresh = resolve_round(tbl.catalog, tbl.name(), rc.commit_id, rc.paths)
+            except Exception as e2:
+                raise CommitOutcomeUnknownError(
+                    f"round {rc.commit_id}: commit raised {type(e).__name__}: {e}; reading the table back "
+                    f"raised {type(e2).__name__}: {e2}") from e2
+            log.warning("round %s resolved as %s after the unknown outcome", rc.commit_id, outcome)
+            return CommitResult(outcome, fresh, attempt, f"unknown outcome resolved: {e}", commit_s * 1000)
+        commit_s += time.perf_counter() - t0
+        return CommitResult(Outcome.COMMITTED, committed, attempt, "", commit_s * 1000)
+    reason = f"gave up after {max_retries + 1} conflicting commits"
+    log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), reason)
+    delete_files(tbl, rc.paths)
+    return CommitResult(Outcome.ABORTED, tbl, max_retries + 1, reason, commit_s * 1000)

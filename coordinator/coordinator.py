@@ -1,0 +1,589 @@
+"""The table-topic coordinator: one per table topic, one exactly-once Iceberg commit per interval.
+
+A round (every ``automq.table.topic.commit.interval.ms``):
+
+1. resolve a round left in PRE_COMMIT (unknown outcome) by re-reading the table;
+2. reload the table, evolve its partition spec if ``partition.by`` changed;
+3. take every partition's committed offset **from the table** (``tabletopic.offsets``; a partition not in it
+   starts at its log start offset: history is backfilled), checkpoint REQUEST_COMMIT, broadcast one
+   :class:`~coordinator.messages.CommitRequest`;
+4. collect the workers' :class:`~coordinator.messages.CommitResponse` for this commit id from every partition,
+   or until the round time-out (then commit what arrived and run the next round at once, as for MORE_DATA);
+5. checkpoint PRE_COMMIT (commit id, offsets, file paths), then one Iceberg transaction for the whole topic
+   (:func:`coordinator.committer.commit_round`), then checkpoint COMMITTED (or ABORTED).
+
+Nothing new (no files, no offset moved) ⇒ no snapshot. Partitions answering EPOCH_MISMATCH keep their
+offsets; BLOCKED ones commit what precedes the bad record and stop at it (BLOCKED errors are logged once per
+round); responses of other rounds are dropped and their files deleted (never files a committed round
+included). A failing round never escapes the loop: it is
+logged and retried after an exponential back-off that starts at the commit interval.
+
+Blocking work (catalog, Parquet metadata, file deletes, checkpoint fsyncs) runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from configs.table_topic import TableTopicConfig
+from coordinator.channel import CommitChannel
+from coordinator.committer import (
+    DEFAULT_MAX_RETRIES,
+    ExpirePolicy,
+    Outcome,
+    RoundCommit,
+    commit_round,
+    delete_files,
+    file_spec_id,
+    resolve_round,
+)
+from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from coordinator.state import Checkpoint, CheckpointStore, Phase
+from coordinator.table import (
+    commit_landed,
+    committed_offsets,
+    evolve_partition_spec,
+    list_worker_files,
+    load_or_create_table,
+    referenced_files,
+    same_path,
+)
+from tabletopic.faults import crash_point
+
+log = logging.getLogger(__name__)
+
+RECENT_ROUNDS = 64  # rounds whose included files we remember, to tell late answers from committed files
+MAX_BACKOFF_S = 300.0
+
+
+class RoundOutcome(StrEnum):
+    COMMITTED = "COMMITTED"
+    IDLE = "IDLE"  # nothing new: no snapshot
+    ABORTED = "ABORTED"  # the commit did not land (offsets moved, conflicts, stop): files deleted
+    FAILED = "FAILED"  # an error; retried after a back-off
+
+
+@dataclass(frozen=True, slots=True)
+class RoundReport:
+    """What one round did (the result of :meth:`TableTopicCoordinator.trigger_round`)."""
+
+    outcome: RoundOutcome
+    commit_id: str = ""
+    files: int = 0
+    records: int = 0
+    bytes: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)  # the table's offsets after the round
+    timed_out: tuple[int, ...] = ()  # partitions that did not answer in time
+    more_data: tuple[int, ...] = ()
+    blocked: tuple[int, ...] = ()
+    commit_attempts: int = 0  # catalog commits tried (> 1 after conflicts with concurrent committers)
+    error: str = ""
+
+
+class CoordinatorNotReadyError(RuntimeError):
+    """The table is not loaded yet (catalog unreachable at start; retried every interval)."""
+
+
+class _StoppedError(Exception):
+    """Stop requested while collecting answers; carries the answers received so far."""
+
+
+@dataclass(slots=True)
+class _Collected:
+    responses: dict[int, CommitResponse] = field(default_factory=dict)
+    timed_out: bool = False
+
+
+class TableTopicCoordinator:
+    """Commit rounds of one table topic (see the module doc).
+
+    ``partitions()`` lists the topic's partitions (asked every round); ``log_start_offset(p)`` is where a
+    partition the table has never seen starts; ``leader_epoch(p)`` (optional, else 0) goes into the request
+    for the workers' fencing. ``clock`` (wall seconds) is for snapshot expiry, delay and request times.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        catalog: Catalog,
+        config_provider: Callable[[], TableTopicConfig],
+        partitions: Callable[[], list[int]],
+        log_start_offset: Callable[[int], int],
+        channel: CommitChannel,
+        state_dir: Path,
+        round_timeout_s: float = 30.0,
+        leader_epoch: Callable[[int], int] | None = None,
+        max_commit_retries: int = DEFAULT_MAX_RETRIES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.topic = topic
+        self._catalog = catalog
+        self._config_provider = config_provider
+        self._partitions = partitions
+        self._log_start_offset = log_start_offset
+        self._leader_epoch = leader_epoch
+        self._channel = channel
+        self._store = CheckpointStore(state_dir)
+        self.round_timeout_s = round_timeout_s
+        self._max_commit_retries = max_commit_retries
+        self._clock = clock
+
+        self._table: Table | None = None
+        self._ready = False  # checkpoint resolved and leftovers cleaned up
+        self._partition_by_seen: tuple[Any, ...] | None = None  # partition.by last handed to the spec evolution
+        self._checkpoint: Checkpoint | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stop_event = asyncio.Event()
+        self._stopping = False
+        self._triggered = False
+        self._waiters: list[asyncio.Future[RoundReport]] = []
+        self._quick_next = False
+        self._failures = 0
+        self._last_round_end = 0.0
+        self._next_due = 0.0
+        # commit id → paths that round committed (empty when it committed nothing)
+        self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
+
+        # Metrics, exported by the broker as they are.
+        self.rounds = 0
+        self.commits = 0
+        self.aborted_rounds = 0
+        self.failed_rounds = 0
+        self.stale_responses = 0
+        self.last_commit_duration_ms = 0.0  # the catalog commit of the last committed round
+        self.last_round_duration_ms = 0.0
+        self.records_committed = 0
+        self.files_committed = 0
+        self.bytes_committed = 0
+        self.fields_committed = 0
+        self.delay_ms = 0  # kafka_tabletopic_delay: now - min per-partition watermark at the last commit
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Resolve the checkpoint, load or create the table, clean up leftovers, start the round loop.
+
+        Catalog errors are logged, not raised: the loop retries the start-up every interval.
+        """
+        self._stopping = False
+        self._stop_event.clear()
+        try:
+            await self._initialize()
+        except Exception:
+            log.exception("table topic %s: coordinator start-up failed; retrying every interval", self.topic)
+        self._last_round_end = asyncio.get_running_loop().time()
+        self._schedule(quick=False)
+        self._task = asyncio.create_task(self._run(), name=f"tabletopic-coordinator-{self.topic}")
+
+    async def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop after the commit in progress, if any (a round still collecting answers is aborted)."""
+        self._stopping = True
+        self._stop_event.set()
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout_s)
+            except TimeoutError:
+                log.warning("table topic %s: coordinator did not stop within %.0f s; cancelling", self.topic,
+                            timeout_s)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._fail_waiters("coordinator stopped")
+
+    def table(self) -> Table:
+        """The current table, refreshed after each commit (the workers' table provider)."""
+        if self._table is None:
+            raise CoordinatorNotReadyError(f"the table of topic {self.topic} is not loaded yet")
+        return self._table
+
+    def config_changed(self) -> None:
+        """The topic's settings changed: a new interval applies from the next round, ``partition.by`` is
+        evolved at the start of the next round."""
+        if not self._quick_next:
+            self._schedule(quick=False)
+        self._wake.set()
+
+    def partitions_changed(self) -> None:
+        """The partition count changed: the next round asks ``partitions()`` again (nothing else to do)."""
+        self._wake.set()
+
+    def trigger_round(self) -> asyncio.Future[RoundReport]:
+        """Run a round now (after the one in progress); the future gets the report of that round."""
+        fut: asyncio.Future[RoundReport] = asyncio.get_running_loop().create_future()
+        if self._task is None or self._stopping:
+            fut.set_result(RoundReport(RoundOutcome.FAILED, error="coordinator not running"))
+            return fut
+        self._waiters.append(fut)
+        self._triggered = True
+        self._wake.set()
+        return fut
+
+    # ------------------------------------------------------------------ loop
+
+    def _interval_s(self) -> float:
+        return max(1, self._config_provider().commit_interval_ms) / 1000.0
+
+    def _schedule(self, *, quick: bool, backoff_s: float | None = None) -> None:
+        self._quick_next = quick
+        delay = backoff_s if backoff_s is not None else 0.0 if quick else self._interval_s()
+        self._next_due = self._last_round_end + delay
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            while not self._stopping and not self._triggered:
+                delay = self._next_due - loop.time()
+                if delay <= 0:
+                    break
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+            if self._stopping:
+                break
+            waiters, self._waiters = self._waiters, []
+            self._triggered = False
+            report = await self._safe_round()
+            self._last_round_end = loop.time()
+            if report.outcome is RoundOutcome.FAILED:
+                interval = self._interval_s()
+                self._schedule(quick=False, backoff_s=min(interval * 2 ** (self._failures - 1),
+                                                          max(interval, MAX_BACKOFF_S)))
+            else:
+                self._schedule(quick=bool(report.timed_out or report.more_data
+                                          or report.outcome is RoundOutcome.ABORTED))
+            for w in waiters:
+                if not w.done():
+                    w.set_result(report)
+
+    def _fail_waiters(self, error: str) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(RoundReport(RoundOutcome.FAILED, error=error))
+
+    async def _safe_round(self) -> RoundReport:
+        try:
+            if not self._ready:
+                await self._initialize()
+            report = await self._round()
+        except Exception as e:
+            self._failures += 1
+            self.failed_rounds += 1
+            log.error("table topic %s: commit round failed (%d in a row), retrying with back-off: %s: %s",
+                      self.topic, self._failures, type(e).__name__, e, exc_info=True)
+            return RoundReport(RoundOutcome.FAILED, error=f"{type(e).__name__}: {e}")
+        self._failures = 0
+        return report
+
+    # ------------------------------------------------------------------ start-up
+
+    async def _initialize(self) -> None:
+        cfg = self._config_provider()
+        cp = await asyncio.to_thread(self._store.load)
+        tbl = await asyncio.to_thread(load_or_create_table, self._catalog, self.topic, cfg)
+        self._checkpoint = cp
+        self._table = tbl
+        if cp is not None and cp.phase is Phase.PRE_COMMIT:
+            await self._resolve_pending(cp)
+        await asyncio.to_thread(self._cleanup_leftovers, self.table())
+        self._ready = True
+
+    async def _resolve_pending(self, cp: Checkpoint) -> None:
+        """Decide the round the checkpoint left in PRE_COMMIT by re-reading the table (raises if it cannot)."""
+        ident = cp.table or self.table().name()
+        try:
+            outcome, fresh = await asyncio.to_thread(resolve_round, self._catalog, ident, cp.commit_id,
+                                                     cp.data_files)
+        except NoSuchTableError:
+            log.warning("table topic %s: the table %s of pending round %s is gone; dropping the round",
+                        self.topic, ".".join(ident), cp.commit_id)
+            outcome, fresh = Outcome.ABORTED, None
+        if fresh is not None and fresh.name() == self.table().name():
+            self._table = fresh
+        phase = Phase.COMMITTED if outcome is Outcome.COMMITTED else Phase.ABORTED
+        done = cp.advance(phase, self._now_ms())
+        await asyncio.to_thread(self._store.save, done)
+        self._checkpoint = done
+        self._remember(cp.commit_id, cp.data_files if outcome is Outcome.COMMITTED else ())
+        log.warning("[COMMIT_RESOLVED] topic=%s commit_id=%s outcome=%s files=%d", self.topic, cp.commit_id,
+                    phase.value, len(cp.data_files))
+
+    def _cleanup_leftovers(self, tbl: Table) -> None:
+        """Delete worker files that no commit can include any more (local warehouses only).
+
+        A file named ``tt-p<p>-<start>-<uuid>.parquet`` whose start offset is at or past the table's
+        committed offset of ``p`` was never committed (commits move a partition's offset past every file
+        they add); files any snapshot references are kept regardless.
+        """
+        files = list_worker_files(tbl)
+        if files is None:
+            log.info("table topic %s: not listing %s for uncommitted files (only file:// warehouses are "
+                     "listed); leftovers of crashed rounds stay until orphan-file removal", self.topic,
+                     tbl.location())
+            return
+        offsets = committed_offsets(tbl)
+        candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
+        if not candidates:
+            return
+        n = delete_files(tbl, candidates, keep=referenced_files(tbl))
+        log.info("table topic %s: deleted %d uncommitted data files left by earlier rounds", self.topic, n)
+
+    # ------------------------------------------------------------------ one round
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _remember(self, commit_id: str, paths: tuple[str, ...] | list[str]) -> None:
+        self._recent_rounds[commit_id] = frozenset(paths)
+        while len(self._recent_rounds) > RECENT_ROUNDS:
+            self._recent_rounds.popitem(last=False)
+
+    async def _save(self, cp: Checkpoint) -> None:
+        await asyncio.to_thread(self._store.save, cp)
+        self._checkpoint = cp
+
+    async def _round(self) -> RoundReport:
+        t0 = time.perf_counter()
+        cfg = self._config_provider()
+        self.rounds += 1
+        if self._checkpoint is not None and self._checkpoint.phase is Phase.PRE_COMMIT:
+            await self._resolve_pending(self._checkpoint)
+
+        tbl = await asyncio.to_thread(self._refresh_and_evolve, self.table(), cfg)
+        self._table = tbl
+        table_offsets = committed_offsets(tbl)
+        partitions = sorted(set(self._partitions()))
+        base = {p: table_offsets[p] if p in table_offsets else self._log_start_offset(p) for p in partitions}
+
+        commit_id = str(uuid.uuid4())
+        cp = Checkpoint(Phase.REQUEST_COMMIT, commit_id, tbl.name(), base_offsets=base, updated_ms=self._now_ms())
+        await self._save(cp)
+        epoch = self._leader_epoch
+        request = CommitRequest(
+            commit_id=commit_id, topic=self.topic, spec_id=tbl.spec().spec_id, schema_id=tbl.schema().schema_id,
+            offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0) for p in partitions),
+            sent_ms=self._now_ms(),
+        )
+        self._channel.broadcast(request)
+        log.debug("table topic %s: round %s requested %s", self.topic, commit_id, base)
+
+        try:
+            collected = await self._collect(request, set(partitions))
+        except _StoppedError as stopped:
+            received = stopped.args[0] if stopped.args else {}
+            await asyncio.to_thread(delete_files, tbl, _paths(received.values()))
+            await self._save(cp.advance(Phase.ABORTED, self._now_ms()))
+            self._remember(commit_id, ())
+            self.aborted_rounds += 1
+            return RoundReport(RoundOutcome.ABORTED, commit_id, error="stopped while collecting answers")
+
+        accepted, rejected_paths, blocked, more = self._classify(request, base, collected.responses)
+        if rejected_paths:
+            await asyncio.to_thread(delete_files, tbl, rejected_paths)
+        timed_out = tuple(sorted(set(partitions) - collected.responses.keys()))
+        if timed_out:
+            log.warning("table topic %s: round %s timed out after %.1f s waiting for partitions %s; committing "
+                        "what arrived", self.topic, commit_id, self.round_timeout_s, list(timed_out))
+
+        new_offsets = {p: r.next_offset for p, r in accepted.items()}
+        data_files = tuple(f for r in accepted.values() for f in r.data_files)
+        moved = {p: o for p, o in new_offsets.items() if o != base[p]}
+        common: dict[str, Any] = {"timed_out": timed_out, "more_data": more, "blocked": blocked}
+        if not data_files and not moved:
+            await self._save(cp.advance(Phase.COMMITTED, self._now_ms()))
+            self._remember(commit_id, ())
+            if not timed_out:
+                self.delay_ms = 0  # everything up to the high watermarks is in the table
+            self.last_round_duration_ms = (time.perf_counter() - t0) * 1000
+            return RoundReport(RoundOutcome.IDLE, commit_id, offsets=table_offsets, **common)
+
+        watermarks = [r.watermark for r in accepted.values() if r.record_count > 0 and r.watermark >= 0]
+        watermark = min(watermarks) if watermarks else -1
+        paths = tuple(f.file_path for f in data_files)
+        cp = cp.advance(Phase.PRE_COMMIT, self._now_ms(), new_offsets={**base, **new_offsets}, data_files=paths)
+        try:
+            await self._save(cp)
+        except Exception:
+            # No commit was tried, so the files may go (should the checkpoint have reached the disk anyway,
+            # resolving it finds no commit id in the table).
+            await asyncio.to_thread(delete_files, tbl, paths)
+            self._remember(commit_id, ())
+            raise
+        crash_point("coordinator-after-pre-commit")
+
+        rc = RoundCommit(commit_id, table_offsets, new_offsets, data_files, watermark, ExpirePolicy.from_config(cfg))
+        # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
+        # even if this task is cancelled (the next start would otherwise have to resolve it).
+        result = await asyncio.shield(asyncio.to_thread(
+            commit_round, tbl, rc, max_retries=self._max_commit_retries, clock=self._clock))
+        crash_point("coordinator-after-iceberg-commit")
+        self._table = result.table
+        if result.outcome is Outcome.ABORTED:
+            await self._save(cp.advance(Phase.ABORTED, self._now_ms()))
+            self._remember(commit_id, ())
+            self.aborted_rounds += 1
+            return RoundReport(RoundOutcome.ABORTED, commit_id, offsets=committed_offsets(result.table),
+                               commit_attempts=result.attempts, error=result.reason, **common)
+
+        await self._save(cp.advance(Phase.COMMITTED, self._now_ms()))
+        self._remember(commit_id, paths)
+        records = sum(r.record_count for r in accepted.values())
+        nbytes = sum(r.byte_count for r in accepted.values())
+        self.commits += 1
+        self.records_committed += records
+        self.files_committed += len(data_files)
+        self.bytes_committed += nbytes
+        self.fields_committed += sum(r.field_count for r in accepted.values())
+        self.last_commit_duration_ms = result.commit_ms
+        if not timed_out:  # a partial round must not make the table look fresher than it is
+            self.delay_ms = max(0, self._now_ms() - watermark) if watermark >= 0 else 0
+        round_ms = (time.perf_counter() - t0) * 1000
+        self.last_round_duration_ms = round_ms
+        log.info("[COMMIT_COMPLETE] topic=%s commit_id=%s files=%d records=%d bytes=%d round_ms=%.0f "
+                 "commit_ms=%.0f", self.topic, commit_id, len(data_files), records, nbytes, round_ms,
+                 result.commit_ms)
+        return RoundReport(RoundOutcome.COMMITTED, commit_id, files=len(data_files), records=records,
+                           bytes=nbytes, offsets=committed_offsets(result.table), commit_attempts=result.attempts,
+                           **common)
+
+    def _refresh_and_evolve(self, tbl: Table, cfg: TableTopicConfig) -> Table:
+        tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
+        if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
+            tbl = evolve_partition_spec(tbl, cfg)
+            self._partition_by_seen = cfg.partition_by
+        return tbl
+
+    async def _collect(self, request: CommitRequest, expected: set[int]) -> _Collected:
+        """Answers for ``request`` from ``expected`` partitions until all are in or the round times out."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.round_timeout_s
+        out = _Collected()
+        stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            while expected - out.responses.keys():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    out.timed_out = True
+                    return out
+                nxt = asyncio.ensure_future(self._channel.next_response(remaining))
+                await asyncio.wait({nxt, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await nxt
+                if nxt.cancelled():
+                    raise _StoppedError(out.responses)
+                response = nxt.result()
+                if response is not None:
+                    await self._accept_or_drop(request, expected, out, response)
+                if stop_wait.done():
+                    raise _StoppedError(out.responses)
+            return out
+        finally:
+            stop_wait.cancel()
+
+    async def _accept_or_drop(self, request: CommitRequest, expected: set[int], out: _Collected,
+                              r: CommitResponse) -> None:
+        if r.commit_id != request.commit_id or r.topic != request.topic:
+            await self._drop_stale(r)
+            return
+        if r.partition not in expected or r.partition in out.responses:
+            log.warning("table topic %s: round %s: unexpected or duplicate answer for partition %d; dropped",
+                        self.topic, r.commit_id, r.partition)
+            self.stale_responses += 1
+            first = out.responses.get(r.partition)
+            keep = set(_paths([first])) if first is not None else set()
+            await asyncio.to_thread(delete_files, self.table(), [p for p in _paths([r]) if p not in keep])
+            return
+        out.responses[r.partition] = r
+
+    async def _drop_stale(self, r: CommitResponse) -> None:
+        """Drop an answer of another round, deleting its files unless a committed round included them."""
+        self.stale_responses += 1
+        paths = _paths([r])
+        log.info("table topic %s: dropped a stale answer of round %s for partition %d (%d files)", self.topic,
+                 r.commit_id, r.partition, len(paths))
+        if not paths:
+            return
+        tbl = self.table()
+        included = self._recent_rounds.get(r.commit_id)
+        if included is not None:
+            doomed = [p for p in paths if not any(same_path(p, k) for k in included)]
+            await asyncio.to_thread(delete_files, tbl, doomed)
+        elif commit_landed(tbl, r.commit_id):
+            # A round from before this coordinator started that did land: spare whatever the table references.
+            await asyncio.to_thread(lambda: delete_files(tbl, paths, keep=referenced_files(tbl)))
+        else:
+            await asyncio.to_thread(delete_files, tbl, paths)
+
+    def _classify(self, request: CommitRequest, base: dict[int, int], responses: dict[int, CommitResponse]
+                  ) -> tuple[dict[int, CommitResponse], list[str], tuple[int, ...], tuple[int, ...]]:
+        """Split answers into accepted (NONE/MORE_DATA, consistent) and the rest; returns
+        (accepted, paths to delete, blocked partitions, MORE_DATA partitions)."""
+        accepted: dict[int, CommitResponse] = {}
+        rejected: list[str] = []
+        blocked: list[tuple[int, str]] = []
+        epoch_mismatch: list[int] = []
+        more: list[int] = []
+        for p, r in sorted(responses.items()):
+            if r.code in (CommitCode.NONE, CommitCode.MORE_DATA):
+                problem = self._check_answer(request, base[p], r)
+                if problem is None:
+                    accepted[p] = r
+                    if r.code is CommitCode.MORE_DATA:
+                        more.append(p)
+                    continue
+                log.error("table topic %s: round %s: rejecting the answer of partition %d: %s", self.topic,
+                          r.commit_id, p, problem)
+            elif r.code is CommitCode.BLOCKED:
+                blocked.append((p, r.error or "no reason given"))
+                if self._check_answer(request, base[p], r) is None:
+                    # commit the records before the bad one: the offset stops at it, and the prefix is not
+                    # rewritten every round while the partition stays blocked
+                    accepted[p] = r
+                    continue
+            else:
+                epoch_mismatch.append(p)
+            rejected.extend(_paths([r]))
+        if blocked:
+            log.error("table topic %s: round %s: partitions blocked, their offsets stay: %s", self.topic,
+                      request.commit_id, "; ".join(f"partition {p}: {err}" for p, err in blocked))
+        if epoch_mismatch:
+            log.info("table topic %s: round %s: leader epoch mismatch on partitions %s; their offsets stay",
+                     self.topic, request.commit_id, epoch_mismatch)
+        return accepted, rejected, tuple(p for p, _ in blocked), tuple(more)
+
+    @staticmethod
+    def _check_answer(request: CommitRequest, base: int, r: CommitResponse) -> str | None:
+        if r.start_offset != base:
+            return f"answered from offset {r.start_offset}, but the request asked from {base}"
+        if r.next_offset < r.start_offset:
+            return f"next offset {r.next_offset} is before the start offset {r.start_offset}"
+        if r.delete_files:
+            return "delete files are not supported by this coordinator yet"
+        wrong = [f.file_path for f in r.data_files if file_spec_id(f) not in (None, request.spec_id)]
+        if wrong:
+            return f"files written with another partition spec than {request.spec_id}: {wrong[:3]}"
+        return None
+
+
+def _paths(responses: Any) -> list[str]:
+    return [f.file_path for r in responses for f in (*r.data_files, *r.delete_files)]

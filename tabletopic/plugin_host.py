@@ -1,0 +1,209 @@
+"""The table-topic plugin host: a coordinator and partition workers for every table topic.
+
+When the broker has a catalog configured (``automq.table.topic.catalog.type``), every topic with
+``automq.table.topic.enable=true`` gets one :class:`~coordinator.coordinator.TableTopicCoordinator` (AutoMQ
+pins it to partition 0's leader; this single-node broker leads every partition) and one
+:class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel.
+
+The host follows topic changes (:class:`~tabletopic.topics.TopicEvent`): enabling a table topic on an existing
+topic starts it (the coordinator takes the committed offsets from the table and backfills partitions the table
+has never seen from their log start offset), disabling stops it, new partitions get workers, a changed
+commit interval or ``partition.by`` reaches the coordinator, and deleting the topic stops its machinery but
+keeps the table, as AutoMQ does.
+
+CPU-heavy work (decoding, Arrow, Parquet) runs in a process pool shared by all workers, never on the event
+loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from configs.table_topic import TableTopicConfig
+from coordinator.channel import InProcessChannel
+from coordinator.coordinator import TableTopicCoordinator
+from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
+from worker.partition_worker import PartitionWorker
+
+if TYPE_CHECKING:
+    from tabletopic.broker import Broker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _TableTopic:
+    topic: str
+    config: TableTopicConfig
+    channel: InProcessChannel
+    coordinator: TableTopicCoordinator
+    workers: dict[int, PartitionWorker] = field(default_factory=dict)
+
+
+class TableTopicHost:
+    """Owns the running table topics of one broker."""
+
+    def __init__(self, broker: Broker, catalog: Any, *, pool_size: int = 2) -> None:
+        self._broker = broker
+        self._catalog = catalog
+        self._pool_size = pool_size
+        self._executor: ProcessPoolExecutor | None = None
+        self._running: dict[str, _TableTopic] = {}
+        self._lock = asyncio.Lock()
+        self.base_dir = broker.data_dir / "__tables"
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._broker.topics.subscribe(self._on_event)
+        for info in self._broker.topics.all():
+            if self._config_of(info).enable:
+                await self._start_topic(info)
+        log.info("table-topic host started: %d table topic(s)", len(self._running))
+
+    async def stop(self) -> None:
+        async with self._lock:
+            for topic in list(self._running):
+                await self._stop_topic(topic)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    @property
+    def topics(self) -> list[str]:
+        return sorted(self._running)
+
+    def coordinator(self, topic: str) -> TableTopicCoordinator | None:
+        tt = self._running.get(topic)
+        return tt.coordinator if tt else None
+
+    # ---- topic events ----
+
+    def _config_of(self, info: TopicInfo) -> TableTopicConfig:
+        # stored topics were validated when set; a broker setting changed since must not stop the load
+        return TableTopicConfig.from_topic(info.configs, self._broker.config, validate=False)
+
+    async def _on_event(self, event: TopicEvent) -> None:
+        info = event.topic
+        async with self._lock:
+            running = self._running.get(info.name)
+            if event.kind is TopicEventKind.DELETED:
+                if running is not None:
+                    log.info("topic %s deleted: stopping its table topic (the table is kept)", info.name)
+                    await self._stop_topic_locked(info.name)
+                return
+            cfg = self._config_of(info)
+            if running is None:
+                if cfg.enable:
+                    await self._start_topic_locked(info)
+                return
+            if not cfg.enable:
+                log.info("table topic disabled on %s: stopping (the table is kept)", info.name)
+                await self._stop_topic_locked(info.name)
+                return
+            running.config = cfg
+            if event.kind is TopicEventKind.PARTITIONS_ADDED:
+                for p in range(info.partitions):
+                    if p not in running.workers:
+                        await self._start_worker(running, p)
+                running.coordinator.partitions_changed()
+            running.coordinator.config_changed()
+
+    # ---- start/stop ----
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            # forkserver: children do not inherit the broker's event loop, sockets or threads
+            ctx = multiprocessing.get_context("forkserver")
+            self._executor = ProcessPoolExecutor(max_workers=self._pool_size, mp_context=ctx)
+        return self._executor
+
+    async def _start_topic(self, info: TopicInfo) -> None:
+        async with self._lock:
+            await self._start_topic_locked(info)
+
+    async def _start_topic_locked(self, info: TopicInfo) -> None:
+        t0 = time.monotonic()
+        topic = info.name
+        channel = InProcessChannel()
+        state_dir = self.base_dir / topic
+        state_dir.mkdir(parents=True, exist_ok=True)
+        holder: dict[str, _TableTopic] = {}
+
+        def config_provider() -> TableTopicConfig:
+            return holder["tt"].config
+
+        def partitions() -> list[int]:
+            current = self._broker.topics.get(topic)
+            return list(range(current.partitions)) if current else []
+
+        def log_start_offset(partition: int) -> int:
+            plog = self._broker.logs.get(topic, partition)
+            return plog.log_start_offset if plog is not None else 0
+
+        coord = TableTopicCoordinator(
+            topic,
+            catalog=self._catalog,
+            config_provider=config_provider,
+            partitions=partitions,
+            log_start_offset=log_start_offset,
+            channel=channel,
+            state_dir=state_dir,
+        )
+        tt = _TableTopic(topic, self._config_of(info), channel, coord)
+        holder["tt"] = tt
+        await coord.start()
+        for p in range(info.partitions):
+            await self._start_worker(tt, p)
+        self._running[topic] = tt
+        log.info("table topic %s started: %d partition worker(s), table %s, in %.0f ms", topic, info.partitions,
+                 ".".join(tt.config.table_identifier(topic)), (time.monotonic() - t0) * 1000)
+
+    async def _start_worker(self, tt: _TableTopic, partition: int) -> None:
+        plog = self._broker.logs.get(tt.topic, partition)
+        if plog is None:
+            log.error("no log for %s-%d: no worker started", tt.topic, partition)
+            return
+        worker = PartitionWorker(
+            tt.topic,
+            partition,
+            plog,
+            tt.channel,
+            table_provider=tt.coordinator.table,
+            config_provider=lambda: tt.config,
+            executor=self._pool(),
+            dlq_dir=self.base_dir / "dlq" / tt.topic,
+        )
+        await worker.start()
+        tt.workers[partition] = worker
+
+    async def _stop_topic(self, topic: str) -> None:
+        async with self._lock:
+            await self._stop_topic_locked(topic)
+
+    async def _stop_topic_locked(self, topic: str) -> None:
+        tt = self._running.pop(topic, None)
+        if tt is None:
+            return
+        await tt.coordinator.stop()
+        for w in tt.workers.values():
+            await w.stop()
+        log.info("table topic %s stopped", topic)
+
+
+def pool_size_default() -> int:
+    """Two processes: this machine class has 2 cores, and the event loop mostly waits."""
+    return 2
+
+
+__all__ = ["TableTopicHost", "pool_size_default"]
+
+_ = Path  # re-exported type used in annotations by callers

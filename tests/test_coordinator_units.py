@@ -1,0 +1,140 @@
+"""Unit-level tests of the coordinator's parts: checkpoint store, table helpers, committer edge cases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from pyiceberg.catalog.sql import SqlCatalog
+
+from coordinator.committer import ExpirePolicy, Outcome, RoundCommit, commit_round, snapshots_to_expire
+from coordinator.coordinator import RoundOutcome
+from coordinator.state import Checkpoint, CheckpointStore, Phase
+from coordinator.table import (
+    committed_offsets,
+    load_or_create_table,
+    parse_worker_file,
+    table_identifier,
+)
+from tests.test_coordinator_support import (
+    TOPIC,
+    Harness,
+    PartitionLog,
+    file_exists,
+    make_catalog,
+    make_config,
+    rows_of,
+    wait_until,
+    write_data_files,
+)
+
+
+def test_checkpoint_round_trip_and_atomic_replace(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "a" / "b")
+    assert store.load() is None
+    cp = Checkpoint(Phase.PRE_COMMIT, "c1", ("kafka", "t"), {0: 1, 10: 2}, {0: 5, 10: 2},
+                    ("file:///x/tt-p0-1-u.parquet",), (), 123)
+    store.save(cp)
+    assert store.load() == cp
+    done = cp.advance(Phase.COMMITTED, 456)
+    store.save(done)
+    assert store.load() == done and done.phase.closed and not cp.phase.closed
+    # a torn write of the next checkpoint (crash before the rename) leaves the previous one valid
+    (store.path.parent / (store.path.name + ".tmp")).write_text('{"version": 1, "pha')
+    assert store.load() == done
+    store.path.write_text("garbage")
+    assert store.load() is None
+
+
+def test_table_identifier_and_worker_file_names() -> None:
+    assert table_identifier("t", make_config(namespace="a.b")) == ("a", "b", "t")
+    assert table_identifier("t", make_config(namespace=None)) == ("default", "t")
+    wf = parse_worker_file("file:///wh/ns/t/data/x=1/tt-p12-3400-0f1e2d3c-aaaa-bbbb-cccc-000000000000.parquet")
+    assert wf is not None and (wf.partition, wf.start_offset) == (12, 3400)
+    assert parse_worker_file("file:///wh/ns/t/data/00000-0-abc.parquet") is None
+
+
+class _RacyCatalog(SqlCatalog):
+    """Says the table does not exist, as if another process created it between our check and our create."""
+
+    def table_exists(self, identifier: str | tuple[str, ...]) -> bool:
+        return False
+
+
+def test_concurrent_creation_loads_the_other_table(tmp_path: Path) -> None:
+    cfg = make_config()
+    first = load_or_create_table(make_catalog(tmp_path), TOPIC, cfg)
+    racy = _RacyCatalog("tabletopic", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
+    second = load_or_create_table(racy, TOPIC, cfg)
+    assert second.metadata.table_uuid == first.metadata.table_uuid
+
+
+def test_snapshots_to_expire_keeps_retain_last_current_and_refs(tmp_path: Path) -> None:
+    tbl = load_or_create_table(make_catalog(tmp_path), TOPIC, make_config())
+    for _ in range(4):
+        with tbl.transaction() as txn, txn.update_snapshot().fast_append():
+            pass
+    meta = tbl.metadata
+    now = int(time.time() * 1000)
+    newest_first = sorted(meta.snapshots, key=lambda s: s.timestamp_ms, reverse=True)
+    assert snapshots_to_expire(meta, ExpirePolicy(True, 1, 1), now) == []  # all young
+    later = now + 3 * 3_600_000
+    assert set(snapshots_to_expire(meta, ExpirePolicy(True, 1, 1), later)) == {s.snapshot_id
+                                                                              for s in newest_first[1:]}
+    assert set(snapshots_to_expire(meta, ExpirePolicy(True, 1, 3), later)) == {s.snapshot_id
+                                                                              for s in newest_first[3:]}
+    assert snapshots_to_expire(meta, ExpirePolicy(False, 1, 1), later) == []
+
+
+def test_conflicts_beyond_max_retries_abort_and_pyiceberg_does_not_retry_behind_our_back(tmp_path: Path) -> None:
+    cat = make_catalog(tmp_path)
+    stale = load_or_create_table(cat, TOPIC, make_config())
+    other = cat.load_table(stale.name())
+    with other.transaction() as txn, txn.update_snapshot().fast_append():
+        pass  # someone else commits: ``stale`` is now out of date
+    files = write_data_files(stale, 0, 0, [PartitionLog(0).row(0)])
+    rc = RoundCommit("r1", {}, {0: 1}, tuple(files))
+    result = commit_round(stale, rc, max_retries=0)
+    # pyiceberg's own retry (4 by default) would have re-applied our offsets on the new head unchecked
+    assert result.outcome is Outcome.ABORTED and result.attempts == 1
+    assert not file_exists(files[0].file_path)
+    assert committed_offsets(cat.load_table(stale.name())) == {}
+
+    files = write_data_files(stale, 0, 0, [PartitionLog(0).row(0)])
+    result = commit_round(stale, RoundCommit("r2", {}, {0: 1}, tuple(files)), max_retries=1)
+    assert result.outcome is Outcome.COMMITTED and result.attempts == 2
+    assert committed_offsets(result.table) == {0: 1}
+
+
+def test_stop_while_collecting_aborts_the_round_and_deletes_received_files(tmp_path: Path) -> None:
+    async def main() -> None:
+        logs = [PartitionLog(0, end=3), PartitionLog(1, end=3)]
+        async with Harness(tmp_path, logs=logs, round_timeout_s=30) as h:
+            h.workers[1].silent = True
+            fut = h.coord.trigger_round()
+            await wait_until(lambda: bool(h.workers[0].written))
+            await asyncio.sleep(0.1)  # let the coordinator take partition 0's answer
+            await h.coord.stop()
+            report = await fut
+            assert report.outcome is RoundOutcome.ABORTED
+            assert not any(file_exists(f) for f in h.workers[0].written)
+            cp = CheckpointStore(tmp_path / "state" / TOPIC).load()
+            assert cp is not None and cp.phase is Phase.ABORTED
+            assert rows_of(h.table()) == []
+    asyncio.run(main())
+
+
+def test_answers_that_do_not_match_the_request_are_rejected() -> None:
+    from coordinator.coordinator import TableTopicCoordinator
+    from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+
+    req = CommitRequest("c", TOPIC, 1, 0, (PartitionOffset(0, 10),))
+    check = TableTopicCoordinator._check_answer
+
+    def answer(start: int, end: int) -> CommitResponse:
+        return CommitResponse(CommitCode.NONE, "c", TOPIC, 0, 0, start, end)
+
+    assert check(req, 10, answer(10, 15)) is None
+    assert "asked from 10" in (check(req, 10, answer(9, 15)) or "")
+    assert "before the start" in (check(req, 10, answer(10, 9)) or "")
