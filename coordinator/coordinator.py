@@ -92,6 +92,10 @@ class RoundReport:
     blocked: tuple[int, ...] = ()
     commit_attempts: int = 0  # catalog commits tried (> 1 after conflicts with concurrent committers)
     error: str = ""
+    fields: int = 0  # rows times top-level columns committed
+    watermark: int = -1  # min over answering partitions of their max record timestamp; -1 if unknown/partial
+    commit_ms: float = 0.0  # duration of the catalog commit
+    skipped: dict[str, int] = field(default_factory=dict)  # records skipped (errors.tolerance) by reason
 
 
 class CoordinatorNotReadyError(RuntimeError):
@@ -130,6 +134,7 @@ class TableTopicCoordinator:
         leader_epoch: Callable[[int], int] | None = None,
         max_commit_retries: int = DEFAULT_MAX_RETRIES,
         clock: Callable[[], float] = time.time,
+        on_round: Callable[[RoundReport], None] | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -142,6 +147,7 @@ class TableTopicCoordinator:
         self.round_timeout_s = round_timeout_s
         self._max_commit_retries = max_commit_retries
         self._clock = clock
+        self._on_round = on_round  # observer of every round's report (metrics), called on the loop
 
         self._table: Table | None = None
         self._ready = False  # checkpoint resolved and leftovers cleaned up
@@ -262,6 +268,11 @@ class TableTopicCoordinator:
             self._triggered = False
             report = await self._safe_round()
             self._last_round_end = loop.time()
+            if self._on_round is not None:
+                try:
+                    self._on_round(report)
+                except Exception:
+                    log.exception("table topic %s: round observer failed", self.topic)
             if report.outcome is RoundOutcome.FAILED:
                 interval = self._interval_s()
                 self._schedule(quick=False, backoff_s=min(interval * 2 ** (self._failures - 1),
@@ -462,7 +473,9 @@ class TableTopicCoordinator:
                  result.commit_ms)
         return RoundReport(RoundOutcome.COMMITTED, commit_id, files=len(data_files), records=records,
                            bytes=nbytes, offsets=committed_offsets(result.table), commit_attempts=result.attempts,
-                           **common)
+                           fields=sum(r.field_count for r in accepted.values()),
+                           watermark=-1 if timed_out else watermark, commit_ms=result.commit_ms,
+                           skipped=_sum_skipped(accepted.values()), **common)
 
     def _refresh_and_evolve(self, tbl: Table, cfg: TableTopicConfig) -> Table:
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
@@ -583,6 +596,14 @@ class TableTopicCoordinator:
         if wrong:
             return f"files written with another partition spec than {request.spec_id}: {wrong[:3]}"
         return None
+
+
+def _sum_skipped(responses: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in responses:
+        for reason, n in r.skipped.items():
+            out[reason] = out.get(reason, 0) + n
+    return out
 
 
 def _paths(responses: Any) -> list[str]:

@@ -12,8 +12,11 @@ import logging
 import time
 
 from configs.model import BrokerConfig
+from tabletopic.catalog import load_catalog
 from tabletopic.groups.coordinator import GroupConfig, GroupCoordinator
 from tabletopic.log.manager import LogManager
+from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
+from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
 from tabletopic.server import handlers
 from tabletopic.server.network import KafkaServer
@@ -54,6 +57,9 @@ class Broker:
             self.topics.partition_count,
         )
         self.server = KafkaServer(self)
+        self.metrics = TableTopicMetrics()
+        self.metrics_server: MetricsServer | None = None
+        self.tables: TableTopicHost | None = None  # set at start when a catalog is configured
         self.bound: list[tuple[str, int]] = []
         self._stopped = asyncio.Event()
 
@@ -68,6 +74,13 @@ class Broker:
         self.producer_ids.load()
         await self.groups.start()
         self.bound = await self.server.start()
+        catalog = await asyncio.to_thread(load_catalog, self.config)
+        if catalog is not None:
+            self.tables = TableTopicHost(self, catalog, self.metrics)
+            await self.tables.start()
+        else:
+            log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
+        self.metrics_server = start_metrics_server(self.config, self.metrics)
         # a listener on port 0 gets its real port now; advertise what was actually bound
         if self.advertised_port == 0 and self.bound:
             self.advertised_port = self.bound[0][1]
@@ -82,6 +95,10 @@ class Broker:
         log.info("shutting down: no new connections, finishing in-flight requests")
         self.server.stop_accepting()
         await self.server.drain(grace_s=min(10.0, int(self.config["shutdown.timeout.ms"]) / 1000))
+        if self.tables is not None:
+            await self.tables.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         await self.groups.close()
         await self.logs.close()
         log.info("shut down cleanly in %.0f ms", (time.monotonic() - t0) * 1000)

@@ -23,12 +23,12 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from configs.table_topic import TableTopicConfig
 from coordinator.channel import InProcessChannel
-from coordinator.coordinator import TableTopicCoordinator
+from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
+from tabletopic.metrics import TableTopicMetrics
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
 
@@ -50,9 +50,10 @@ class _TableTopic:
 class TableTopicHost:
     """Owns the running table topics of one broker."""
 
-    def __init__(self, broker: Broker, catalog: Any, *, pool_size: int = 2) -> None:
+    def __init__(self, broker: Broker, catalog: Any, metrics: TableTopicMetrics, *, pool_size: int = 2) -> None:
         self._broker = broker
         self._catalog = catalog
+        self._metrics = metrics
         self._pool_size = pool_size
         self._executor: ProcessPoolExecutor | None = None
         self._running: dict[str, _TableTopic] = {}
@@ -149,6 +150,10 @@ class TableTopicHost:
             plog = self._broker.logs.get(topic, partition)
             return plog.log_start_offset if plog is not None else 0
 
+        def leader_epoch(partition: int) -> int:
+            plog = self._broker.logs.get(topic, partition)
+            return plog.leader_epoch if plog is not None else 0
+
         coord = TableTopicCoordinator(
             topic,
             catalog=self._catalog,
@@ -157,6 +162,8 @@ class TableTopicHost:
             log_start_offset=log_start_offset,
             channel=channel,
             state_dir=state_dir,
+            leader_epoch=leader_epoch,
+            on_round=lambda report: self._observe(topic, report),
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt
@@ -185,6 +192,24 @@ class TableTopicHost:
         await worker.start()
         tt.workers[partition] = worker
 
+    def _observe(self, topic: str, report: RoundReport) -> None:
+        """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours)."""
+        m = self._metrics
+        for reason, n in report.skipped.items():
+            m.record_skipped(topic, reason, n)
+        if report.outcome is RoundOutcome.COMMITTED:
+            partial = bool(report.timed_out or report.blocked)
+            m.record_commit(topic, records=report.records, files=report.files, bytes_written=report.bytes,
+                            fields=report.fields, duration_s=report.commit_ms / 1000,
+                            watermark_ms=None if report.watermark < 0 else report.watermark,
+                            result="partial" if partial else "committed")
+        elif report.outcome is RoundOutcome.IDLE:
+            # nothing new below any high watermark: the table is as fresh as the log
+            m.record_commit(topic, records=0, files=0, bytes_written=0, fields=0, duration_s=0.0,
+                            watermark_ms=int(time.time() * 1000), result="empty")
+        else:
+            m.record_round(topic, "failed" if report.outcome is RoundOutcome.FAILED else "unknown")
+
     async def _stop_topic(self, topic: str) -> None:
         async with self._lock:
             await self._stop_topic_locked(topic)
@@ -196,14 +221,8 @@ class TableTopicHost:
         await tt.coordinator.stop()
         for w in tt.workers.values():
             await w.stop()
+        self._metrics.remove_topic(topic)
         log.info("table topic %s stopped", topic)
 
 
-def pool_size_default() -> int:
-    """Two processes: this machine class has 2 cores, and the event loop mostly waits."""
-    return 2
-
-
-__all__ = ["TableTopicHost", "pool_size_default"]
-
-_ = Path  # re-exported type used in annotations by callers
+__all__ = ["TableTopicHost"]

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a setting (repeatable), as kafka-server-start.sh --override")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     serve.set_defaults(func=cmd_serve)
+    from tabletopic.cli.sql import add_parsers as add_query_parsers
+
+    add_query_parsers(sub)  # sql, tables
     return parser
 
 

@@ -1,0 +1,158 @@
+"""The broker's Iceberg catalog: the one place that turns ``automq.table.topic.catalog.*`` into a pyiceberg catalog.
+
+``sql`` (the embedded catalog) is pyiceberg's ``SqlCatalog``, whose tables are Iceberg-Java's ``JdbcCatalog``
+schema V1, so Spark (``tabletopic.spark``) opens the very same catalog under the same name. For SQLite this
+module owns the settings that make sharing the file safe: a busy timeout, WAL journal mode, and creating the
+catalog tables here (Iceberg-Java must not: see ``tabletopic.spark``). Every other type goes to pyiceberg's
+``load_catalog`` unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+from configs.model import BrokerConfig
+from tabletopic.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+URI_KEY = "automq.table.topic.catalog.uri"
+WAREHOUSE_KEY = "automq.table.topic.catalog.warehouse"
+# SQLite waits this long for a lock held by another process (pyiceberg's committer, Spark) before SQLITE_BUSY.
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
+class CatalogUnavailableError(RuntimeError):
+    """The configured catalog cannot be opened from this process (e.g. a missing database driver)."""
+
+
+def default_sql_properties(config: BrokerConfig) -> dict[str, str]:
+    """The embedded catalog's location when ``uri``/``warehouse`` are not set: under ``log.dirs``, like the
+    shipped server.properties."""
+    root = config.log_dir.resolve() / "iceberg"
+    return {"uri": f"sqlite:///{root / 'catalog.db'}", "warehouse": (root / "warehouse").as_uri()}
+
+
+def sql_catalog_properties(config: BrokerConfig) -> dict[str, str]:
+    """The ``sql`` catalog's pyiceberg properties, normalised: defaults filled in, SQLite busy timeout added."""
+    props = {**default_sql_properties(config), **config.catalog_properties}
+    props.pop("type", None)
+    props["uri"] = with_sqlite_timeout(props["uri"])
+    return props
+
+
+def is_sqlite(uri: str) -> bool:
+    return uri.split(":", 1)[0].split("+", 1)[0].lower() == "sqlite"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a SQLAlchemy ``sqlite:///`` URI (absolute), None for an in-memory database."""
+    from sqlalchemy.engine import make_url
+
+    database = make_url(uri).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).expanduser().resolve()
+
+
+def with_sqlite_timeout(uri: str) -> str:
+    """Add ``timeout=30`` (seconds, sqlite3's busy timeout) to a SQLite URI that has none; others unchanged."""
+    if not is_sqlite(uri):
+        return uri
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    if "timeout" in url.query:
+        return uri
+    return url.update_query_dict({"timeout": str(SQLITE_BUSY_TIMEOUT_S)}).render_as_string(hide_password=False)
+
+
+def local_warehouse_path(warehouse: str) -> Path | None:
+    """The directory of a ``file://`` (or scheme-less) warehouse, None for object stores."""
+    parts = urlsplit(warehouse)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    if parts.scheme == "":
+        return Path(warehouse).expanduser().resolve()
+    return None
+
+
+def enable_wal(db_path: Path) -> None:
+    """Put the SQLite database in WAL mode (persistent in the file, so a no-op once done).
+
+    WAL lets Spark's reads proceed while pyiceberg commits; in rollback mode a reader blocks the writer.
+    """
+    con = sqlite3.connect(db_path, timeout=SQLITE_BUSY_TIMEOUT_S)
+    try:
+        mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+        if str(mode).lower() != "wal":
+            mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            log.info("catalog database %s: journal_mode=%s", db_path, mode)
+    finally:
+        con.close()
+
+
+def _prepare_sql(props: Mapping[str, str]) -> None:
+    uri = props["uri"]
+    if is_sqlite(uri):
+        db = sqlite_path(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            enable_wal(db)
+    elif uri.startswith("postgresql"):
+        try:
+            import psycopg2  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
+        except ImportError:
+            raise CatalogUnavailableError(
+                f"{URI_KEY}={_redact(uri)} needs the psycopg2 driver: pip install psycopg2-binary into .venv"
+            ) from None
+    warehouse = props.get("warehouse")
+    if warehouse:
+        path = local_warehouse_path(warehouse)
+        if path is not None:
+            path.mkdir(parents=True, exist_ok=True)
+
+
+def load_catalog(config: BrokerConfig) -> Catalog | None:
+    """Open the broker's catalog, named ``config.catalog_name``; None when ``catalog.type`` is unset.
+
+    ``sql``: a pyiceberg ``SqlCatalog`` (SQLite or PostgreSQL URI) that creates the catalog tables when missing;
+    any other type: ``pyiceberg.catalog.load_catalog(name, **properties)``.
+    """
+    catalog_type = config.catalog_type
+    if catalog_type is None:
+        return None
+    name = config.catalog_name
+    if catalog_type == "sql":
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        props = sql_catalog_properties(config)
+        if not props.get("uri"):
+            raise InvalidConfigError(f"Invalid value for configuration {URI_KEY}: a sql catalog needs a uri")
+        _prepare_sql(props)
+        catalog = SqlCatalog(name, **props)
+        log.info("catalog %s: sql at %s, warehouse %s", name, _redact(props["uri"]), props.get("warehouse"))
+        return catalog
+
+    from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
+
+    props = config.catalog_properties
+    log.info("catalog %s: %s at %s", name, catalog_type, props.get("uri"))
+    return pyiceberg_load_catalog(name, **props)
+
+
+def _redact(uri: str) -> str:
+    """A URI without its password, for logs."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,299 @@
+"""``tabletopic sql`` (Spark SQL over the broker's catalog) and ``tabletopic tables`` (what the catalog holds).
+
+Both read the same properties file and ``--override`` settings as ``tabletopic serve``, so they open the catalog
+the broker writes to. ``sql`` with a statement runs it and prints the result; without one it reads statements
+ending in ``;`` from a prompt (or from stdin when piped, stopping at the first error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import configs
+from configs.model import BrokerConfig, load_properties, parse_overrides
+from tabletopic.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DEFAULT_CONFIG = Path(configs.__file__).resolve().parent / "server.properties"
+PROMPT = "tabletopic-sql> "
+CONTINUATION = "             -> "
+DEFAULT_MAX_ROWS = 1000
+EXIT_WORDS = ("exit", "quit", r"\q")
+
+
+_POSITION_THEN_PLAN = re.compile(r"(; line \d+ pos \d+);\n")
+
+
+class CliError(Exception):
+    """A user-facing error: printed as ``error: ...`` with exit code 2."""
+
+
+def load_config(config: str | None, overrides: Iterable[str]) -> BrokerConfig:
+    """The broker's settings, as ``tabletopic serve`` reads them (file, else the shipped default, + overrides)."""
+    path = Path(config) if config else DEFAULT_CONFIG
+    props: dict[str, str] = {}
+    if path.exists():
+        props = load_properties(path)
+    elif config:
+        raise CliError(f"config file {path} not found")
+    try:
+        props.update(parse_overrides(overrides))
+        return BrokerConfig.from_properties(props)
+    except InvalidConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
+# ---- statements and results ----
+
+
+def split_statements(text: str) -> tuple[list[str], str]:
+    """Split on ``;`` outside quotes and ``--`` comments: (complete statements, the unfinished rest)."""
+    statements: list[str] = []
+    current: list[str] = []
+    quote: str | None = None
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote is not None:
+            current.append(ch)
+            if ch == "\\" and quote != "`" and i + 1 < len(text):  # Spark SQL string escapes
+                current.append(text[i + 1])
+                i += 1
+            elif ch == quote:
+                quote = None
+        elif ch in "'\"`":
+            quote = ch
+            current.append(ch)
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            i = len(text) if end < 0 else end
+            continue
+        elif ch == ";":
+            statement = "".join(current).strip()
+            if statement:
+                statements.append(statement)
+            current = []
+        else:
+            current.append(ch)
+        i += 1
+    return statements, "".join(current)
+
+
+def format_value(value: Any) -> str:
+    """A cell as Spark's ``show()`` writes it: NULL, binary as hex bytes, maps as {k -> v}, structs as {a, b}."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes | bytearray):
+        return "[" + " ".join(f"{b:02X}" for b in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{format_value(k)} -> {format_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):  # pyspark Row
+        return "{" + ", ".join(format_value(v) for v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    if isinstance(value, datetime | date | Decimal):
+        return str(value)
+    return str(value)
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A psql-style text table (numbers right-aligned)."""
+    cells = [[format_value(v) for v in row] for row in rows]
+    widths = [len(c) for c in columns]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    numeric = [bool(rows) and all(isinstance(r[i], int | float | Decimal) and not isinstance(r[i], bool)
+                                  for r in rows if r[i] is not None) for i in range(len(columns))]
+    sep = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def line(values: Sequence[str], align: Sequence[bool]) -> str:
+        return "|" + "|".join(f" {v.rjust(w) if right else v.ljust(w)} "
+                              for v, w, right in zip(values, widths, align, strict=True)) + "|"
+
+    out = [sep, line(columns, [False] * len(columns)), sep]
+    out += [line(row, numeric) for row in cells]
+    out.append(sep)
+    return "\n".join(out)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The useful part of a Spark error: the message, not the JVM stack."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:  # a Py4JJavaError that pyspark did not translate
+        return str(java.toString())
+    text = str(exc).strip()
+    # pyspark appends the JVM stack when spark.sql.pyspark.jvmStacktrace.enabled is on
+    text = text.split("\n\nJVM stacktrace:", 1)[0]
+    # analysis errors end with the position and then the unresolved plan, which says nothing more to a user
+    m = _POSITION_THEN_PLAN.search(text)
+    return text[: m.end(1)] if m else text
+
+
+def run_statement(spark: SparkSession, statement: str, out: TextIO, err: TextIO,
+                  max_rows: int = DEFAULT_MAX_ROWS) -> bool:
+    """Run one statement, print its result to ``out`` (notes and errors to ``err``); False on failure."""
+    started = time.monotonic()
+    try:
+        df = spark.sql(statement)
+        columns = list(df.columns)
+        rows = df.take(max_rows + 1) if columns else []
+    except KeyboardInterrupt:  # pyspark's SIGINT handler has already cancelled the running jobs
+        print("cancelled", file=err)
+        return False
+    except Exception as exc:  # Spark reports everything (parse, analysis, JVM) as exceptions
+        print(f"error: {describe_error(exc)}", file=err)
+        return False
+    elapsed = time.monotonic() - started
+    if columns:
+        shown = rows[:max_rows]
+        print(format_table(columns, [tuple(r) for r in shown]), file=out)
+        more = " (more not shown: add a LIMIT or raise --max-rows)" if len(rows) > max_rows else ""
+        print(f"({len(shown)} row{'s' if len(shown) != 1 else ''}, {elapsed:.2f} s){more}", file=err)
+    else:
+        print(f"OK ({elapsed:.2f} s)", file=err)
+    out.flush()
+    return True
+
+
+def repl(spark: SparkSession, stdin: TextIO, out: TextIO, err: TextIO, *, interactive: bool,
+         max_rows: int = DEFAULT_MAX_ROWS) -> int:
+    """Read statements ending in ``;`` until exit/quit/EOF. Interactive: errors are reported and reading goes on;
+    piped: the first error stops it with exit code 1."""
+    if interactive:
+        with contextlib.suppress(ImportError):  # line editing and history for input(), where available
+            import readline  # noqa: F401
+    pending = ""
+    while True:
+        try:
+            if interactive:
+                line = input(CONTINUATION if pending.strip() else PROMPT)
+            else:
+                line = stdin.readline()
+                if not line:
+                    raise EOFError
+        except EOFError:
+            if interactive:
+                print(file=out)
+            break
+        except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as psql does
+            print(file=out)
+            pending = ""
+            continue
+        if not pending.strip() and line.strip().rstrip(";").strip().lower() in EXIT_WORDS:
+            break
+        statements, pending = split_statements(pending + line + "\n")
+        for statement in statements:
+            if statement.lower() in EXIT_WORDS:
+                return 0
+            if not run_statement(spark, statement, out, err, max_rows) and not interactive:
+                return 1
+    if pending.strip():
+        ok = run_statement(spark, pending.strip(), out, err, max_rows)  # a last statement without ';'
+        return 0 if ok or interactive else 1
+    return 0
+
+
+# ---- commands ----
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config, args.override or [])
+        if not config.table_topic_enabled:
+            raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
+        from tabletopic.catalog import CatalogUnavailableError, load_catalog
+        from tabletopic.spark import SparkUnavailableError, spark_session, stop_session
+
+        if config.catalog_type == "sql":
+            # pyiceberg creates the catalog tables when missing (Spark is told not to: see tabletopic.spark)
+            try:
+                load_catalog(config)
+            except CatalogUnavailableError as exc:
+                raise CliError(str(exc)) from None
+        print(f"starting Spark for catalog {config.catalog_name} (takes a few seconds)...", file=sys.stderr)
+        started = time.monotonic()
+        try:
+            spark = spark_session(config, driver_memory=args.driver_memory)
+        except SparkUnavailableError as exc:
+            raise CliError(str(exc)) from None
+    except (CliError, InvalidConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"Spark ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    try:
+        if args.statement:
+            statements, rest = split_statements(" ".join(args.statement))
+            for statement in [*statements, rest.strip()]:
+                if statement and not run_statement(spark, statement, sys.stdout, sys.stderr, args.max_rows):
+                    return 1
+            return 0
+        interactive = sys.stdin.isatty()
+        if interactive:
+            print("statements end with ';'; exit, quit or Ctrl-D to leave", file=sys.stderr)
+        return repl(spark, sys.stdin, sys.stdout, sys.stderr, interactive=interactive, max_rows=args.max_rows)
+    finally:
+        stop_session(spark)
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    """List the catalog's tables with their current snapshot (pyiceberg only: no Spark, answers at once)."""
+    try:
+        config = load_config(args.config, args.override or [])
+        from tabletopic.catalog import load_catalog
+
+        catalog = load_catalog(config)
+        if catalog is None:
+            raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
+    except (CliError, InvalidConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows: list[tuple[Any, ...]] = []
+    for namespace in catalog.list_namespaces():
+        for identifier in catalog.list_tables(namespace):
+            table = catalog.load_table(identifier)
+            snapshot = table.current_snapshot()
+            if snapshot is None:
+                rows.append((".".join(identifier), 0, 0, None, None))
+                continue
+            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+            committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
+            rows.append((".".join(identifier), int(summary.get("total-records", 0)),
+                         int(summary.get("total-data-files", 0)), snapshot.snapshot_id,
+                         committed.isoformat(sep=" ", timespec="seconds")))
+    print(format_table(["table", "records", "data files", "snapshot", "committed at (UTC)"], rows))
+    return 0
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="broker properties file (default: configs/server.properties)")
+    parser.add_argument("--override", action="append", metavar="KEY=VALUE",
+                        help="override a setting (repeatable), as for tabletopic serve")
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``sql`` and ``tables`` on the ``tabletopic`` command's subparsers."""
+    sql = sub.add_parser("sql", help="run Spark SQL against the broker's Iceberg tables",
+                         description="Run a Spark SQL statement (or a prompt without one) against the broker's "
+                                     "Iceberg catalog, e.g. tabletopic sql \"SELECT count(*) FROM default.orders\"")
+    sql.add_argument("statement", nargs="*", help="the statement; omit for an interactive prompt")
+    _common_options(sql)
+    sql.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="rows printed at most per result")
+    sql.add_argument("--driver-memory", default="1g", help="Spark driver memory (default 1g)")
+    sql.set_defaults(func=cmd_sql)
+    tables = sub.add_parser("tables", help="list the Iceberg tables with their current snapshot")
+    _common_options(tables)
+    tables.set_defaults(func=cmd_tables)

@@ -1,0 +1,198 @@
+"""Table-topic metrics and their Prometheus endpoint (``automq.table.topic.metrics.port``).
+
+AutoMQ's two families keep AutoMQ's names, so its dashboards and alerts apply: ``kafka_tabletopic_delay`` (ms:
+now minus the table's freshness watermark, the minimum over partitions of the newest record timestamp
+committed; computed at scrape time, so it keeps growing while commits stall) and ``kafka_tabletopic_fps``
+(fields committed per second over the last commit interval). AutoMQ's OpenTelemetry exporter shows the delay as
+``kafka_tabletopic_delay_milliseconds``; that name is exported too. The ``tabletopic_*`` families are ours.
+
+Every metric lives in the :class:`TableTopicMetrics` instance's own ``CollectorRegistry``: nothing is global, so
+two brokers (or tests) in one process never share series.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+from configs.model import BrokerConfig
+
+log = logging.getLogger(__name__)
+
+METRICS_HOST = "127.0.0.1"
+COMMIT_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+# values of the ``result`` label of tabletopic_commit_rounds_total
+ROUND_COMMITTED = "committed"  # every partition answered, files committed
+ROUND_PARTIAL = "partial"  # timed out: what arrived was committed, the watermark did not move
+ROUND_EMPTY = "empty"  # nothing to commit
+ROUND_FAILED = "failed"  # commit failed (safe to retry)
+ROUND_UNKNOWN = "unknown"  # commit state unknown (the table must be re-read)
+
+
+def _now_ms() -> float:
+    return time.time() * 1000.0
+
+
+class TableTopicMetrics:
+    """The table-topic metric families, labelled by ``topic``, in a registry of their own.
+
+    Thread-safe: workers and the coordinator may call it from any thread.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self._delay = Gauge("kafka_tabletopic_delay", "Table topic commit delay (ms): now minus the minimum "
+                            "per-partition max record timestamp committed", ["topic"], registry=r)
+        self._delay_ms = Gauge("kafka_tabletopic_delay_milliseconds", "Same as kafka_tabletopic_delay, under the "
+                               "name AutoMQ's OpenTelemetry exporter gives it", ["topic"], registry=r)
+        self._fps = Gauge("kafka_tabletopic_fps", "Table topic fields committed per second over the last commit "
+                          "interval", ["topic"], registry=r)
+        self._fields = Counter("kafka_tabletopic_fields", "Fields (rows times leaf columns) committed",
+                               ["topic"], registry=r)
+        self._records = Counter("tabletopic_records_committed", "Records committed to the table", ["topic"],
+                                registry=r)
+        self._files = Counter("tabletopic_files_written", "Data files committed", ["topic"], registry=r)
+        self._bytes = Counter("tabletopic_bytes_written", "Bytes of data files committed", ["topic"], registry=r)
+        self._skipped = Counter("tabletopic_records_skipped", "Records not written to the table, by reason",
+                                ["topic", "reason"], registry=r)
+        self._rounds = Counter("tabletopic_commit_rounds", "Commit rounds, by result", ["topic", "result"],
+                               registry=r)
+        self._duration = Histogram("tabletopic_commit_duration_seconds", "Duration of the Iceberg commit",
+                                   ["topic"], buckets=COMMIT_DURATION_BUCKETS, registry=r)
+        self._busy = Gauge("tabletopic_worker_busy_ratio", "Share of wall time a worker spent busy",
+                           ["worker"], registry=r)
+        self._lock = threading.Lock()
+        self._watermarks: dict[str, float] = {}
+        self._last_commit: dict[str, float] = {}
+        # (topic, second label) pairs seen, so remove_topic can drop them (prometheus_client removes by values)
+        self._skip_reasons: set[tuple[str, str]] = set()
+        self._round_results: set[tuple[str, str]] = set()
+
+    def record_commit(
+        self,
+        topic: str,
+        *,
+        records: int,
+        files: int,
+        bytes_written: int,
+        fields: int,
+        duration_s: float,
+        watermark_ms: int | None,
+        interval_s: float | None = None,
+        result: str = ROUND_COMMITTED,
+    ) -> None:
+        """Account one successful commit of ``topic``'s table.
+
+        ``watermark_ms``: min over partitions of the max record timestamp now in the table (None: unchanged,
+        e.g. a timed-out round). ``interval_s``: time the commit covers, for ``kafka_tabletopic_fps``; by
+        default the time since the previous commit recorded here (the first commit then sets no rate).
+        """
+        now = time.monotonic()
+        with self._lock:
+            previous = self._last_commit.get(topic)
+            self._last_commit[topic] = now
+            if watermark_ms is not None:
+                first = topic not in self._watermarks
+                self._watermarks[topic] = float(watermark_ms)
+                if first:
+                    for gauge in (self._delay, self._delay_ms):
+                        gauge.labels(topic=topic).set_function(partial(self._delay_of, topic))
+        if interval_s is None and previous is not None:
+            interval_s = now - previous
+        if interval_s is not None and interval_s > 0:
+            self._fps.labels(topic=topic).set(fields / interval_s)
+        self._records.labels(topic=topic).inc(records)
+        self._files.labels(topic=topic).inc(files)
+        self._bytes.labels(topic=topic).inc(bytes_written)
+        self._fields.labels(topic=topic).inc(fields)
+        self._duration.labels(topic=topic).observe(duration_s)
+        self._count_round(topic, result)
+
+    def record_round(self, topic: str, result: str) -> None:
+        """Count a commit round that committed nothing (``empty``, ``failed``, ``unknown``)."""
+        self._count_round(topic, result)
+
+    def _count_round(self, topic: str, result: str) -> None:
+        with self._lock:
+            self._round_results.add((topic, result))
+        self._rounds.labels(topic=topic, result=result).inc()
+
+    def record_skipped(self, topic: str, reason: str, n: int = 1) -> None:
+        """Count records the table will not have (``errors.tolerance`` skips), by reason."""
+        with self._lock:
+            self._skip_reasons.add((topic, reason))
+        self._skipped.labels(topic=topic, reason=reason).inc(n)
+
+    def set_busy_ratio(self, worker: str, ratio: float) -> None:
+        self._busy.labels(worker=worker).set(ratio)
+
+    def remove_topic(self, topic: str) -> None:
+        """Drop every series of a deleted topic (or one whose table topic was turned off)."""
+        with self._lock:
+            self._watermarks.pop(topic, None)
+            self._last_commit.pop(topic, None)
+            reasons = {pair for pair in self._skip_reasons if pair[0] == topic}
+            results = {pair for pair in self._round_results if pair[0] == topic}
+            self._skip_reasons -= reasons
+            self._round_results -= results
+        for metric in (self._delay, self._delay_ms, self._fps, self._fields, self._records, self._files,
+                       self._bytes, self._duration):
+            with contextlib.suppress(KeyError):  # the topic never set this one
+                metric.remove(topic)
+        for pair in reasons:
+            self._skipped.remove(*pair)
+        for pair in results:
+            self._rounds.remove(*pair)
+
+    def delay_ms(self, topic: str) -> float | None:
+        """The current ``kafka_tabletopic_delay`` of a topic, None before its first watermark."""
+        with self._lock:
+            return self._delay_of(topic) if topic in self._watermarks else None
+
+    def _delay_of(self, topic: str) -> float:
+        watermark = self._watermarks.get(topic)
+        # records stamped in the future (client clocks) would give a negative delay: report 0, as fresh
+        return 0.0 if watermark is None else max(0.0, _now_ms() - watermark)
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (what ``/metrics`` serves)."""
+        return generate_latest(self.registry)
+
+
+@dataclass
+class MetricsServer:
+    """A running ``/metrics`` endpoint; ``stop()`` closes it."""
+
+    port: int
+    metrics: TableTopicMetrics
+    _server: WSGIServer
+    _thread: threading.Thread
+
+    @property
+    def url(self) -> str:
+        return f"http://{METRICS_HOST}:{self.port}/metrics"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout)
+
+
+def start_metrics_server(config: BrokerConfig, metrics: TableTopicMetrics) -> MetricsServer | None:
+    """Serve ``metrics`` on 127.0.0.1 at ``automq.table.topic.metrics.port`` (0: any free port; unset: None)."""
+    port = config.metrics_port
+    if port is None:
+        return None
+    server, thread = start_http_server(port, addr=METRICS_HOST, registry=metrics.registry)
+    bound = int(server.server_address[1])
+    log.info("[METRICS] serving http://%s:%d/metrics", METRICS_HOST, bound)
+    return MetricsServer(port=bound, metrics=metrics, _server=server, _thread=thread)

@@ -1,0 +1,309 @@
+"""The broker's catalog (tabletopic.catalog), the Spark settings made from it, and the DuckDB/pyiceberg readers.
+
+No JVM here (tests/test_query_spark.py has the Spark session). The table helpers below are shared with it:
+tables with the broker's own schema (worker.schema), written by pyiceberg in several commits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.table import Table
+
+from configs.model import BrokerConfig
+from configs.partition_spec import parse_partition_by
+from configs.table_topic import TableTopicConfig
+from tabletopic.catalog import CatalogUnavailableError, load_catalog, sql_catalog_properties, with_sqlite_timeout
+from tabletopic.cli.sql import format_table, format_value, split_statements
+from tabletopic.errors import InvalidConfigError
+from tabletopic.readers import duckdb_connect, duckdb_scan, metadata_path, pyiceberg_rows
+from tabletopic.spark import catalog_conf, jdbc_catalog_uri, spark_conf
+from worker.schema import partition_spec, table_schema
+
+CATALOG = "tabletopic"
+PARTITION_BY = "[bucket(_kafka_key, 4), _kafka_metadata.partition]"
+
+# ---- shared helpers: the shipped-style catalog and tables written by pyiceberg ----
+
+
+def shipped_properties(root: Path) -> dict[str, str]:
+    """The table-topic lines of configs/server.properties, rooted at ``root``."""
+    return {
+        "log.dirs": str(root / "data"),
+        "automq.table.topic.catalog.type": "sql",
+        "automq.table.topic.catalog.name": CATALOG,
+        "automq.table.topic.catalog.uri": "sqlite:///${log.dirs}/iceberg/catalog.db",
+        "automq.table.topic.catalog.warehouse": "file://${log.dirs}/iceberg/warehouse",
+        "automq.table.topic.namespace": "default",
+    }
+
+
+def write_properties(path: Path, props: Mapping[str, str]) -> Path:
+    path.write_text("".join(f"{k}={v}\n" for k, v in props.items()), encoding="utf-8")
+    return path
+
+
+def make_rows(offsets: Iterable[int], partitions: int = 1) -> list[dict[str, Any]]:
+    """Records as the broker's tables hold them: headers (sometimes none), key (sometimes null), raw value."""
+    rows = []
+    for off in offsets:
+        headers = [] if off % 3 == 0 else [("trace", f"t-{off}".encode()), ("bin", bytes([0, 255, off % 256]))]
+        rows.append({
+            "_kafka_header": headers,
+            "_kafka_key": None if off % 5 == 4 else f"k-{off}",
+            "_kafka_value": b'{"n": %d}' % off if off % 2 == 0 else bytes([0xFF, 0xFE, off % 256]),
+            "_kafka_metadata": {"partition": off % partitions, "offset": off, "timestamp": 1_700_000_000_000 + off},
+        })
+    return rows
+
+
+def create_topic_table(catalog: Catalog, name: str, *, partition_by: str | None = None) -> Table:
+    """A format-version 2 table with the broker's schema (and partition spec), created as the broker does."""
+    cfg = TableTopicConfig()
+    schema = table_schema(cfg)
+    kwargs: dict[str, Any] = {}
+    if partition_by:
+        kwargs["partition_spec"] = partition_spec(schema, parse_partition_by(partition_by))
+    catalog.create_namespace_if_not_exists("default")
+    return catalog.create_table(
+        f"default.{name}", schema,
+        properties={"format-version": "2", **dict(cfg.iceberg_auto_create_properties)}, **kwargs,
+    )
+
+
+def append(catalog: Catalog, identifier: str, rows: list[dict[str, Any]],
+           properties: Mapping[str, str] | None = None) -> None:
+    """One pyiceberg commit (with table properties in the same transaction, as the committer stores offsets)."""
+    table = catalog.load_table(identifier)
+    data = pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema()))
+    with table.transaction() as tx:
+        tx.append(data, snapshot_properties={"tabletopic.test": "1"})
+        if properties:
+            tx.set_properties(dict(properties))
+
+
+def canonical(offset: Any, partition: Any, timestamp: Any, key: Any, value: Any, headers: Any) -> tuple[Any, ...]:
+    """One row in a reader-independent form (maps arrive as dicts or (k, v) lists, binaries as bytes/bytearray)."""
+    items = headers.items() if isinstance(headers, dict) else (headers or [])
+    return (offset, partition, timestamp, key, None if value is None else bytes(value),
+            tuple(sorted((k, bytes(v)) for k, v in items)))
+
+
+def canonical_dicts(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    out = [canonical(r["_kafka_metadata"]["offset"], r["_kafka_metadata"]["partition"],
+                     r["_kafka_metadata"]["timestamp"], r["_kafka_key"], r["_kafka_value"], r["_kafka_header"])
+           for r in rows]
+    return sorted(out)
+
+
+def duckdb_rows(table: Table) -> list[tuple[Any, ...]]:
+    con = duckdb_connect()
+    try:
+        rel = duckdb_scan(con, table)
+        return canonical_dicts(dict(zip(rel.columns, row, strict=True)) for row in rel.fetchall())
+    finally:
+        con.close()
+
+
+# ---- catalog ----
+
+
+def test_catalog_unset_means_no_catalog() -> None:
+    assert load_catalog(BrokerConfig.from_properties({})) is None
+
+
+def test_sql_catalog_from_shipped_settings(tmp_path: Path) -> None:
+    config = BrokerConfig.from_properties(shipped_properties(tmp_path))
+    catalog = load_catalog(config)
+    assert isinstance(catalog, SqlCatalog)
+    assert catalog.name == CATALOG
+    db = tmp_path / "data" / "iceberg" / "catalog.db"
+    assert (tmp_path / "data" / "iceberg" / "warehouse").is_dir()
+    # pyiceberg created the JdbcCatalog V1 tables (Spark is told not to), the file is in WAL mode
+    con = sqlite3.connect(db)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"iceberg_tables", "iceberg_namespace_properties"} <= tables
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        con.close()
+    assert sql_catalog_properties(config)["uri"] == f"sqlite:///{db}?timeout=30"
+    # opening it again (a second broker start, the CLI) finds the same catalog
+    create_topic_table(catalog, "again")
+    reopened = load_catalog(config)
+    assert reopened is not None and reopened.table_exists("default.again")
+
+
+def test_sql_catalog_defaults_under_log_dirs(tmp_path: Path) -> None:
+    config = BrokerConfig.from_properties({"log.dirs": str(tmp_path / "d"), "automq.table.topic.catalog.type": "sql",
+                                           "automq.table.topic.catalog.name": "other"})
+    catalog = load_catalog(config)
+    assert catalog is not None and catalog.name == "other"
+    assert (tmp_path / "d" / "iceberg" / "catalog.db").is_file()
+    assert (tmp_path / "d" / "iceberg" / "warehouse").is_dir()
+
+
+def test_sqlite_timeout_kept_or_added() -> None:
+    assert with_sqlite_timeout("sqlite:////x/c.db") == "sqlite:////x/c.db?timeout=30"
+    assert with_sqlite_timeout("sqlite:////x/c.db?timeout=5") == "sqlite:////x/c.db?timeout=5"
+    assert with_sqlite_timeout("postgresql+psycopg2://u:p@h/db") == "postgresql+psycopg2://u:p@h/db"
+
+
+def test_postgresql_catalog_without_driver_is_a_clear_error() -> None:
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("psycopg2 is installed: the error path cannot be reached")
+    config = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "sql",
+                                           "automq.table.topic.catalog.uri": "postgresql+psycopg2://u:p@h/db"})
+    with pytest.raises(CatalogUnavailableError, match="psycopg2"):
+        load_catalog(config)
+
+
+def test_rest_catalog_is_passed_to_pyiceberg() -> None:
+    # pyiceberg's REST catalog fetches /v1/config on creation: nothing listens on port 9, so the error proves
+    # the properties reached it
+    config = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "rest",
+                                           "automq.table.topic.catalog.uri": "http://127.0.0.1:9"})
+    with pytest.raises(Exception, match=r"127\.0\.0\.1|onnect"):
+        load_catalog(config)
+
+
+# ---- the Spark side of the same catalog (settings only) ----
+
+
+def test_spark_conf_shares_the_catalog(tmp_path: Path) -> None:
+    config = BrokerConfig.from_properties(shipped_properties(tmp_path))
+    conf = spark_conf(config)
+    p = f"spark.sql.catalog.{CATALOG}"
+    db = tmp_path / "data" / "iceberg" / "catalog.db"
+    assert conf[p] == "org.apache.iceberg.spark.SparkCatalog"
+    assert conf[f"{p}.type"] == "jdbc"
+    assert conf[f"{p}.uri"] == f"jdbc:sqlite:{db}?journal_mode=WAL&busy_timeout=30000"
+    assert conf[f"{p}.warehouse"] == (tmp_path / "data" / "iceberg" / "warehouse").as_uri()
+    assert conf[f"{p}.jdbc.schema-version"] == "V1"
+    assert conf[f"{p}.jdbc.init-catalog-tables"] == "false"
+    assert conf[f"{p}.cache-enabled"] == "false"
+    assert conf[f"{p}.default-namespace"] == "default"
+    assert conf["spark.sql.defaultCatalog"] == CATALOG
+    assert conf["spark.sql.extensions"] == "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+    assert conf["spark.driver.bindAddress"] == conf["spark.driver.host"] == "127.0.0.1"
+    assert conf["spark.ui.enabled"] == "false"
+    jars = conf["spark.jars"].split(",")
+    assert Path(jars[0]).name.startswith("iceberg-spark-runtime-3.5_2.12-") and Path(jars[0]).is_file()
+    assert jars[1] == "/usr/share/java/sqlite-jdbc.jar"
+
+
+def test_jdbc_uri_translation() -> None:
+    sqlite_uri = jdbc_catalog_uri("sqlite:////d/c.db?timeout=5")[0]
+    assert sqlite_uri == "jdbc:sqlite:/d/c.db?journal_mode=WAL&busy_timeout=5000"
+    uri, extra, jar = jdbc_catalog_uri("postgresql+psycopg2://tt:s3cret@db.local:5433/iceberg?sslmode=disable")
+    assert uri == "jdbc:postgresql://db.local:5433/iceberg?sslmode=disable"
+    assert extra == {"jdbc.user": "tt", "jdbc.password": "s3cret"}
+    assert jar.name == "postgresql.jar"
+    with pytest.raises(InvalidConfigError, match="in-memory"):
+        jdbc_catalog_uri("sqlite:///:memory:")
+    with pytest.raises(InvalidConfigError, match="sqlite:// and postgresql://"):
+        jdbc_catalog_uri("mysql://h/db")
+
+
+def test_rest_catalog_spark_conf() -> None:
+    config = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "rest",
+                                           "automq.table.topic.catalog.name": "lake",
+                                           "automq.table.topic.catalog.uri": "http://127.0.0.1:8181",
+                                           "automq.table.topic.catalog.warehouse": "s3://bucket/wh"})
+    conf, jars = catalog_conf(config)
+    assert conf["spark.sql.catalog.lake.type"] == "rest"
+    assert conf["spark.sql.catalog.lake.uri"] == "http://127.0.0.1:8181"
+    assert conf["spark.sql.catalog.lake.warehouse"] == "s3://bucket/wh"
+    assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
+    assert jars == []
+
+
+# ---- independent readers ----
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    c = load_catalog(BrokerConfig.from_properties(shipped_properties(tmp_path)))
+    assert c is not None
+    return c
+
+
+def test_duckdb_and_pyiceberg_read_the_same_rows(catalog: Catalog) -> None:
+    create_topic_table(catalog, "t")
+    create_topic_table(catalog, "tp", partition_by=PARTITION_BY)
+    expected = make_rows(range(30), partitions=3)
+    for table in ("default.t", "default.tp"):
+        for chunk in (expected[:10], expected[10:25], expected[25:]):
+            append(catalog, table, chunk)
+        loaded = catalog.load_table(table)
+        assert len(loaded.snapshots()) == 3
+        assert canonical_dicts(pyiceberg_rows(catalog, table)) == canonical_dicts(expected)
+        assert duckdb_rows(loaded) == canonical_dicts(expected)
+    # the partitioned table really is partitioned: one data file per (bucket, partition) at least
+    files = catalog.load_table("default.tp").inspect.files()
+    assert files.num_rows > 3
+
+
+def test_duckdb_scan_takes_a_metadata_location(catalog: Catalog) -> None:
+    create_topic_table(catalog, "loc")
+    append(catalog, "default.loc", make_rows(range(4)))
+    table = catalog.load_table("default.loc")
+    assert table.metadata_location.startswith("file://")
+    con = duckdb_connect()
+    try:
+        count = duckdb_scan(con, metadata_path(table)).aggregate("count(*)").fetchone()
+        assert count == (4,)
+    finally:
+        con.close()
+
+
+def test_tables_command_lists_the_catalog(tmp_path: Path, catalog: Catalog) -> None:
+    create_topic_table(catalog, "orders")
+    append(catalog, "default.orders", make_rows(range(7)))
+    append(catalog, "default.orders", make_rows(range(7, 9)))
+    props = write_properties(tmp_path / "server.properties", shipped_properties(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--config", str(props)],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if "default.orders" in ln)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:3] == ["default.orders", "9", "2"]
+
+
+# ---- `tabletopic sql` helpers ----
+
+
+def test_split_statements() -> None:
+    assert split_statements("select 1; select 2;") == (["select 1", "select 2"], "")
+    assert split_statements("select ';' as a; select") == (["select ';' as a"], " select")
+    assert split_statements("select 1 -- a comment; still a comment\n;") == (["select 1"], "")
+    assert split_statements("select 'it\\'s;' as b;") == (["select 'it\\'s;' as b"], "")
+    assert split_statements("select `we;ird` from t;") == (["select `we;ird` from t"], "")
+
+
+def test_format_table() -> None:
+    text = format_table(["n", "key", "value", "h"], [(1, "a", b"\x00\xff", {"k": b"v"}), (22, None, None, {})])
+    assert text.splitlines() == [
+        "+----+------+---------+-------------+",
+        "| n  | key  | value   | h           |",
+        "+----+------+---------+-------------+",
+        "|  1 | a    | [00 FF] | {k -> [76]} |",
+        "| 22 | NULL | NULL    | {}          |",
+        "+----+------+---------+-------------+",
+    ]
+    assert format_value(True) == "true"
+    assert format_value((1, "x")) == "{1, x}"

@@ -1,0 +1,279 @@
+"""worker.convert: record batches → Arrow rows in the table's schema, every column, codec and tolerance."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaPythonBuilder
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+
+from configs.table_topic import ConvertType, ErrorsTolerance, SchemaType, TableTopicConfig
+from tabletopic.protocol.records import HEADER_SIZE
+from tests.test_worker_support import (
+    CODECS,
+    append,
+    compress_batch,
+    control_batch,
+    json_records,
+    make_batch,
+    open_log,
+)
+from worker.convert import (
+    REASON_CORRUPT_BATCH,
+    REASON_INVALID_UTF8_KEY,
+    REASON_INVALID_UTF8_VALUE,
+    ConvertResult,
+    convert_records,
+)
+from worker.schema import table_schema
+
+pytestmark = pytest.mark.timeout(60)
+
+RAW = TableTopicConfig()  # key string, value raw
+STRING = TableTopicConfig(convert_value_type=ConvertType.STRING)
+KEY_RAW = TableTopicConfig(convert_key_type=ConvertType.RAW)
+LEGACY = TableTopicConfig(schema_type=SchemaType.SCHEMALESS, convert_value_type=ConvertType.STRING)
+
+MIXED = [
+    (b"k0", b"v0", [], 1000),
+    (None, b"v1", [("a", b"1"), ("b", None), ("a", b"2")], 1001),  # null key, null header value, repeated key
+    (b"k2", None, [("only", b"")], 1002),  # null value, empty header value
+    (b"", b"", [], 999),  # empty key and value are not null
+]
+
+
+def convert(buf: bytes | bytearray, cfg: TableTopicConfig = RAW, *, start: int = 0, partition: int = 7,
+            tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA, dlq: Path | None = None,
+            schema: Schema | None = None) -> ConvertResult:
+    return convert_records(bytes(buf), partition=partition, start_offset=start,
+                           schema=schema or table_schema(cfg), tolerance=tolerance, dlq_dir=dlq)
+
+
+def rows(result: ConvertResult) -> list[dict[str, object]]:
+    return result.table.to_pylist()  # type: ignore[no-any-return]
+
+
+def test_raw_value_string_key_columns() -> None:
+    r = convert(make_batch(MIXED, base_offset=40))
+    assert r.table.schema.names == ["_kafka_header", "_kafka_key", "_kafka_value", "_kafka_metadata"]
+    got = rows(r)
+    assert [g["_kafka_key"] for g in got] == ["k0", None, "k2", ""]
+    assert [g["_kafka_value"] for g in got] == [b"v0", b"v1", None, b""]  # raw: null stays null
+    assert [g["_kafka_header"] for g in got] == [
+        [], [("a", b"1"), ("b", None), ("a", b"2")], [("only", b"")], [],
+    ]
+    assert [g["_kafka_metadata"] for g in got] == [
+        {"partition": 7, "offset": 40 + i, "timestamp": ts} for i, ts in enumerate((1000, 1001, 1002, 999))
+    ]
+    assert r.stats.records == 4
+    assert r.stats.next_offset == 44
+    assert r.stats.max_timestamp == 1002
+    assert r.stats.skipped == {}
+    assert r.stats.blocked_offset is None
+
+
+def test_string_value_null_becomes_empty() -> None:
+    got = rows(convert(make_batch(MIXED), STRING))
+    assert [g["_kafka_value"] for g in got] == ["v0", "v1", "", ""]
+    assert [g["_kafka_key"] for g in got] == ["k0", None, "k2", ""]
+
+
+def test_raw_key() -> None:
+    r = convert(make_batch(MIXED), KEY_RAW)
+    assert pa.types.is_large_binary(r.table.schema.field("_kafka_key").type)
+    assert [g["_kafka_key"] for g in rows(r)] == [b"k0", None, b"k2", b""]
+
+
+def test_legacy_schemaless_columns() -> None:
+    r = convert(make_batch(MIXED, base_offset=3), LEGACY)
+    assert r.table.schema.names == ["key", "value", "timestamp", "_kafka_header", "_kafka_key", "_kafka_metadata"]
+    got = rows(r)
+    assert [g["key"] for g in got] == ["k0", None, "k2", ""]
+    assert [g["value"] for g in got] == ["v0", "v1", None, ""]  # legacy value keeps nulls
+    assert [g["timestamp"] for g in got] == [1000, 1001, 1002, 999]
+    assert [g["_kafka_key"] for g in got] == ["k0", None, "k2", ""]
+    assert got[1]["_kafka_header"] == [("a", b"1"), ("b", None), ("a", b"2")]
+    assert [g["_kafka_metadata"]["offset"] for g in got] == [3, 4, 5, 6]  # type: ignore[index]
+
+
+def test_field_ids_and_types_come_from_the_table_schema() -> None:
+    # a catalog assigns its own ids: the Arrow output must carry those, not worker.schema's provisional ones
+    ids = itertools.count(101)
+    schema = assign_fresh_schema_ids(table_schema(STRING), lambda: next(ids))
+    r = convert(make_batch(MIXED), STRING, schema=schema)
+    assert r.table.schema == schema_to_pyarrow(schema, include_field_ids=True)
+    assert r.table.schema.field("_kafka_key").metadata[b"PARQUET:field_id"] == b"%d" % schema.find_field(
+        "_kafka_key").field_id
+    meta = r.table.schema.field("_kafka_metadata").type
+    assert meta.field("offset").metadata[b"PARQUET:field_id"] == b"%d" % schema.find_field(
+        "_kafka_metadata.offset").field_id
+
+
+def test_unknown_columns_are_null() -> None:
+    from pyiceberg.types import NestedField, StringType
+
+    base = table_schema(RAW)
+    schema = Schema(*base.fields, NestedField(99, "added_later", StringType(), required=False))
+    got = rows(convert(make_batch(MIXED), schema=schema))
+    assert [g["added_later"] for g in got] == [None] * 4
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_every_codec(codec: str) -> None:
+    recs = json_records(300, headers=True)
+    buf = make_batch(recs[:150], codec=CODECS[codec]) + make_batch(recs[150:], base_offset=150, codec=CODECS[codec])
+    r = convert(buf, STRING)
+    assert r.stats.records == 300
+    assert r.stats.next_offset == 300
+    got = rows(r)
+    assert [g["_kafka_value"] for g in got] == [v.decode() for _, v, _, _ in recs]  # type: ignore[union-attr]
+    assert [g["_kafka_header"] for g in got] == [h for _, _, h, _ in recs]
+
+
+def test_raw_snappy_as_librdkafka_writes_it() -> None:
+    recs = json_records(50)
+    r = convert(make_batch(recs, codec=2, raw_snappy=True), STRING)
+    assert [g["_kafka_key"] for g in rows(r)] == [k.decode() for k, _, _, _ in recs]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("codec", [0, 1, 3, 4])
+def test_batches_from_another_encoder(codec: int) -> None:
+    # kafka-python's builder (its own gzip/lz4/zstd encoders) as an independent producer
+    b = KafkaPythonBuilder(2, codec, 0, -1, -1, -1, 1 << 20)
+    for i in range(20):
+        b.append(i, 5000 + i, b"key-%d" % i, b"value-%d" % i, [("h", b"%d" % i)])
+    got = rows(convert(bytes(b.build()), STRING))
+    assert [g["_kafka_value"] for g in got] == [f"value-{i}" for i in range(20)]
+    assert [g["_kafka_header"] for g in got] == [[("h", b"%d" % i)] for i in range(20)]
+
+
+def test_start_offset_inside_a_batch_and_control_batches() -> None:
+    buf = (make_batch(json_records(10), base_offset=0) + control_batch(10)
+           + make_batch(json_records(5, start=11), base_offset=11) + control_batch(16))
+    r = convert(buf, start=4)
+    assert [g["_kafka_metadata"]["offset"] for g in rows(r)] == [4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15]  # type: ignore[index]
+    assert r.stats.next_offset == 17  # past the trailing control batch
+    only_control = convert(control_batch(20), start=20)
+    assert only_control.stats.records == 0
+    assert only_control.stats.next_offset == 21
+    past_all = convert(buf, start=17)
+    assert past_all.stats.records == 0
+    assert past_all.stats.next_offset == 17
+
+
+def test_empty_input() -> None:
+    r = convert(b"", start=42)
+    assert r.table.num_rows == 0
+    assert r.stats.next_offset == 42
+    assert r.stats.max_timestamp == -1
+
+
+def test_log_append_time_from_a_real_log(tmp_path: Path) -> None:
+    plog = open_log(tmp_path, message_timestamp_type="LogAppendTime")
+    append(plog, make_batch([(b"a", b"1", [], 5), (b"b", b"2", [], 6)], codec=4))
+    data = plog.read(0, 1 << 20).data
+    r = convert(data)
+    stamps = [g["_kafka_metadata"]["timestamp"] for g in rows(r)]  # type: ignore[index]
+    assert stamps[0] == stamps[1] > 1_000_000_000_000  # the broker's append time, not the producer's 5/6
+    plog.close()
+
+
+# -- errors.tolerance ------------------------------------------------------------------------------------------
+
+BAD_VALUE = b"\xff\xfe not utf-8"
+BAD_KEY = b"\xc3\x28"
+
+
+def bad_records(n: int = 3000) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]]:
+    recs = json_records(n)
+    for i in (5, 1500, n - 1):  # spread over several probe slices
+        k, _, _, ts = recs[i]
+        recs[i] = (k, BAD_VALUE + b"%d" % i, [("why", b"bad")], ts)
+    _, v2, h2, ts2 = recs[700]
+    recs[700] = (BAD_KEY, v2, h2, ts2)
+    return recs
+
+
+@pytest.mark.parametrize("tolerance", [ErrorsTolerance.INVALID_DATA, ErrorsTolerance.ALL])
+def test_invalid_utf8_skipped_and_dead_lettered(tmp_path: Path, tolerance: ErrorsTolerance) -> None:
+    recs = bad_records()
+    buf = make_batch(recs[:2000], base_offset=100) + make_batch(recs[2000:], base_offset=2100, codec=3)
+    dlq = tmp_path / "dlq" / "orders"
+    r = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=dlq)
+    assert r.stats.skipped == {REASON_INVALID_UTF8_VALUE: 3, REASON_INVALID_UTF8_KEY: 1}
+    assert r.stats.records == 2996
+    assert r.stats.next_offset == 3100
+    assert r.stats.blocked_offset is None
+    offsets = [g["_kafka_metadata"]["offset"] for g in rows(r)]  # type: ignore[index]
+    assert 105 not in offsets and 800 not in offsets and 1600 not in offsets and 3099 not in offsets
+    assert len(offsets) == len(set(offsets)) == 2996
+    # dead letters: deterministic name, full record content
+    assert r.stats.dlq_file == str(dlq / "p2-105-3099.parquet")
+    dead = pq.read_table(r.stats.dlq_file).to_pylist()
+    assert [d["offset"] for d in dead] == [105, 800, 1600, 3099]
+    assert dead[0] == {"partition": 2, "offset": 105, "timestamp": recs[5][3], "key": b"k5",
+                       "value": BAD_VALUE + b"5", "headers": [("why", b"bad")], "reason": REASON_INVALID_UTF8_VALUE}
+    assert dead[1]["key"] == BAD_KEY
+    assert dead[1]["reason"] == REASON_INVALID_UTF8_KEY
+    # a replay overwrites the same file
+    again = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=dlq)
+    assert again.stats.dlq_file == r.stats.dlq_file
+    assert sorted(p.name for p in dlq.iterdir()) == ["p2-105-3099.parquet"]
+
+
+def test_invalid_utf8_blocks_with_tolerance_none(tmp_path: Path) -> None:
+    buf = make_batch(bad_records(), base_offset=100)
+    r = convert(buf, STRING, tolerance=ErrorsTolerance.NONE, dlq=tmp_path)
+    assert r.stats.blocked_offset == 105
+    assert r.stats.blocked_reason == REASON_INVALID_UTF8_VALUE
+    assert r.stats.next_offset == 105
+    assert r.stats.records == 5
+    assert [g["_kafka_metadata"]["offset"] for g in rows(r)] == [100, 101, 102, 103, 104]  # type: ignore[index]
+    assert r.stats.max_timestamp == json_records(5)[4][3]
+    assert r.stats.skipped == {}
+    assert list(tmp_path.iterdir()) == []  # nothing dead-lettered: the partition waits
+    # resumed right at the bad record: blocks again with nothing before it
+    again = convert(buf, STRING, start=105, tolerance=ErrorsTolerance.NONE)
+    assert (again.stats.records, again.stats.blocked_offset, again.stats.next_offset) == (0, 105, 105)
+
+
+def test_invalid_key_blocks_first() -> None:
+    recs = json_records(10)
+    recs[3] = (BAD_KEY, recs[3][1], [], recs[3][3])
+    recs[6] = (recs[6][0], BAD_VALUE, [], recs[6][3])
+    r = convert(make_batch(recs), STRING, tolerance=ErrorsTolerance.NONE)
+    assert (r.stats.blocked_offset, r.stats.blocked_reason) == (3, REASON_INVALID_UTF8_KEY)
+
+
+def test_raw_values_are_never_invalid() -> None:
+    r = convert(make_batch(bad_records(2000)), KEY_RAW, tolerance=ErrorsTolerance.NONE)
+    assert r.stats.records == 2000
+    assert r.stats.blocked_offset is None
+
+
+def corrupt_compressed_batch(base_offset: int) -> bytearray:
+    buf = make_batch(json_records(4, start=base_offset), base_offset=base_offset, codec=4)
+    buf[HEADER_SIZE + 2 : HEADER_SIZE + 12] = b"\x00" * 10  # garbage zstd frame (CRC fixed: broker accepted it)
+    return compress_batch(buf, 0)
+
+
+def test_corrupt_batch_per_tolerance(tmp_path: Path) -> None:
+    buf = make_batch(json_records(3), base_offset=0) + corrupt_compressed_batch(3) + make_batch(
+        json_records(2, start=7), base_offset=7)
+    blocked = convert(buf, tolerance=ErrorsTolerance.NONE)
+    assert blocked.stats.records == 3
+    assert blocked.stats.blocked_offset == 3
+    assert blocked.stats.blocked_reason is not None and blocked.stats.blocked_reason.startswith(REASON_CORRUPT_BATCH)
+    skipped = convert(buf, tolerance=ErrorsTolerance.ALL, dlq=tmp_path)
+    assert skipped.stats.records == 5
+    assert skipped.stats.skipped == {REASON_CORRUPT_BATCH: 4}
+    assert skipped.stats.next_offset == 9
+    dead = pq.read_table(tmp_path / "p7-3-3.parquet").to_pylist()
+    assert len(dead) == 1
+    assert dead[0]["offset"] == 3
+    assert dead[0]["value"] == bytes(buf[len(make_batch(json_records(3))):][: len(dead[0]["value"])])

@@ -1,0 +1,493 @@
+"""The worker of one table-topic partition: answers commit rounds with data files (runs on the broker's loop).
+
+Protocol (AutoMQ's, docs/automq-table-topic.md §6), per :class:`~coordinator.messages.CommitRequest` that names
+this partition:
+
+- older than 30 s (``sent_ms``) → dropped; another leader epoch → ``EPOCH_MISMATCH``, nothing written;
+- the requested offset X is where the table stands. If X is not the worker's position (the coordinator's last
+  commit failed, or this is the first round), files written ahead are deleted and the worker restarts at X.
+  X below the log start offset (retention) → it starts at the log start offset and logs the gap;
+- the worker writes every record from X up to the high watermark *as it was when the request arrived* (only
+  fsynced data: nothing a crash could take back) and answers ``NONE`` with the files, the next offset, counts and
+  the max record timestamp as watermark. After answering, its position is that next offset (optimistic: a failed
+  commit shows up as a request for the old offset, which resets the worker);
+- one answer covers at most ``max_response_bytes`` of log data: beyond that it answers ``MORE_DATA``;
+- ``errors.tolerance=none`` and a record that cannot be converted → ``BLOCKED``: the files up to that record,
+  ``next_offset`` = its offset and an error naming topic, partition, offset and reason. Every later round retries
+  from there (so changing the tolerance unblocks it).
+
+Between rounds the worker **pre-writes**: once about ``prewrite_bytes`` of log data are pending past what it has
+written, it converts and writes them ahead, so a round only flushes the tail. Work is split in chunks of up to
+``prewrite_bytes``; up to ``max_inflight`` chunks run in the executor at once (a single busy partition uses every
+core), each producing its own files. Decoding and Parquet encoding never run on the loop: the loop only reads the
+log (page cache) and walks batch lengths to find chunk boundaries.
+
+Metrics are plain attributes (``records_written``, ``files_written``, ``bytes_written``, ``skipped_by_reason``,
+``rounds``, ``last_round_ms``); they count what was handed to the coordinator, not discarded pre-writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from configs.table_topic import TableTopicConfig
+from coordinator.channel import CommitChannel
+from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from tabletopic.errors import KafkaApiError
+from tabletopic.faults import crash_point
+from tabletopic.log.log import PartitionLog
+from tabletopic.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
+from worker.task import TaskResult, convert_and_write, delete_uncommitted
+from worker.writer import WriteTarget
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+REQUEST_TIMEOUT_MS = 30_000  # AutoMQ drops commit requests older than the coordinator's round time-out
+MAX_RESPONSE_BYTES = 1024 * MiB
+
+
+def batches_end(data: bytes) -> int:
+    """The next offset after the last whole batch in ``data`` (-1 if none). Walks the length fields only."""
+    pos, last, n = 0, -1, len(data)
+    while n - pos >= HEADER_SIZE:
+        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True) + LOG_OVERHEAD
+        if size < HEADER_SIZE or pos + size > n:
+            break
+        last = pos
+        pos += size
+    if last < 0:
+        return -1
+    return parse_header(data, last).next_offset
+
+
+def _target_key(t: WriteTarget) -> tuple[str, int, int]:
+    # pre-written files stay valid while schema and spec are the same (property changes apply to later files)
+    return t.location, t.schema.schema_id, t.spec.spec_id
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """A range ``[start, end)`` of the log submitted to the executor."""
+
+    start: int
+    end: int
+    input_bytes: int
+    target: WriteTarget
+    future: asyncio.Future[TaskResult]
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class PartitionWorker:
+    """Materializes one partition of a table topic into data files, driven by the coordinator's commit rounds."""
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        plog: PartitionLog,
+        channel: CommitChannel,
+        *,
+        table_provider: Callable[[], Any],
+        config_provider: Callable[[], TableTopicConfig],
+        executor: Executor,
+        dlq_dir: Path,
+        prewrite_bytes: int = 32 * MiB,
+        read_chunk_bytes: int = 8 * MiB,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        max_inflight: int = 2,
+        request_timeout_ms: int = REQUEST_TIMEOUT_MS,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.plog = plog
+        self.channel = channel
+        self._table_provider = table_provider
+        self._config_provider = config_provider
+        self._executor = executor
+        self.dlq_dir = dlq_dir
+        self.prewrite_bytes = max(1, prewrite_bytes)
+        self.read_chunk_bytes = max(1, read_chunk_bytes)
+        self.max_response_bytes = max(1, max_response_bytes)
+        self.max_inflight = max(1, max_inflight)
+        self.request_timeout_ms = request_timeout_ms
+        # -- state (mutated under _lock) --
+        self._lock = asyncio.Lock()
+        self._position: int | None = None  # start of the range not yet handed to the coordinator
+        self._written_to: int | None = None  # end of the last chunk submitted
+        self._chunks: list[_Chunk] = []
+        self._blocked_at: int | None = None  # do not pre-write into a record that blocks the partition
+        self._bytes_per_record: float | None = None
+        self._queue: asyncio.Queue[CommitRequest] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        # -- metrics --
+        self.records_written = 0
+        self.files_written = 0
+        self.bytes_written = 0
+        self.skipped_by_reason: dict[str, int] = {}
+        self.rounds = 0
+        self.prewrite_chunks = 0
+        self.last_round_ms = 0.0
+
+    def __repr__(self) -> str:
+        return (f"PartitionWorker({self.topic}-{self.partition}, position={self._position}, "
+                f"written_to={self._written_to}, chunks={len(self._chunks)})")
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def position(self) -> int | None:
+        """The first offset not yet handed to the coordinator (None before the first request)."""
+        return self._position
+
+    @property
+    def prewritten_to(self) -> int | None:
+        """End of the range already converted or being converted ahead of the next round."""
+        return self._written_to
+
+    # ------------------------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register on the channel and start serving requests and pre-writing."""
+        self._queue = self.channel.register_worker(self.partition)
+        self._tasks = [
+            asyncio.create_task(self._request_loop(), name=f"tt-worker-requests-{self.name}"),
+            asyncio.create_task(self._prewrite_loop(), name=f"tt-worker-prewrite-{self.name}"),
+        ]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+        log.info("[WORKER_START] %s: table topic worker started (prewrite %d bytes, chunk reads %d bytes)",
+                 self.name, self.prewrite_bytes, self.read_chunk_bytes)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop serving, wait (bounded) for running chunks and delete every file not handed to the coordinator.
+
+        Files still being written when the time-out expires are left behind; their names put them past the
+        committed offset, so the coordinator's clean-up removes them.
+        """
+        self._stopping = True
+        self.channel.unregister_worker(self.partition)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        chunks, self._chunks = self._chunks, []
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._discard(chunks, "worker stopped"), drain_timeout_s)
+        log.info("[WORKER_STOP] %s: stopped at position %s", self.name, self._position)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None and not self._stopping:
+            log.error("%s: worker task %s died: %r", self.name, task.get_name(), task.exception(),
+                      exc_info=task.exception())
+
+    # ------------------------------------------------------------------------------------------------------
+    # commit rounds
+    # ------------------------------------------------------------------------------------------------------
+
+    async def _request_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            req = await self._queue.get()
+            # "the high watermark at the time of the request": taken before any waiting
+            hw = self.plog.high_watermark
+            try:
+                await self.handle_request(req, hw)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: commit request %s failed", self.name, req.commit_id)
+
+    async def handle_request(self, req: CommitRequest, high_watermark: int | None = None) -> CommitResponse | None:
+        """Answer one request (the request loop calls this; public for tests). Returns what was sent, if any."""
+        mine = next((po for po in req.offsets if po.partition == self.partition), None)
+        if mine is None:
+            return None
+        hw = self.plog.high_watermark if high_watermark is None else high_watermark
+        age = int(time.time() * 1000) - req.sent_ms
+        if req.sent_ms > 0 and age > self.request_timeout_ms:
+            log.warning("%s: dropping commit request %s: %d ms old (limit %d ms)", self.name, req.commit_id, age,
+                        self.request_timeout_ms)
+            return None
+        epoch = self.plog.leader_epoch
+        if mine.leader_epoch != epoch:
+            log.warning("%s: commit request %s carries leader epoch %d, this worker's is %d: EPOCH_MISMATCH",
+                        self.name, req.commit_id, mine.leader_epoch, epoch)
+            return self._respond(CommitResponse(
+                code=CommitCode.EPOCH_MISMATCH, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
+                leader_epoch=epoch, start_offset=mine.offset, next_offset=mine.offset))
+        async with self._lock:
+            return await self._round(req, mine, hw)
+
+    async def _round(self, req: CommitRequest, mine: PartitionOffset, hw: int) -> CommitResponse:
+        t0 = time.monotonic()
+        x = mine.offset
+        try:
+            target = self._target(req)
+        except Exception as e:  # no table: answer "nothing written" rather than let the round time out
+            log.exception("%s: commit %s: cannot load the table", self.name, req.commit_id)
+            return self._respond(CommitResponse(
+                code=CommitCode.NONE, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
+                leader_epoch=mine.leader_epoch, start_offset=x, next_offset=x, error=f"{type(e).__name__}: {e}"))
+        if x != self._position or any(_target_key(c.target) != _target_key(target) for c in self._chunks):
+            if self._chunks:
+                log.info("%s: commit %s asks for offset %d, worker was at %s: discarding %d pre-written chunk(s)",
+                         self.name, req.commit_id, x, self._position, len(self._chunks))
+            chunks, self._chunks = self._chunks, []
+            await self._discard(chunks, f"reset to {x}")
+            self._position = self._written_to = x
+        assert self._written_to is not None
+        self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
+
+        taken: list[_Chunk] = []
+        round_bytes = 0
+        blocked: TaskResult | None = None
+        error: str | None = None
+        try:
+            while True:
+                # keep the pipeline full up to the round's high watermark and byte budget
+                while self._running() < self.max_inflight and self._written_to < hw:
+                    budget = self.max_response_bytes - round_bytes - sum(c.input_bytes for c in self._chunks)
+                    if budget <= 0 or not await self._submit(hw, target, min(self.prewrite_bytes, budget)):
+                        break
+                if not self._chunks:
+                    break
+                chunk = self._chunks[0]
+                result = await asyncio.shield(chunk.future)
+                taken.append(self._chunks.pop(0))
+                round_bytes += chunk.input_bytes
+                if result.stats.blocked_offset is not None:
+                    blocked = result
+                    rest, self._chunks = self._chunks, []
+                    await self._discard(rest, "blocked earlier")
+                    self._written_to = self._blocked_at = result.next_offset
+                    break
+        except asyncio.CancelledError:
+            self._chunks = [*taken, *self._chunks]  # stop() discards them
+            raise
+        except Exception as e:
+            # a system error (I/O, broken pool): hand nothing over, start the range again next round
+            error = f"{type(e).__name__}: {e}"
+            log.exception("%s: writing offsets %d.. for commit %s failed", self.name, x, req.commit_id)
+            rest, self._chunks = self._chunks, []
+            await self._discard([*taken, *rest], "round failed")
+            taken = []
+            self._written_to = self._position
+        if taken:
+            crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
+
+        results = [c.future.result() for c in taken]
+        files = [f for r in results for f in r.data_files]
+        next_offset = results[-1].next_offset if results else x
+        records = sum(r.stats.records for r in results)
+        skipped: dict[str, int] = {}
+        for r in results:
+            for reason, n in r.stats.skipped.items():
+                skipped[reason] = skipped.get(reason, 0) + n
+        watermark = max((r.stats.max_timestamp for r in results), default=-1)
+        file_bytes = sum(r.file_bytes for r in results)
+        code = CommitCode.NONE
+        if blocked is not None:
+            code = CommitCode.BLOCKED
+            error = (f"table topic {self.topic} partition {self.partition} is blocked at offset "
+                     f"{blocked.stats.blocked_offset}: {blocked.stats.blocked_reason} "
+                     f"(errors.tolerance=none; set automq.table.topic.errors.tolerance to skip bad records)")
+        elif error is None and next_offset < hw:
+            code = CommitCode.MORE_DATA
+        n_columns = len(target.schema.fields)
+        response = CommitResponse(
+            code=code, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
+            leader_epoch=mine.leader_epoch, start_offset=x, next_offset=next_offset, data_files=tuple(files),
+            record_count=records, byte_count=file_bytes, field_count=records * n_columns, watermark=watermark,
+            skipped=skipped, error=error,
+        )
+        self._position = next_offset
+        if self._written_to is None or self._written_to < next_offset:
+            self._written_to = next_offset
+        self.rounds += 1
+        self.records_written += records
+        self.files_written += len(files)
+        self.bytes_written += file_bytes
+        for reason, n in skipped.items():
+            self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + n
+        self.last_round_ms = (time.monotonic() - t0) * 1000
+        log.info("[COMMIT_RESPONSE] %s: commit %s %s offsets %d..%d (hw %d): %d records, %d files, %d bytes, "
+                 "skipped %s in %.1f ms", self.name, req.commit_id, code.name, x, next_offset, hw, records,
+                 len(files), file_bytes, skipped or "{}", self.last_round_ms)
+        if blocked is not None:
+            log.error("[BLOCKED] %s", error)
+        self._wake.set()
+        return self._respond(response)
+
+    def _respond(self, response: CommitResponse) -> CommitResponse:
+        self.channel.respond(response)
+        return response
+
+    def _target(self, req: CommitRequest) -> WriteTarget:
+        table = self._table_provider()
+        try:
+            return WriteTarget.from_table(table, schema_id=req.schema_id, spec_id=req.spec_id)
+        except KeyError:
+            log.warning("%s: commit %s names schema %d / spec %d, unknown to the table: using the current ones",
+                        self.name, req.commit_id, req.schema_id, req.spec_id)
+            return WriteTarget.from_table(table)
+
+    # ------------------------------------------------------------------------------------------------------
+    # chunks
+    # ------------------------------------------------------------------------------------------------------
+
+    async def _submit(self, limit: int, target: WriteTarget, max_bytes: int) -> bool:
+        """Read up to ``max_bytes`` of whole batches from ``_written_to`` (below ``limit``) and submit them.
+
+        Returns False when there was nothing to read.
+        """
+        assert self._written_to is not None
+        start = self._written_to
+        lso = self.plog.log_start_offset
+        if start < lso:
+            log.warning("%s: offsets %d..%d were deleted from the log (retention or DeleteRecords) before being "
+                        "written to the table: continuing at the log start offset %d", self.name, start, lso - 1,
+                        lso)
+            start = self._written_to = lso
+        parts: list[bytes] = []
+        size = 0
+        offset = start
+        while size < max_bytes and offset < limit:
+            try:
+                data = self.plog.read(offset, min(self.read_chunk_bytes, max_bytes - size), max_offset=limit).data
+            except KafkaApiError as e:
+                log.warning("%s: cannot read offset %d: %s", self.name, offset, e)
+                break
+            end = batches_end(data)
+            if end < 0:
+                break
+            parts.append(data)
+            size += len(data)
+            offset = end
+            await asyncio.sleep(0)  # reads are page-cache copies; let the loop breathe between them
+        if not parts:
+            return False
+        payload = parts[0] if len(parts) == 1 else b"".join(parts)
+        if offset > start:
+            bpr = size / (offset - start)
+            self._bytes_per_record = bpr if self._bytes_per_record is None else 0.5 * (self._bytes_per_record + bpr)
+        cfg = self._config_provider()
+        loop = asyncio.get_running_loop()
+        job = functools.partial(convert_and_write, payload, partition=self.partition, start_offset=start,
+                                target=target, tolerance=cfg.errors_tolerance, dlq_dir=str(self.dlq_dir))
+        fut = loop.run_in_executor(self._executor, job)
+        fut.add_done_callback(self._chunk_done)
+        self._chunks.append(_Chunk(start, offset, size, target, fut))
+        self._written_to = offset
+        log.debug("%s: submitted offsets %d..%d (%d bytes)", self.name, start, offset, size)
+        return True
+
+    def _running(self) -> int:
+        return sum(1 for c in self._chunks if not c.future.done())
+
+    def _chunk_done(self, fut: asyncio.Future[TaskResult]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:  # retrieved here so asyncio does not warn
+            log.debug("%s: chunk failed: %r", self.name, fut.exception())
+        self._wake.set()
+
+    async def _discard(self, chunks: list[_Chunk], why: str) -> None:
+        """Wait for ``chunks`` and delete their files (never handed to the coordinator)."""
+        if not chunks:
+            return
+        by_target: dict[int, tuple[WriteTarget, list[str]]] = {}
+        for c in chunks:
+            try:
+                result = await asyncio.shield(c.future)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # its files, if any, are orphans the coordinator's clean-up removes
+                log.debug("%s: discarded chunk %d..%d had failed: %r", self.name, c.start, c.end, e)
+                continue
+            entry = by_target.setdefault(id(c.target), (c.target, []))
+            entry[1].extend(f.file_path for f in result.data_files)
+        loop = asyncio.get_running_loop()
+        for target, paths in by_target.values():
+            if paths:
+                try:
+                    n = await loop.run_in_executor(None, delete_uncommitted, paths, target)
+                except Exception:
+                    log.exception("%s: deleting %d uncommitted file(s) failed", self.name, len(paths))
+                else:
+                    log.info("%s: deleted %d uncommitted file(s) (%s)", self.name, n, why)
+
+    # ------------------------------------------------------------------------------------------------------
+    # pre-write
+    # ------------------------------------------------------------------------------------------------------
+
+    def pending_bytes_estimate(self) -> int:
+        """Log bytes between what was written ahead and the high watermark (estimated from offsets)."""
+        if self._written_to is None:
+            return 0
+        pending = self.plog.high_watermark - self._written_to
+        if pending <= 0:
+            return 0
+        bpr = self._bytes_per_record
+        if bpr is None:
+            span = self.plog.log_end_offset - self.plog.log_start_offset
+            bpr = self.plog.size_bytes / span if span > 0 else 0.0
+        return int(pending * bpr)
+
+    async def _prewrite_loop(self) -> None:
+        while True:
+            waiter = self.plog.add_waiter()
+            wake: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
+            either: set[asyncio.Future[Any]] = {waiter, wake}
+            try:
+                await asyncio.wait(either, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self.plog.remove_waiter(waiter)
+                wake.cancel()
+            self._wake.clear()
+            try:
+                await self.prewrite()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: pre-write failed", self.name)
+                await asyncio.sleep(1.0)
+
+    async def prewrite(self) -> int:
+        """Submit chunks while at least ``prewrite_bytes`` are pending; returns how many were submitted."""
+        if self._lock.locked() or self._position is None or self._stopping:
+            return 0
+        n = 0
+        async with self._lock:
+            while (self._running() < self.max_inflight and self._written_to is not None
+                   and self._written_to != self._blocked_at
+                   and self.pending_bytes_estimate() >= self.prewrite_bytes):
+                try:
+                    target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
+                        self._table_provider())
+                except Exception:
+                    log.exception("%s: no table to pre-write into", self.name)
+                    break
+                if not await self._submit(self.plog.high_watermark, target, self.prewrite_bytes):
+                    break
+                n += 1
+                self.prewrite_chunks += 1
+        if n:
+            log.debug("%s: pre-writing %d chunk(s), now written ahead to %s", self.name, n, self._written_to)
+        return n
+

@@ -1,0 +1,69 @@
+"""The unit of work shipped to the broker's process pool: decode + convert + write one range of a partition.
+
+Everything crossing the process boundary pickles: the record bytes, plain values, a :class:`WriteTarget`
+(pyiceberg ``Schema``/``PartitionSpec`` and property tuples), the errors tolerance, and back a
+:class:`TaskResult` of ``DataFile`` entries and stats. The pool should use the ``spawn`` or ``forkserver``
+context (the broker's event loop and flusher threads must not be forked).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from configs.table_topic import ErrorsTolerance
+from worker.convert import ConvertStats, convert_records
+from worker.writer import WriteTarget, delete_files, write_data_files
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResult:
+    """Files written for ``[start_offset, stats.next_offset)`` and what the conversion found there."""
+
+    start_offset: int
+    data_files: tuple[Any, ...]  # pyiceberg.manifest.DataFile
+    stats: ConvertStats
+    file_bytes: int
+    convert_ms: float
+    write_ms: float
+
+    @property
+    def next_offset(self) -> int:
+        return self.stats.next_offset
+
+
+def convert_and_write(
+    data: bytes,
+    *,
+    partition: int,
+    start_offset: int,
+    target: WriteTarget,
+    tolerance: ErrorsTolerance,
+    dlq_dir: str | None,
+) -> TaskResult:
+    """Convert the records of ``data`` from ``start_offset`` on and write them as data files of ``target``.
+
+    Top-level and picklable for ``ProcessPoolExecutor.submit`` (keywords via ``functools.partial``). Data errors
+    are reported in ``stats`` (skipped counts, or ``blocked_offset`` under ``errors.tolerance=none``); other
+    exceptions propagate.
+    """
+    t0 = time.perf_counter()
+    converted = convert_records(data, partition=partition, start_offset=start_offset, schema=target.schema,
+                                tolerance=tolerance, dlq_dir=dlq_dir)
+    t1 = time.perf_counter()
+    files = write_data_files(converted.table, target, partition=partition, start_offset=start_offset)
+    t2 = time.perf_counter()
+    return TaskResult(
+        start_offset=start_offset,
+        data_files=tuple(files),
+        stats=converted.stats,
+        file_bytes=sum(f.file_size_in_bytes for f in files),
+        convert_ms=(t1 - t0) * 1000,
+        write_ms=(t2 - t1) * 1000,
+    )
+
+
+def delete_uncommitted(paths: list[str], target: WriteTarget) -> int:
+    """Delete files that will never be committed (a reset discards pre-written files). Picklable too."""
+    return delete_files(paths, target.io_properties, target.location)

@@ -1,0 +1,250 @@
+"""Arrow data → Parquet data files of an Iceberg table, and the ``DataFile`` entries to commit them (pool side).
+
+Each file holds rows of exactly one partition of the table's spec (identity, year, month, day, hour, bucket,
+truncate; sources may be nested struct fields), carries the table schema's field ids, is compressed with
+``write.parquet.compression-codec`` / ``write.parquet.compression-level`` (default zstd at the codec's default
+level) and is rolled at ``write.target-file-size-bytes`` (default 64 MiB, AutoMQ's roll size). The roll size is
+measured on the **Arrow in-memory size** of the rows, as pyiceberg's own writer does: compressed Parquet files
+come out several times smaller than the target.
+
+File names are ``tt-p<kafka partition>-<start offset>-<uuid>.parquet`` under the table's data location (the
+table's location provider: ``<location>/data/<partition path>/`` by default). The start offset is the first
+Kafka offset of the range the files were written for; the coordinator's clean-up relies on it (a file whose
+start offset is at or past the committed offset was never committed). ``DataFile`` statistics come from the
+Parquet footer, exactly as pyiceberg computes them for its own writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, load_file_io
+from pyiceberg.io.pyarrow import (
+    MetricModeTypes,
+    MetricsMode,
+    StatisticsCollector,
+    _get_parquet_writer_kwargs,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.typedef import Record
+from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
+
+TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
+FILE_PREFIX = "tt-p"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTarget:
+    """Everything a pool process needs to write files for one table; small and picklable.
+
+    Build it on the event loop with :meth:`from_table`; the schema and spec must be the table's (field ids and
+    spec id come from its metadata).
+    """
+
+    location: str
+    schema: Schema
+    spec: PartitionSpec
+    properties: tuple[tuple[str, str], ...] = ()  # table properties
+    io_properties: tuple[tuple[str, str], ...] = ()  # FileIO properties (table.io.properties)
+
+    @classmethod
+    def from_table(cls, table: Any, *, schema_id: int | None = None, spec_id: int | None = None) -> WriteTarget:
+        """From a ``pyiceberg.table.Table``; the current schema/spec unless ids are given (KeyError if unknown)."""
+        meta = table.metadata
+        schema = meta.schema() if schema_id is None else table.schemas()[schema_id]
+        spec = meta.spec() if spec_id is None else table.specs()[spec_id]
+        return cls(
+            location=meta.location,
+            schema=schema,
+            spec=spec,
+            properties=tuple(sorted(meta.properties.items())),
+            io_properties=tuple(sorted((str(k), str(v)) for k, v in table.io.properties.items())),
+        )
+
+    @property
+    def props(self) -> dict[str, str]:
+        return dict(self.properties)
+
+    @property
+    def target_file_size(self) -> int:
+        raw = self.props.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES)
+        return int(raw) if raw else TARGET_FILE_SIZE_DEFAULT
+
+
+@functools.lru_cache(maxsize=16)
+def _file_io(io_properties: tuple[tuple[str, str], ...], location: str) -> FileIO:
+    # one FileIO per pool process and table location (they hold filesystem clients worth reusing)
+    return load_file_io(dict(io_properties), location)
+
+
+def file_io_for(target: WriteTarget) -> FileIO:
+    return _file_io(target.io_properties, target.location)
+
+
+def data_file_name(partition: int, start_offset: int) -> str:
+    return f"{FILE_PREFIX}{partition}-{start_offset}-{uuid.uuid4()}.parquet"
+
+
+def parse_data_file_name(path: str) -> tuple[int, int] | None:
+    """(kafka partition, start offset) of a file this module named, else None."""
+    name = path.rsplit("/", 1)[-1]
+    if not (name.startswith(FILE_PREFIX) and name.endswith(".parquet")):
+        return None
+    parts = name[len(FILE_PREFIX):].split("-", 2)
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def _source_column(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
+    """The (possibly nested) column ``source_id`` of ``table`` (laid out as ``schema``), nulls propagated."""
+    accessor = schema.accessor_for_field(source_id)
+    arr = table.column(accessor.position).combine_chunks()
+    inner = accessor.inner
+    while inner is not None:
+        arr = pc.struct_field(arr, [inner.position])
+        inner = inner.inner
+    return arr
+
+
+def split_by_partition(table: pa.Table, schema: Schema, spec: PartitionSpec
+                       ) -> list[tuple[PartitionKey | None, pa.Table]]:
+    """Rows of ``table`` grouped by partition (one hash pass; rows keep their order inside a group)."""
+    if spec.is_unpartitioned() or table.num_rows == 0:
+        return [(None, table)]
+    names = [f"p{i}" for i in range(len(spec.fields))]
+    keys: dict[str, pa.Array] = {}
+    for name, pf in zip(names, spec.fields, strict=True):
+        source_type = schema.find_field(pf.source_id).field_type
+        keys[name] = pf.transform.pyarrow_transform(source_type)(_source_column(table, schema, pf.source_id))
+    n = table.num_rows
+    keys["__row"] = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
+    groups = pa.table(keys).group_by(names, use_threads=False).aggregate([("__row", "list")])
+    values = groups.select(names).to_pylist()
+    rows = groups.column("__row_list")
+    out: list[tuple[PartitionKey | None, pa.Table]] = []
+    for i, value in enumerate(values):
+        key = PartitionKey(
+            field_values=[PartitionFieldValue(field=pf, value=value[name])
+                          for name, pf in zip(names, spec.fields, strict=True)],
+            partition_spec=spec,
+            schema=schema,
+        )
+        part = table if len(values) == 1 else table.take(rows[i].values)
+        out.append((key, part))
+    return out
+
+
+def _struct_leaves(fields: tuple[NestedField, ...], depth: int = 0) -> list[int]:
+    out: list[int] = []
+    for f in fields:
+        if isinstance(f.field_type, StructType):
+            out += _struct_leaves(f.field_type.fields, depth + 1)
+        elif depth > 0 and isinstance(f.field_type, PrimitiveType):
+            out.append(f.field_id)
+    return out
+
+
+def statistics_plan(schema: Schema, properties: dict[str, str]) -> dict[int, StatisticsCollector]:
+    """pyiceberg's metrics plan, plus lower/upper bounds for primitives nested in structs only.
+
+    pyiceberg keeps only counts for every nested column; Iceberg-Java also keeps bounds for struct members
+    (not for list or map contents), and ``_kafka_metadata.offset`` / ``.timestamp`` are what readers filter on.
+    """
+    plan = compute_statistics_plan(schema, properties)
+    default = properties.get(TableProperties.DEFAULT_WRITE_METRICS_MODE,
+                             TableProperties.DEFAULT_WRITE_METRICS_MODE_DEFAULT)
+    for field_id in _struct_leaves(schema.fields):
+        col = plan.get(field_id)
+        if col is None:
+            continue
+        mode = match_metrics_mode(properties.get(f"{TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX}."
+                                                 f"{col.column_name}", default))
+        if mode.type == MetricModeTypes.TRUNCATE and not isinstance(col.iceberg_type, StringType | BinaryType):
+            mode = MetricsMode(MetricModeTypes.FULL)
+        plan[field_id] = StatisticsCollector(field_id=field_id, iceberg_type=col.iceberg_type, mode=mode,
+                                             column_name=col.column_name)
+    return plan
+
+
+def write_data_files(
+    table: pa.Table,
+    target: WriteTarget,
+    *,
+    partition: int,
+    start_offset: int,
+    io: FileIO | None = None,
+) -> list[DataFile]:
+    """Write ``table`` (already in ``schema_to_pyarrow(target.schema, include_field_ids=True)``) as data files.
+
+    One or more files per table partition (rolled at the target size); returns their ``DataFile`` entries with
+    the partition record and ``target.spec``'s id. Nothing is written for an empty table.
+    """
+    if table.num_rows == 0:
+        return []
+    io = io or file_io_for(target)
+    props = target.props
+    kwargs = _get_parquet_writer_kwargs(props)
+    row_group_rows = int(props.get(TableProperties.PARQUET_ROW_GROUP_LIMIT,
+                                   TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT))
+    stats_plan = statistics_plan(target.schema, props)
+    id_mapping = parquet_path_to_id_mapping(target.schema)
+    locations = load_location_provider(target.location, props)
+    target_size = target.target_file_size
+    files: list[DataFile] = []
+    for key, part in split_by_partition(table, target.schema, target.spec):
+        rows_per_file = max(1, int(target_size * part.num_rows / max(part.nbytes, 1)))
+        for lo in range(0, part.num_rows, rows_per_file):
+            piece = part.slice(lo, rows_per_file)
+            path = locations.new_data_location(data_file_name(partition, start_offset), key)
+            with io.new_output(path).create(overwrite=True) as stream:
+                writer = pq.ParquetWriter(stream, schema=piece.schema, store_decimal_as_integer=True, **kwargs)
+                writer.write_table(piece, row_group_size=row_group_rows)
+                writer.close()
+                size = stream.tell()
+            stats = data_file_statistics_from_parquet_metadata(writer.writer.metadata, stats_plan, id_mapping)
+            data_file = DataFile.from_args(
+                content=DataFileContent.DATA,
+                file_path=path,
+                file_format=FileFormat.PARQUET,
+                partition=key.partition if key is not None else Record(),
+                file_size_in_bytes=size,
+                sort_order_id=None,
+                spec_id=target.spec.spec_id,
+                equality_ids=None,
+                key_metadata=None,
+                **stats.to_serialized_dict(),
+            )
+            data_file.spec_id = target.spec.spec_id  # from_args drops it (not a field of the manifest entry)
+            files.append(data_file)
+    return files
+
+
+def delete_files(paths: list[str], io_properties: Mapping[str, str] | tuple[tuple[str, str], ...],
+                 location: str) -> int:
+    """Delete data files that were never committed; missing files are fine. Returns how many were deleted."""
+    props = tuple(sorted(dict(io_properties).items()))
+    io = _file_io(props, location)
+    n = 0
+    for p in paths:
+        try:
+            io.delete(p)
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n
