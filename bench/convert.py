@@ -33,18 +33,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiokafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
-from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from pyiceberg.catalog.sql import SqlCatalog
 
-from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig  # noqa: E402
-from coordinator.channel import InProcessChannel  # noqa: E402
-from coordinator.messages import CommitRequest, PartitionOffset  # noqa: E402
-from tabletopic.log import LogConfig, PartitionLog  # noqa: E402
-from tabletopic.protocol.records import validate_produce_records  # noqa: E402
-from worker.partition_worker import PartitionWorker  # noqa: E402
-from worker.schema import partition_spec, table_schema  # noqa: E402
-from worker.task import TaskResult, convert_and_write  # noqa: E402
-from worker.writer import WriteTarget  # noqa: E402
+from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
+from coordinator.channel import InProcessChannel
+from coordinator.messages import CommitRequest, PartitionOffset
+from tabletopic.log import LogConfig, PartitionLog
+from tabletopic.protocol.records import validate_produce_records
+from worker.partition_worker import PartitionWorker
+from worker.schema import partition_spec, table_schema
+from worker.task import TaskResult, convert_and_write
+from worker.writer import WriteTarget
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo"]

@@ -95,8 +95,10 @@ class Broker:
         log.info("shutting down: no new connections, finishing in-flight requests")
         self.server.stop_accepting()
         await self.server.drain(grace_s=min(10.0, int(self.config["shutdown.timeout.ms"]) / 1000))
+        log.info("connections closed after %.0f ms", (time.monotonic() - t0) * 1000)
         if self.tables is not None:
             await self.tables.stop()
+            log.info("table topics stopped after %.0f ms", (time.monotonic() - t0) * 1000)
         if self.metrics_server is not None:
             self.metrics_server.stop()
         await self.groups.close()

@@ -73,10 +73,11 @@ class TableTopicHost:
     async def stop(self) -> None:
         async with self._lock:
             for topic in list(self._running):
-                await self._stop_topic(topic)
+                await self._stop_topic_locked(topic)
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+            executor, self._executor = self._executor, None
+            # joining the pool's processes blocks: keep it off the event loop
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
 
     @property
     def topics(self) -> list[str]:
@@ -209,10 +210,6 @@ class TableTopicHost:
                             watermark_ms=int(time.time() * 1000), result="empty")
         else:
             m.record_round(topic, "failed" if report.outcome is RoundOutcome.FAILED else "unknown")
-
-    async def _stop_topic(self, topic: str) -> None:
-        async with self._lock:
-            await self._stop_topic_locked(topic)
 
     async def _stop_topic_locked(self, topic: str) -> None:
         tt = self._running.pop(topic, None)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,8 +26,16 @@ from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from coordinator.channel import InProcessChannel
 from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
 from tabletopic.log import PartitionLog
-from tests.test_worker_support import append, append_records, catalog, commit, create_table, json_records, make_batch
-from tests.test_worker_support import open_log
+from tests.test_worker_support import (
+    append,
+    append_records,
+    catalog,
+    commit,
+    create_table,
+    json_records,
+    make_batch,
+    open_log,
+)
 from worker.convert import REASON_INVALID_UTF8_VALUE
 from worker.partition_worker import PartitionWorker
 
@@ -113,8 +124,8 @@ def run(tmp: Path, pool: ProcessPoolExecutor, body: Callable[[Env], Awaitable[No
     asyncio.run(main())
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(cond: Callable[[], bool], limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
@@ -356,3 +367,39 @@ def test_stop_deletes_files_not_handed_over(tmp_path: Path, pool: ProcessPoolExe
         assert env.data_files_on_disk() == handed
 
     run(tmp_path, pool, body)
+
+
+CRASH_SCRIPT = """
+import asyncio, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from coordinator.channel import InProcessChannel
+from coordinator.messages import CommitRequest, PartitionOffset
+from tests.test_worker_partition import STRING, TOPIC
+from tests.test_worker_support import append_records, catalog, create_table, json_records, open_log
+from worker.partition_worker import PartitionWorker
+
+async def main(tmp: Path) -> None:
+    table = create_table(catalog(tmp), STRING, TOPIC)
+    plog = open_log(tmp / "logs", TOPIC, 0)
+    append_records(plog, json_records(100))
+    channel = InProcessChannel()
+    w = PartitionWorker(TOPIC, 0, plog, channel, table_provider=lambda: table, config_provider=lambda: STRING,
+                        executor=ThreadPoolExecutor(1), dlq_dir=tmp / "dlq")
+    await w.start()
+    channel.broadcast(CommitRequest("c1", TOPIC, 0, 0, (PartitionOffset(0, 0),), int(time.time() * 1000)))
+    await channel.next_response(30)
+    print("answered")  # not reached when the crash point is armed
+
+asyncio.run(main(Path(sys.argv[1])))
+"""
+
+
+def test_crash_point_between_writing_and_answering(tmp_path: Path) -> None:
+    env = {**os.environ, "TABLETOPIC_CRASH_AT": "worker-mid-flush"}
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(tmp_path)], env=env, check=False,
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 137, proc.stderr
+    assert "answered" not in proc.stdout
+    files = list((tmp_path / "wh").rglob("tt-p0-0-*.parquet"))
+    assert files  # written, never handed over: the coordinator's clean-up finds them by name (start offset 0)

@@ -328,9 +328,11 @@ class PartitionWorker:
         for reason, n in skipped.items():
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + n
         self.last_round_ms = (time.monotonic() - t0) * 1000
-        log.info("[COMMIT_RESPONSE] %s: commit %s %s offsets %d..%d (hw %d): %d records, %d files, %d bytes, "
-                 "skipped %s in %.1f ms", self.name, req.commit_id, code.name, x, next_offset, hw, records,
-                 len(files), file_bytes, skipped or "{}", self.last_round_ms)
+        # idle rounds (every interval on every partition) are DEBUG; rounds that wrote something are INFO
+        log.log(logging.INFO if records or files or skipped else logging.DEBUG,
+                "[COMMIT_RESPONSE] %s: commit %s %s offsets %d..%d (hw %d): %d records, %d files, %d bytes, "
+                "skipped %s in %.1f ms", self.name, req.commit_id, code.name, x, next_offset, hw, records,
+                len(files), file_bytes, skipped or "{}", self.last_round_ms)
         if blocked is not None:
             log.error("[BLOCKED] %s", error)
         self._wake.set()
@@ -384,13 +386,12 @@ class PartitionWorker:
             await asyncio.sleep(0)  # reads are page-cache copies; let the loop breathe between them
         if not parts:
             return False
-        payload = parts[0] if len(parts) == 1 else b"".join(parts)
         if offset > start:
             bpr = size / (offset - start)
             self._bytes_per_record = bpr if self._bytes_per_record is None else 0.5 * (self._bytes_per_record + bpr)
         cfg = self._config_provider()
         loop = asyncio.get_running_loop()
-        job = functools.partial(convert_and_write, payload, partition=self.partition, start_offset=start,
+        job = functools.partial(convert_and_write, parts, partition=self.partition, start_offset=start,
                                 target=target, tolerance=cfg.errors_tolerance, dlq_dir=str(self.dlq_dir))
         fut = loop.run_in_executor(self._executor, job)
         fut.add_done_callback(self._chunk_done)
@@ -461,12 +462,17 @@ class PartitionWorker:
                 wake.cancel()
             self._wake.clear()
             try:
-                await self.prewrite()
+                submitted = await self.prewrite()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: pre-write failed", self.name)
                 await asyncio.sleep(1.0)
+                continue
+            if not submitted:
+                # the high watermark may move every few ms under load (and a closed log resolves waiters at
+                # once): look at most ~100 times a second
+                await asyncio.sleep(0.01)
 
     async def prewrite(self) -> int:
         """Submit chunks while at least ``prewrite_bytes`` are pending; returns how many were submitted."""

@@ -34,7 +34,7 @@ class TaskResult:
 
 
 def convert_and_write(
-    data: bytes,
+    data: bytes | list[bytes],
     *,
     partition: int,
     start_offset: int,
@@ -49,6 +49,8 @@ def convert_and_write(
     exceptions propagate.
     """
     t0 = time.perf_counter()
+    if isinstance(data, list):  # pieces of consecutive reads: joined here, off the event loop
+        data = data[0] if len(data) == 1 else b"".join(data)
     converted = convert_records(data, partition=partition, start_offset=start_offset, schema=target.schema,
                                 tolerance=tolerance, dlq_dir=dlq_dir)
     t1 = time.perf_counter()

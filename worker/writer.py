@@ -46,6 +46,9 @@ from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, 
 
 TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
 FILE_PREFIX = "tt-p"
+# Record payloads are nearly always distinct: trying a dictionary first costs ~30% of the write time and gives
+# bigger files once the writer falls back to plain encoding. Numbers are not dictionary-encoded either.
+PAYLOAD_COLUMNS = frozenset({"_kafka_value", "value"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,17 @@ def statistics_plan(schema: Schema, properties: dict[str, str]) -> dict[int, Sta
     return plan
 
 
+def dictionary_columns(schema: Schema) -> list[str]:
+    """Parquet column paths worth a dictionary: string/binary leaves outside the record payload columns."""
+    out = []
+    for path, field_id in parquet_path_to_id_mapping(schema).items():
+        if path.split(".", 1)[0] in PAYLOAD_COLUMNS:
+            continue
+        if isinstance(schema.find_type(field_id), StringType | BinaryType):
+            out.append(path)
+    return out
+
+
 def write_data_files(
     table: pa.Table,
     target: WriteTarget,
@@ -200,6 +214,7 @@ def write_data_files(
     io = io or file_io_for(target)
     props = target.props
     kwargs = _get_parquet_writer_kwargs(props)
+    kwargs["use_dictionary"] = dictionary_columns(target.schema)
     row_group_rows = int(props.get(TableProperties.PARQUET_ROW_GROUP_LIMIT,
                                    TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT))
     stats_plan = statistics_plan(target.schema, props)

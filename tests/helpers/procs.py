@@ -41,6 +41,7 @@ class BrokerProcess:
         self.port = port or free_port()
         self.overrides = {"group.initial.rebalance.delay.ms": "0", **(overrides or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}  # extra environment for the next start (e.g. TABLETOPIC_CRASH_AT)
         self.starts = 0
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
 
@@ -62,7 +63,7 @@ class BrokerProcess:
         logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         logf.write(f"\n==== start #{self.starts} ====\n".encode())
         logf.flush()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(self.command(), stdout=logf, stderr=subprocess.STDOUT, env=env)
         logf.close()
         wait_port(self.port, timeout, self.proc)
@@ -84,6 +85,19 @@ class BrokerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        """Wait for the process to end by itself (e.g. at an armed crash point); returns its exit code."""
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    @property
+    def catalog_uri(self) -> str:
+        return f"sqlite:///{self.data_dir.resolve()}/iceberg/catalog.db"
+
+    @property
+    def warehouse(self) -> str:
+        return f"file://{self.data_dir.resolve()}/iceberg/warehouse"
 
     def restart(self) -> None:
         self.stop()

@@ -1,0 +1,364 @@
+"""Table topics end to end: real producers, a real broker process, the SQLite Iceberg catalog, and pyiceberg,
+DuckDB and Spark reading the tables. The oracle everywhere: the table holds every record of the log exactly
+once — every (partition, offset) below the end offsets, with its key, value, headers and timestamp."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from pyiceberg.catalog.sql import SqlCatalog
+
+from configs.partition_spec import parse_partition_by
+from tabletopic.readers import duckdb_connect, duckdb_scan
+from tests.helpers.procs import BrokerProcess, free_port
+
+Row = tuple[int, int, Any, Any, tuple[tuple[str, bytes | None], ...], int]
+
+
+@pytest.fixture
+def tbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path / "data")
+    b.start()
+    yield b
+    if b.proc is not None and b.proc.poll() is None:
+        b.stop()
+
+
+def catalog(b: BrokerProcess) -> SqlCatalog:
+    return SqlCatalog("tabletopic", uri=b.catalog_uri, warehouse=b.warehouse)
+
+
+def create(b: BrokerProcess, topic: str, partitions: int, **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    conf = {f"automq.table.topic.{k.replace('_', '.')}": v for k, v in configs.items()}
+    admin.create_topics([NewTopic(topic, partitions, 1, config=conf)])[topic].result(30)
+
+
+def alter(b: BrokerProcess, topic: str, **configs: str) -> None:
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    res = ConfigResource("topic", topic, set_config={f"automq.table.topic.{k.replace('_', '.')}": v
+                                                     for k, v in configs.items()})
+    # describe + full alter keeps the other overrides (AlterConfigs replaces the set)
+    current = admin.describe_configs([ConfigResource("topic", topic)])
+    entries = next(iter(current.values())).result(30)
+    keep = {k: e.value for k, e in entries.items() if e.source == 1}  # DYNAMIC_TOPIC_CONFIG
+    keep.update(res.set_config_dict)
+    admin.alter_configs([ConfigResource("topic", topic, set_config=keep)])[ConfigResource("topic", topic)].result(30)
+
+
+def produce(b: BrokerProcess, topic: str, n: int, start: int = 0, **conf: Any) -> int:
+    """Produce n records (keys, JSON values, headers; some null keys, some without headers); returns acked."""
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5, **conf})
+    acked = [0]
+
+    def cb(err: Any, _msg: Any) -> None:
+        if err is None:
+            acked[0] += 1
+
+    for i in range(start, start + n):
+        key = None if i % 10 == 0 else f"k{i % 37}".encode()
+        headers = [] if i % 3 == 0 else [("h1", f"v{i}".encode()), ("h2", None)]
+        value = json.dumps({"id": i, "name": f"n{i}", "amount": i * 0.5}).encode()
+        while True:
+            try:
+                p.produce(topic, key=key, value=value, headers=headers, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.05)
+        p.poll(0)
+    assert p.flush(60) == 0
+    return acked[0]
+
+
+def end_offsets(b: BrokerProcess, topic: str, partitions: int) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "probe-" + uuid.uuid4().hex})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        c.close()
+
+
+def log_rows(b: BrokerProcess, topic: str, partitions: int) -> list[Row]:
+    """Every record in the log, read with a plain consumer (assign + earliest)."""
+    ends = end_offsets(b, topic, partitions)
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "log-" + uuid.uuid4().hex,
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions) if ends[p] > 0])
+    rows: list[Row] = []
+    want = sum(ends.values())
+    deadline = time.monotonic() + 120
+    while len(rows) < want and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None or m.error():
+            continue
+        headers = tuple((k, v) for k, v in (m.headers() or []))
+        rows.append((m.partition(), m.offset(), m.key(), m.value(), headers, m.timestamp()[1]))
+    c.close()
+    assert len(rows) == want
+    return rows
+
+
+def table_rows(b: BrokerProcess, topic: str, namespace: str = "default") -> list[Row]:
+    tbl = catalog(b).load_table(f"{namespace}.{topic}")
+    return _arrow_rows(tbl.scan().to_arrow().to_pylist())
+
+
+def _arrow_rows(records: list[dict[str, Any]]) -> list[Row]:
+    out: list[Row] = []
+    for r in records:
+        md = r["_kafka_metadata"]
+        headers = tuple(sorted((k, v) for k, v in (r["_kafka_header"] or [])))
+        out.append((md["partition"], md["offset"], r["_kafka_key"], r["_kafka_value"], headers, md["timestamp"]))
+    return out
+
+
+def normalize_log(rows: list[Row], key_string: bool = True, value_string: bool = False) -> list[Row]:
+    out = []
+    for p, o, k, v, h, ts in rows:
+        key = k.decode() if (key_string and k is not None) else k
+        value = (v.decode() if v is not None else "") if value_string else v
+        out.append((p, o, key, value, tuple(sorted(h)), ts))
+    return sorted(out)
+
+
+def wait_for_table(b: BrokerProcess, topic: str, total: int, timeout: float = 60.0,
+                   namespace: str = "default") -> list[Row]:
+    deadline = time.monotonic() + timeout
+    rows: list[Row] = []
+    while time.monotonic() < deadline:
+        try:
+            rows = table_rows(b, topic, namespace)
+        except Exception:  # table not created yet
+            rows = []
+        if len(rows) >= total:
+            time.sleep(0.3)  # a further (wrong) commit would show up now
+            return table_rows(b, topic, namespace)
+        time.sleep(0.25)
+    raise AssertionError(f"table {topic} has {len(rows)} rows after {timeout}s, expected {total}")
+
+
+def assert_table_equals_log(b: BrokerProcess, topic: str, partitions: int, *, key_string: bool = True,
+                            value_string: bool = False, namespace: str = "default") -> list[Row]:
+    ends = end_offsets(b, topic, partitions)
+    total = sum(ends.values())
+    rows = wait_for_table(b, topic, total, namespace=namespace)
+    dupes = [k for k, n in Counter((p, o) for p, o, *_ in rows).items() if n > 1]
+    assert not dupes, f"(partition, offset) twice in the table: {dupes[:5]}"
+    assert sorted(rows) == normalize_log(log_rows(b, topic, partitions), key_string, value_string)
+    props = catalog(b).load_table(f"{namespace}.{topic}").properties
+    assert json.loads(props["tabletopic.offsets"]) == {str(p): e for p, e in ends.items() if e > 0}
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("partitions", "interval_ms", "partition_by", "value_type"),
+    [
+        (1, 500, None, "raw"),
+        (3, 1000, "[bucket(_kafka_key, 4)]", "raw"),
+        (4, 700, "[_kafka_metadata.partition, truncate(_kafka_key, 2)]", "string"),
+    ],
+)
+def test_table_holds_every_record_once(tbroker: BrokerProcess, partitions: int, interval_ms: int,
+                                       partition_by: str | None, value_type: str) -> None:
+    topic = f"orders{partitions}"
+    conf = {"enable": "true", "commit_interval_ms": str(interval_ms), "convert_value_type": value_type}
+    if partition_by:
+        conf["partition_by"] = partition_by
+    create(tbroker, topic, partitions, **conf)
+    assert produce(tbroker, topic, 3000) == 3000
+    rows = assert_table_equals_log(tbroker, topic, partitions, value_string=value_type == "string")
+    tbl = catalog(tbroker).load_table(f"default.{topic}")
+    assert len(tbl.spec().fields) == len(parse_partition_by(partition_by))
+    # produce more while the table is live: later rounds append only what is new
+    assert produce(tbroker, topic, 1000, start=3000) == 1000
+    rows = assert_table_equals_log(tbroker, topic, partitions, value_string=value_type == "string")
+    assert len(rows) == 4000
+    # DuckDB reads the same rows (independent Iceberg reader)
+    con = duckdb_connect()
+    duck = duckdb_scan(con, catalog(tbroker).load_table(f"default.{topic}"))
+    cols = duck.columns
+    drows = [dict(zip(cols, r, strict=True)) for r in duck.fetchall()]
+    duck_rows = []
+    for r in drows:
+        md = r["_kafka_metadata"]
+        hdr = r["_kafka_header"] or {}
+        items = hdr.items() if isinstance(hdr, dict) else zip(hdr["key"], hdr["value"], strict=True)
+        duck_rows.append((md["partition"], md["offset"], r["_kafka_key"],
+                          r["_kafka_value"] if value_type == "string" else bytes(r["_kafka_value"]),
+                          tuple(sorted((k, None if v is None else bytes(v)) for k, v in items)), md["timestamp"]))
+    assert sorted(duck_rows) == sorted(rows)
+
+
+def test_spark_sql_reads_the_same_rows(tbroker: BrokerProcess) -> None:
+    import subprocess
+    import sys
+
+    topic = "sparky"
+    create(tbroker, topic, 2, enable="true", commit_interval_ms="500")
+    produce(tbroker, topic, 500)
+    rows = assert_table_equals_log(tbroker, topic, 2)
+    out = subprocess.run(
+        [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={tbroker.data_dir}",
+         f"SELECT count(*) AS n, count(DISTINCT _kafka_metadata.partition, _kafka_metadata.offset) AS d "
+         f"FROM default.{topic}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "500" in out.stdout and out.stdout.count("500") >= 2, out.stdout
+    from configs.model import BrokerConfig, load_properties
+    from tabletopic.spark import spark_session, stop_session
+
+    props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
+    props["log.dirs"] = str(tbroker.data_dir)
+    spark = spark_session(BrokerConfig.from_properties(props))
+    try:
+        srows = spark.sql(f"SELECT _kafka_metadata.partition, _kafka_metadata.offset, _kafka_key, _kafka_value, "
+                          f"_kafka_header, _kafka_metadata.timestamp FROM default.{topic}").collect()
+    finally:
+        stop_session(spark)
+    spark_rows = sorted((r[0], r[1], r[2], bytes(r[3]), tuple(sorted((k, None if v is None else bytes(v))
+                                                                       for k, v in (r[4] or {}).items())), r[5])
+                        for r in srows)
+    assert spark_rows == sorted(rows)
+
+
+def test_runtime_changes(tbroker: BrokerProcess) -> None:
+    b = tbroker
+    topic = "evolving"
+    create(b, topic, 2)  # a plain topic first, with history
+    produce(b, topic, 600)
+    time.sleep(1.0)
+    assert not catalog(b).table_exists(f"default.{topic}"), "no table before the switch is on"
+    # enable: backfill from the log start offset
+    alter(b, topic, enable="true", commit_interval_ms="500")
+    assert_table_equals_log(b, topic, 2)
+    # new partitions get workers; their records arrive too
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})  # referenced until its futures resolve
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(30)
+    time.sleep(0.5)
+    produce(b, topic, 600, start=600)
+    rows = assert_table_equals_log(b, topic, 3)
+    assert {p for p, *_ in rows} == {0, 1, 2}
+    # partition.by change evolves the spec at the next round; data keeps flowing
+    alter(b, topic, enable="true", commit_interval_ms="500", partition_by="[bucket(_kafka_key, 8)]")
+    produce(b, topic, 300, start=1200)
+    assert_table_equals_log(b, topic, 3)
+    tbl = catalog(b).load_table(f"default.{topic}")
+    assert [f.name for f in tbl.spec().fields] == ["_kafka_key_bucket"]
+    # disable: the table stays, nothing new lands
+    alter(b, topic, enable="false")
+    before = len(table_rows(b, topic))
+    produce(b, topic, 200, start=1500)
+    time.sleep(2.0)
+    assert len(table_rows(b, topic)) == before
+    # enable again: it resumes from the table's offsets, without duplicates
+    alter(b, topic, enable="true", commit_interval_ms="300")
+    assert_table_equals_log(b, topic, 3)
+    # delete the topic: the table is kept
+    admin.delete_topics([topic])[topic].result(30)
+    time.sleep(0.5)
+    assert len(table_rows(b, topic)) == 1700
+
+
+def test_invalid_utf8_is_skipped_counted_and_kept(tmp_path: Path) -> None:
+    port = free_port()
+    b = BrokerProcess(tmp_path / "data", overrides={"automq.table.topic.metrics.port": str(port)})
+    b.start()
+    try:
+        topic = "strings"
+        create(b, topic, 1, enable="true", commit_interval_ms="500", convert_value_type="string",
+               errors_tolerance="all")
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+        for i in range(20):
+            p.produce(topic, key=b"k", value=b"\xff\xfe bad" if i in (5, 11) else f"ok{i}".encode())
+        p.flush(10)
+        rows = wait_for_table(b, topic, 18)
+        assert len(rows) == 18 and {o for _, o, *_ in rows} == set(range(20)) - {5, 11}
+        dlq = list((b.data_dir / "__tables" / "dlq").rglob("*.parquet"))
+        assert dlq, "skipped records are kept in the dead-letter directory"
+        import pyarrow.parquet as pq
+
+        kept = pq.read_table(dlq[0]).to_pylist()
+        assert sorted(r["offset"] for r in kept) == [5, 11]
+        deadline = time.monotonic() + 10
+        text = ""
+        while time.monotonic() < deadline:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if "tabletopic_records_skipped_total{" in text:
+                break
+            time.sleep(0.3)
+        assert 'tabletopic_records_committed_total{topic="strings"} 18.0' in text
+        skipped = [line for line in text.splitlines() if line.startswith("tabletopic_records_skipped_total{")]
+        assert skipped and float(skipped[0].split()[-1]) == 2.0
+        assert "kafka_tabletopic_delay{" in text
+    finally:
+        b.stop()
+
+
+# ---- crashes -------------------------------------------------------------------------------------------
+
+
+def test_kill9_while_producing(tbroker: BrokerProcess) -> None:
+    b = tbroker
+    topic = "crashy"
+    create(b, topic, 3, enable="true", commit_interval_ms="300")
+    stop = threading.Event()
+
+    def run() -> None:
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 2,
+                      "message.timeout.ms": 3000})
+        i = 0
+        while not stop.is_set():
+            try:
+                p.produce(topic, key=f"k{i % 13}".encode(), value=f"v{i}".encode())
+                i += 1
+            except BufferError:
+                p.poll(0.01)
+            p.poll(0)
+        p.purge()
+        p.flush(1)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(2.5)  # several commit rounds happen while records flow
+    b.kill()
+    stop.set()
+    t.join(20)
+    b.start()
+    assert_table_equals_log(b, topic, 3)
+
+
+@pytest.mark.parametrize("point", ["worker-mid-flush", "coordinator-after-pre-commit",
+                                   "coordinator-after-iceberg-commit"])
+def test_crash_points(tmp_path: Path, point: str) -> None:
+    b = BrokerProcess(tmp_path / "data")
+    b.env = {"TABLETOPIC_CRASH_AT": point}
+    b.start()
+    topic = "points"
+    create(b, topic, 2, enable="true", commit_interval_ms="300")
+    produce(b, topic, 2000)
+    assert b.wait_exit(60) == 137, f"the broker should have died at {point}"
+    b.env = {}
+    b.start()
+    try:
+        produce(b, topic, 500, start=2000)
+        rows = assert_table_equals_log(b, topic, 2)
+        assert len(rows) == 2500
+        # no leftover data file of the crashed round: every tt-*.parquet is referenced by the table
+        tbl = catalog(b).load_table(f"default.{topic}")
+        referenced = {f.file.file_path for f in tbl.scan().plan_files()}
+        on_disk = {f"file://{p}" for p in (b.data_dir / "iceberg").rglob("tt-*.parquet")}
+        assert on_disk == referenced
+    finally:
+        b.stop()
