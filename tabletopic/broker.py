@@ -1,8 +1,9 @@
 """The broker: wires config, log, topics, groups and the network server, and runs their lifecycle.
 
 Start order: log recovery (off the event loop) → topic table → group coordinator (committed offsets) →
-listeners. Stop order is the reverse: stop accepting, let in-flight requests finish (bounded), stop the
-group coordinator, flush and close every log, write the clean-shutdown marker.
+catalog and table topics → metrics → listeners. Stop order is the reverse: stop accepting, let in-flight
+requests finish (bounded), stop the table topics and metrics, stop the group coordinator, flush and close every
+log, write the clean-shutdown marker.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ class Broker:
         self.topics.load()
         self.producer_ids.load()
         await self.groups.start()
-        self.bound = await self.server.start()
         catalog = await asyncio.to_thread(load_catalog, self.config)
         if catalog is not None:
             self.tables = TableTopicHost(self, catalog, self.metrics)
@@ -81,6 +81,8 @@ class Broker:
         else:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
         self.metrics_server = start_metrics_server(self.config, self.metrics)
+        # listeners last: a client that can connect finds every subsystem ready
+        self.bound = await self.server.start()
         # a listener on port 0 gets its real port now; advertise what was actually bound
         if self.advertised_port == 0 and self.bound:
             self.advertised_port = self.bound[0][1]

@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
 from pyiceberg.catalog.sql import SqlCatalog
 
 from configs.partition_spec import parse_partition_by
@@ -47,14 +54,11 @@ def create(b: BrokerProcess, topic: str, partitions: int, **configs: str) -> Non
 
 def alter(b: BrokerProcess, topic: str, **configs: str) -> None:
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    res = ConfigResource("topic", topic, set_config={f"automq.table.topic.{k.replace('_', '.')}": v
-                                                     for k, v in configs.items()})
-    # describe + full alter keeps the other overrides (AlterConfigs replaces the set)
-    current = admin.describe_configs([ConfigResource("topic", topic)])
-    entries = next(iter(current.values())).result(30)
-    keep = {k: e.value for k, e in entries.items() if e.source == 1}  # DYNAMIC_TOPIC_CONFIG
-    keep.update(res.set_config_dict)
-    admin.alter_configs([ConfigResource("topic", topic, set_config=keep)])[ConfigResource("topic", topic)].result(30)
+    ops = [ConfigEntry(f"automq.table.topic.{k.replace('_', '.')}", v, incremental_operation=AlterConfigOpType.SET)
+           for k, v in configs.items()]
+    res = ConfigResource("topic", topic, incremental_configs=ops)
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(30)
 
 
 def produce(b: BrokerProcess, topic: str, n: int, start: int = 0, **conf: Any) -> int:

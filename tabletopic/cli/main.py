@@ -29,8 +29,6 @@ def _setup_logging(level: str) -> None:
 async def _serve(config: BrokerConfig) -> int:
     from tabletopic.broker import Broker
 
-    broker = Broker(config)
-    await broker.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -39,8 +37,11 @@ async def _serve(config: BrokerConfig) -> int:
             log.info("received %s", signame)
             stop.set()
 
+    # handlers first: a signal that arrives during start-up still ends in a graceful stop
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    broker = Broker(config)
+    await broker.start()
     await stop.wait()
     await broker.stop()
     return 0
