@@ -44,7 +44,7 @@ hand-rolled sink and the producer compete with the broker for CPU, as they would
 
 Usage::
 
-    .venv/bin/python bench/e2e.py            # 1M records per part, a few minutes
+    .venv/bin/python bench/e2e.py            # 1M records per part, ~45 s on 2 cores
     .venv/bin/python bench/e2e.py --quick    # smoke test (~20 s): 50k records, 8 s freshness run at 25k rec/s
     .venv/bin/python bench/e2e.py --parts b --freshness-s 30 --json out.json
 """
@@ -55,6 +55,7 @@ import argparse
 import contextlib
 import json
 import re
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -139,6 +140,15 @@ class BenchError(RuntimeError):
     """The benchmark itself broke (as opposed to a target being missed)."""
 
 
+INTERRUPTED = threading.Event()
+
+
+def _on_sigint(_signum: int, _frame: object) -> None:
+    # Ctrl-C inside a librdkafka call surfaces as SystemError, not KeyboardInterrupt: remember it was us
+    INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -160,6 +170,7 @@ class PhaseStats:
     seconds: float = 0.0
     client_cpu_s: float = 0.0
     broker_cpu_s: float = 0.0
+    broker_main_cpu_s: float = 0.0  # the broker process alone (event loop, log, coordinator), no worker pool
     rss_max_mib: float = 0.0
     rss_tree_max_mib: float = 0.0
 
@@ -182,7 +193,7 @@ def phase(broker: brokers.Broker, name: str, out: list[PhaseStats]) -> Iterator[
     """Time a phase and sample the broker's RSS and CPU during it; the stats are appended to ``out``."""
     st = PhaseStats(name)
     log(f"== {name}")
-    t0, c0, b0 = time.perf_counter(), time.process_time(), broker_tree_cpu(broker.pid)
+    t0, c0, b0, m0 = time.perf_counter(), time.process_time(), broker_tree_cpu(broker.pid), cpu_seconds(broker.pid)
     with RssSampler(broker.pid) as rss:
         try:
             yield st
@@ -190,6 +201,7 @@ def phase(broker: brokers.Broker, name: str, out: list[PhaseStats]) -> Iterator[
             st.seconds = time.perf_counter() - t0
             st.client_cpu_s = time.process_time() - c0
             st.broker_cpu_s = broker_tree_cpu(broker.pid) - b0
+            st.broker_main_cpu_s = cpu_seconds(broker.pid) - m0
     st.rss_max_mib, st.rss_tree_max_mib = rss.max_kb / 1024, rss.max_tree_kb / 1024
     out.append(st)
     if not broker.alive():
@@ -228,8 +240,9 @@ def enable_table_topic(bootstrap: str, topic: str, interval_ms: int) -> None:
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"e2e-probe-{uuid.uuid4().hex[:8]}",
-                  "logger": CLIENT_LOGGER})
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"e2e-probe-{uuid.uuid4().hex[:8]}", "logger": CLIENT_LOGGER}
+    )
     try:
         return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
     finally:
@@ -267,7 +280,13 @@ class RecordMaker:
     def __call__(self, i: int) -> tuple[bytes, bytes]:
         key = b"user-%d" % (i % 5000)
         head = b'{"id":%d,"user":"%s","event":"%s","amount":%d.%02d,"ts":%d,"ok":true,"note":"' % (
-            i, key, self.EVENTS[i % 6], i % 997, i % 100, 1_700_000_000_000 + i)
+            i,
+            key,
+            self.EVENTS[i % 6],
+            i % 997,
+            i % 100,
+            1_700_000_000_000 + i,
+        )
         return key, head + self.pad[: max(0, self.size - len(head) - 2)] + b'"}'
 
 
@@ -348,10 +367,10 @@ def produce_records(
             if n & 255 == 0:
                 now = time.perf_counter()
                 poll(0)
-                if rate is not None:  # poll() returns early when it serves a callback: loop until due
+                if rate is not None:  # poll() returns early when it serves an event: loop until due
                     due = start + (n + 1) / rate
                     while (ahead := due - time.perf_counter()) > 0:
-                        poll(ahead)
+                        poll(max(ahead, 0.001))  # librdkafka counts whole ms: 0.0005 would spin
                 if now - last_progress >= args.progress_s:
                     last_progress = now
                     extra = f", {progress()}" if progress else ""
@@ -419,7 +438,9 @@ class CommitWatcher:
                         con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
                     row = con.execute(
                         "SELECT metadata_location FROM iceberg_tables WHERE catalog_name=? AND table_namespace=? "
-                        "AND table_name=?", (CATALOG_NAME, NAMESPACE, self.table)).fetchone()
+                        "AND table_name=?",
+                        (CATALOG_NAME, NAMESPACE, self.table),
+                    ).fetchone()
                 except sqlite3.OperationalError:  # no catalog database / tables yet
                     row = None
                     if con is not None:
@@ -466,8 +487,11 @@ class CommitWatcher:
 
 def open_catalog(data_dir: Path) -> SqlCatalog:
     root = data_dir.resolve() / "iceberg"
-    return SqlCatalog(CATALOG_NAME, uri=with_sqlite_timeout(f"sqlite:///{root / 'catalog.db'}"),
-                      warehouse=(root / "warehouse").as_uri())
+    return SqlCatalog(
+        CATALOG_NAME,
+        uri=with_sqlite_timeout(f"sqlite:///{root / 'catalog.db'}"),
+        warehouse=(root / "warehouse").as_uri(),
+    )
 
 
 @dataclass
@@ -491,8 +515,17 @@ def commit_lines(log_path: Path, topic: str, since_wall: float | None = None) ->
         wall = datetime.strptime(m["ts"], "%Y-%m-%d %H:%M:%S,%f").timestamp() if m["ts"] else None
         if since_wall is not None and wall is not None and wall < since_wall:
             continue
-        out.append(CommitLine(wall, topic, int(m["files"]), int(m["records"]), int(m["bytes"]),
-                              float(m["round_ms"]), float(m["commit_ms"])))
+        out.append(
+            CommitLine(
+                wall,
+                topic,
+                int(m["files"]),
+                int(m["records"]),
+                int(m["bytes"]),
+                float(m["round_ms"]),
+                float(m["commit_ms"]),
+            )
+        )
     return out
 
 
@@ -513,9 +546,11 @@ class CommitStats:
         return cls(len(lines), sum(c.files for c in lines), sum(c.records for c in lines), c50, c99, r50, r99)
 
     def line(self) -> str:
-        return (f"{self.commits} commits, {self.files} files, {self.records:,} records; commit_ms p50 "
-                f"{self.commit_ms_p50:.0f} p99 {self.commit_ms_p99:.0f}, round_ms p50 {self.round_ms_p50:.0f} "
-                f"p99 {self.round_ms_p99:.0f}")
+        return (
+            f"{self.commits} commits, {self.files} files, {self.records:,} records; commit_ms p50 "
+            f"{self.commit_ms_p50:.0f} p99 {self.commit_ms_p99:.0f}, round_ms p50 {self.round_ms_p50:.0f} "
+            f"p99 {self.round_ms_p99:.0f}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- (a)
@@ -536,15 +571,17 @@ def hand_rolled_sink(
     catalog.create_namespace_if_not_exists(NAMESPACE)
     t0 = time.perf_counter()
     table = catalog.create_table(f"{NAMESPACE}.{topic}_sink", schema=SINK_SCHEMA)
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"sink-{uuid.uuid4().hex[:8]}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-        "fetch.max.bytes": 52_428_800,
-        "fetch.queue.backoff.ms": 10,  # librdkafka's default (1 s) caps fetch at ~200k rec/s (bench/README.md)
-        "logger": CLIENT_LOGGER,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"sink-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 52_428_800,
+            "fetch.queue.backoff.ms": 10,  # librdkafka's default (1 s) caps fetch at ~200k rec/s (bench/README.md)
+            "logger": CLIENT_LOGGER,
+        }
+    )
     want = {p: e for p, e in ends.items() if e > 0}
     total = sum(want.values())
     position: dict[int, int] = {}  # partition -> next offset consumed
@@ -589,16 +626,14 @@ def hand_rolled_sink(
                         pa.array(keys, pa.string()),
                         pa.array(values, pa.binary()),
                         pa.StructArray.from_arrays(
-                            [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()),
-                             pa.array(stamps, pa.int64())],
+                            [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()), pa.array(stamps, pa.int64())],
                             names=["partition", "offset", "timestamp"],
                         ),
                     ],
                     schema=SINK_ARROW_SCHEMA,
                 )
                 table.append(batch)
-                consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in position.items()],
-                                asynchronous=True)
+                consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in position.items()], asynchronous=True)
                 done += len(keys)
                 appends += 1
                 headers, keys, values, parts, offsets, stamps = [], [], [], [], [], []
@@ -613,8 +648,7 @@ def hand_rolled_sink(
                 raise BenchError(f"hand-rolled sink: nothing consumed for {args.stall_s:.0f} s at {done:,}/{total:,}")
             if now - last_progress >= args.progress_s:
                 last_progress = now
-                log(f"  hand-rolled sink: {done:,}/{total:,} rows committed, {appends} appends, "
-                    f"{len(keys):,} buffered")
+                log(f"  hand-rolled sink: {done:,}/{total:,} rows committed, {appends} appends, {len(keys):,} buffered")
         seconds = time.perf_counter() - t0
     finally:
         consumer.close()
@@ -647,25 +681,32 @@ def part_a(broker: brokers.Broker, data_dir: Path, args: argparse.Namespace, pha
     res = PartA()
     create_topic(broker.bootstrap, topic, args.partitions)
     with phase(broker, f"(a) fill {topic}: {args.records:,} records", phases):
-        res.produce = produce_records(broker.bootstrap, topic, args.records, RecordMaker(args.value_size), args,
-                                      label="fill")
+        res.produce = produce_records(
+            broker.bootstrap, topic, args.records, RecordMaker(args.value_size), args, label="fill"
+        )
     ends = end_offsets(broker.bootstrap, topic, args.partitions)
     res.records, res.bytes = sum(ends.values()), res.produce.bytes
     if res.records != res.produce.records:
         raise BenchError(f"fill: {res.produce.records:,} acked but the end offsets sum to {res.records:,}")
-    log(f"  fill: {res.records:,} records, {res.bytes / MB:.1f} MB in {res.produce.seconds:.2f} s "
-        f"({res.produce.rec_s:,.0f} rec/s, {res.produce.mb_s:.1f} MB/s); end offsets {ends}")
+    log(
+        f"  fill: {res.records:,} records, {res.bytes / MB:.1f} MB in {res.produce.seconds:.2f} s "
+        f"({res.produce.rec_s:,.0f} rec/s, {res.produce.mb_s:.1f} MB/s); end offsets {ends}"
+    )
 
     with phase(broker, "(a) hand-rolled sink: consumer -> Arrow -> pyiceberg append", phases):
         res.sink = hand_rolled_sink(broker.bootstrap, data_dir, topic, ends, args)
     s = res.sink
-    log(f"  hand-rolled sink: {s.records:,} rows in {s.seconds:.2f} s = {res.sink_mb_s:.1f} MB/s, {s.appends} "
-        f"appends taking {s.append_s:.2f} s; table holds {s.table_rows:,} rows")
+    log(
+        f"  hand-rolled sink: {s.records:,} rows in {s.seconds:.2f} s = {res.sink_mb_s:.1f} MB/s, {s.appends} "
+        f"appends taking {s.append_s:.2f} s; table holds {s.table_rows:,} rows"
+    )
     if s.table_rows != res.records:
         raise BenchError(f"hand-rolled sink table holds {s.table_rows:,} rows, expected {res.records:,}")
 
-    with phase(broker, "(a) tabletopic backfill: enable the table topic", phases), \
-            CommitWatcher(data_dir, topic) as watcher:
+    with (
+        phase(broker, "(a) tabletopic backfill: enable the table topic", phases),
+        CommitWatcher(data_dir, topic) as watcher,
+    ):
         t0, t0_wall = time.perf_counter(), time.time()
         enable_table_topic(broker.bootstrap, topic, args.interval_ms)
         done = watcher.wait_for(ends, args.commit_timeout_s, args, "backfill")
@@ -674,8 +715,10 @@ def part_a(broker: brokers.Broker, data_dir: Path, args: argparse.Namespace, pha
     res.backfill_commits = CommitStats.of(lines)
     if lines and lines[0].wall is not None:
         res.backfill_wait_s = lines[0].wall - lines[0].round_ms / 1000 - t0_wall
-    log(f"  backfill: {res.records:,} rows in {res.backfill_s:.2f} s = {res.backfill_mb_s:.1f} MB/s; "
-        f"{res.backfill_commits.line()}")
+    log(
+        f"  backfill: {res.records:,} rows in {res.backfill_s:.2f} s = {res.backfill_mb_s:.1f} MB/s; "
+        f"{res.backfill_commits.line()}"
+    )
     return res
 
 
@@ -716,11 +759,19 @@ def part_b(broker: brokers.Broker, data_dir: Path, args: argparse.Namespace, pha
 
     topic = "stream"
     create_topic(broker.bootstrap, topic, args.partitions, conf)
-    with phase(broker, f"(b) streaming: {args.records:,} records into table topic {topic}", phases), \
-            CommitWatcher(data_dir, topic) as watcher:
+    with (
+        phase(broker, f"(b) streaming: {args.records:,} records into table topic {topic}", phases),
+        CommitWatcher(data_dir, topic) as watcher,
+    ):
         res.produce = pr = produce_records(
-            broker.bootstrap, topic, args.records, make, args, label="stream",
-            progress=lambda: f"{watcher.committed():,} rows committed")
+            broker.bootstrap,
+            topic,
+            args.records,
+            make,
+            args,
+            label="stream",
+            progress=lambda: f"{watcher.committed():,} rows committed",
+        )
         log(f"  stream: produced {pr.records:,} in {pr.seconds:.2f} s ({pr.rec_s:,.0f} rec/s, {pr.mb_s:.1f} MB/s)")
         ends = end_offsets(broker.bootstrap, topic, args.partitions)
         done = watcher.wait_for(ends, args.commit_timeout_s, args, "stream")
@@ -732,20 +783,33 @@ def part_b(broker: brokers.Broker, data_dir: Path, args: argparse.Namespace, pha
     res.rate = args.freshness_rate or pr.rec_s / 2
     count = max(1, int(res.rate * args.freshness_s))
     create_topic(broker.bootstrap, topic, args.partitions, conf)
-    with phase(broker, f"(b) freshness: {res.rate:,.0f} rec/s for {args.freshness_s:.0f} s into {topic}", phases), \
-            CommitWatcher(data_dir, topic) as watcher:
+    with (
+        phase(broker, f"(b) freshness: {res.rate:,.0f} rec/s for {args.freshness_s:.0f} s into {topic}", phases),
+        CommitWatcher(data_dir, topic) as watcher,
+    ):
         # warm-up: the first round creates the table; measure the steady state after it
         produce_records(broker.bootstrap, topic, 1000, make, args, label="warm-up")
         warm = end_offsets(broker.bootstrap, topic, args.partitions)
         watcher.wait_for(warm, args.commit_timeout_s, args, "warm-up")
         track = DeliveryTrack(args.partitions)
         res.fresh_produce = fp = produce_records(
-            broker.bootstrap, topic, count, make, args, label="freshness", first_id=1000, rate=res.rate,
-            track=track, track_every=args.freshness_sample, progress=lambda: f"{watcher.committed():,} rows committed")
+            broker.bootstrap,
+            topic,
+            count,
+            make,
+            args,
+            label="freshness",
+            first_id=1000,
+            rate=res.rate,
+            track=track,
+            track_every=args.freshness_sample,
+            progress=lambda: f"{watcher.committed():,} rows committed",
+        )
         ends = end_offsets(broker.bootstrap, topic, args.partitions)
         if sum(ends.values()) - sum(warm.values()) != count:
-            raise BenchError(f"freshness: {count:,} produced but the end offsets grew by "
-                             f"{sum(ends.values()) - sum(warm.values()):,}")
+            raise BenchError(
+                f"freshness: {count:,} produced but the end offsets grew by {sum(ends.values()) - sum(warm.values()):,}"
+            )
         watcher.wait_for(ends, args.commit_timeout_s, args, "freshness")
         commits = list(watcher.commits)
     fresh = freshness(track, commits)
@@ -755,8 +819,10 @@ def part_b(broker: brokers.Broker, data_dir: Path, args: argparse.Namespace, pha
         raise BenchError(f"freshness: {tracked:,} records tracked but {res.fresh_records:,} mapped to commits")
     res.fresh_p50_s, res.fresh_p99_s, res.fresh_max_s = quantiles(fresh, (0.5, 0.99, 1.0))
     res.fresh_commits = CommitStats.of(commit_lines(broker.log_path, topic, since_wall=fp.start_wall))
-    log(f"  freshness: {fp.records:,} records at {fp.rec_s:,.0f} rec/s: p50 {res.fresh_p50_s:.3f} s, p99 "
-        f"{res.fresh_p99_s:.3f} s, max {res.fresh_max_s:.3f} s; {res.fresh_commits.line()}")
+    log(
+        f"  freshness: {fp.records:,} records at {fp.rec_s:,.0f} rec/s: p50 {res.fresh_p50_s:.3f} s, p99 "
+        f"{res.fresh_p99_s:.3f} s, max {res.fresh_max_s:.3f} s; {res.fresh_commits.line()}"
+    )
     return res
 
 
@@ -790,57 +856,86 @@ def broker_log_problems(log_path: Path) -> tuple[int, int, list[str]]:
     return warnings, errors, firsts
 
 
-def print_report(a: PartA | None, b: PartB | None, phases: list[PhaseStats], args: argparse.Namespace,
-                 metrics: list[str], log_path: Path, kept: bool) -> None:
+def print_report(
+    a: PartA | None,
+    b: PartB | None,
+    phases: list[PhaseStats],
+    args: argparse.Namespace,
+    metrics: list[str],
+    log_path: Path,
+    kept: bool,
+) -> None:
     interval_s = args.interval_ms / 1000
-    print(f"\n==== tabletopic end to end: {args.partitions} partitions, ~{args.value_size} B JSON values, "
-          f"commit interval {args.interval_ms} ms; MB = 10^6 bytes of key + value")
+    print(
+        f"\n==== tabletopic end to end: {args.partitions} partitions, ~{args.value_size} B JSON values, "
+        f"commit interval {args.interval_ms} ms; MB = 10^6 bytes of key + value"
+    )
     if a is not None and a.sink is not None:
         ratio = a.backfill_mb_s / a.sink_mb_s if a.sink_mb_s else 0.0
         print(f"\n(a) catch-up of {a.records:,} records ({a.bytes / MB:.1f} MB key + value)")
-        print(f"  {'hand-rolled sink':<22}{a.sink.seconds:8.2f} s {a.sink_mb_s:8.1f} MB/s "
-              f"{a.records / a.sink.seconds:10,.0f} rec/s   ({a.sink.appends} pyiceberg appends every "
-              f"{args.sink_interval_s:g} s or {args.sink_max_records:,} records, {a.sink.append_s:.1f} s in them)")
-        print(f"  {'tabletopic backfill':<22}{a.backfill_s:8.2f} s {a.backfill_mb_s:8.1f} MB/s "
-              f"{a.records / a.backfill_s:10,.0f} rec/s   (enable -> tabletopic.offsets = end offsets)")
+        print(
+            f"  {'hand-rolled sink':<22}{a.sink.seconds:8.2f} s {a.sink_mb_s:8.1f} MB/s "
+            f"{a.records / a.sink.seconds:10,.0f} rec/s   ({a.sink.appends} pyiceberg appends every "
+            f"{args.sink_interval_s:g} s or {args.sink_max_records:,} records, {a.sink.append_s:.1f} s in them)"
+        )
+        print(
+            f"  {'tabletopic backfill':<22}{a.backfill_s:8.2f} s {a.backfill_mb_s:8.1f} MB/s "
+            f"{a.records / a.backfill_s:10,.0f} rec/s   (enable -> tabletopic.offsets = end offsets)"
+        )
         print(f"  ratio tabletopic / hand-rolled: {ratio:.2f}x   target >= 3x {mark(ratio >= 3)}")
         rounds_s = a.backfill_s - (a.backfill_wait_s or 0.0)
         if a.backfill_wait_s is not None and rounds_s > 0 and a.sink_mb_s:
             rounds_mb_s = a.bytes / MB / rounds_s
-            print(f"  (backfill = {a.backfill_wait_s:.2f} s until the first round starts (one commit interval) + "
-                  f"{rounds_s:.2f} s of rounds; the rounds alone: {rounds_mb_s:.1f} MB/s, "
-                  f"{rounds_mb_s / a.sink_mb_s:.2f}x; informational)")
+            print(
+                f"  (backfill = {a.backfill_wait_s:.2f} s until the first round starts (one commit interval) + "
+                f"{rounds_s:.2f} s of rounds; the rounds alone: {rounds_mb_s:.1f} MB/s, "
+                f"{rounds_mb_s / a.sink_mb_s:.2f}x; informational)"
+            )
         if a.backfill_commits:
             print(f"  backfill commits: {a.backfill_commits.line()}")
     if b is not None and b.produce is not None:
         pr = b.produce
         print(f"\n(b) streaming {pr.records:,} records ({pr.bytes / MB:.1f} MB) into a new table topic")
         print(f"  {'produce alone':<32}{pr.seconds:8.2f} s  ({pr.rec_s:,.0f} rec/s, {pr.mb_s:.1f} MB/s)")
-        print(f"  {'first produce -> all committed':<32}{b.to_committed_s:8.2f} s  "
-              f"(+{b.to_committed_s - pr.seconds:.2f} s after the last ack)")
+        print(
+            f"  {'first produce -> all committed':<32}{b.to_committed_s:8.2f} s  "
+            f"(+{b.to_committed_s - pr.seconds:.2f} s after the last ack)"
+        )
         if b.stream_commits:
             print(f"  max-rate commits: {b.stream_commits.line()}")
         if b.fresh_produce is not None and b.fresh_commits is not None:
             fp, fc = b.fresh_produce, b.fresh_commits
             target = interval_s + 1
             asked = "--freshness-rate" if args.freshness_rate else "half of the max rate above"
-            print(f"  freshness at {fp.rec_s:,.0f} rec/s ({b.rate:,.0f} asked: {asked}) for {fp.seconds:.0f} s, "
-                  f"{fp.records:,} records, {b.fresh_records:,} of them tracked:")
-            print(f"    visible - produced  p50 {b.fresh_p50_s:6.3f} s   p99 {b.fresh_p99_s:6.3f} s   max "
-                  f"{b.fresh_max_s:6.3f} s   target p99 <= {target:.1f} s {mark(b.fresh_p99_s <= target)}")
-            print(f"    coordinator ({fc.commits} commits)  commit_ms p50 {fc.commit_ms_p50:4.0f}  p99 "
-                  f"{fc.commit_ms_p99:4.0f}   round_ms p50 {fc.round_ms_p50:4.0f}  p99 {fc.round_ms_p99:4.0f}   "
-                  f"target commit p50 <= 100 ms {mark(fc.commit_ms_p50 <= 100)}")
-    print("\nper phase                                        seconds  client CPU s  broker CPU s  broker RSS max "
-          "MiB (main / tree)")
+            print(
+                f"  freshness at {fp.rec_s:,.0f} rec/s ({b.rate:,.0f} asked: {asked}) for {fp.seconds:.0f} s, "
+                f"{fp.records:,} records, {b.fresh_records:,} of them tracked:"
+            )
+            print(
+                f"    visible - produced  p50 {b.fresh_p50_s:6.3f} s   p99 {b.fresh_p99_s:6.3f} s   max "
+                f"{b.fresh_max_s:6.3f} s   target p99 <= {target:.1f} s {mark(b.fresh_p99_s <= target)}"
+            )
+            print(
+                f"    coordinator ({fc.commits} commits)  commit_ms p50 {fc.commit_ms_p50:4.0f}  p99 "
+                f"{fc.commit_ms_p99:4.0f}   round_ms p50 {fc.round_ms_p50:4.0f}  p99 {fc.round_ms_p99:4.0f}   "
+                f"target commit p50 <= 100 ms {mark(fc.commit_ms_p50 <= 100)}"
+            )
+    print(
+        "\nper phase                                        seconds  client CPU s  broker CPU s (main)  broker "
+        "RSS max MiB (main / tree)"
+    )
     for st in phases:
-        print(f"  {st.name[:46]:<46}{st.seconds:9.2f}{st.client_cpu_s:14.2f}{st.broker_cpu_s:14.2f}"
-              f"{st.rss_max_mib:10.0f} / {st.rss_tree_max_mib:.0f}")
+        print(
+            f"  {st.name[:46]:<46}{st.seconds:9.2f}{st.client_cpu_s:14.2f}{st.broker_cpu_s:14.2f} "
+            f"({st.broker_main_cpu_s:5.2f}){st.rss_max_mib:10.0f} / {st.rss_tree_max_mib:.0f}"
+        )
     for part in ("(a)", "(b)"):
         sel = [st for st in phases if st.name.startswith(part)]
         if sel:
-            print(f"  broker RSS max during {part}: {max(s.rss_max_mib for s in sel):.0f} MiB main process, "
-                  f"{max(s.rss_tree_max_mib for s in sel):.0f} MiB with its children (worker pool)")
+            print(
+                f"  broker RSS max during {part}: {max(s.rss_max_mib for s in sel):.0f} MiB main process, "
+                f"{max(s.rss_tree_max_mib for s in sel):.0f} MiB with its children (worker pool)"
+            )
     print("\nbroker metrics at the end:")
     for ln in metrics:
         print(f"  {ln}")
@@ -849,8 +944,11 @@ def print_report(a: PartA | None, b: PartB | None, phases: list[PhaseStats], arg
     print(f"\nbroker log {where}: {warnings} WARNING, {errors} ERROR/Traceback lines")
     for ln in firsts:
         print(f"  {ln}")
-    print("\nFreshness: poll-based (50 ms), so values are late by up to a poll. CPU: client = this process "
-          "(producer,\nhand-rolled sink, pollers); broker = its process tree. Targets are informational.")
+    print(
+        "\nFreshness: poll-based (50 ms), so values are late by up to a poll. CPU: client = this process "
+        "(producer,\nhand-rolled sink, pollers); broker = its process tree (main: the broker process alone, "
+        "without\nthe worker pool). Targets are informational."
+    )
 
 
 def main() -> int:
@@ -863,8 +961,13 @@ def main() -> int:
     ap.add_argument("--sink-max-records", type=int, default=500_000, help="... or every this many records")
     ap.add_argument("--freshness-s", type=float, default=25.0, help="length of the freshness run")
     ap.add_argument("--freshness-rate", type=float, help="records/s of the freshness run (default: half the max)")
-    ap.add_argument("--freshness-sample", type=int, default=1, metavar="N",
-                    help="track every N-th record's delivery (1: all; >1 spares the client CPU on a small box)")
+    ap.add_argument(
+        "--freshness-sample",
+        type=int,
+        default=1,
+        metavar="N",
+        help="track every N-th record's delivery (1: all; >1 spares the client CPU on a small box)",
+    )
     ap.add_argument("--parts", default="a,b", help="which parts to run: a, b or a,b")
     ap.add_argument("--quick", action="store_true", help="smoke test: 50k records, 8 s freshness run at 25k rec/s")
     ap.add_argument("--workdir", type=Path, help="broker data + log here (kept); default: a temporary directory")
@@ -882,6 +985,7 @@ def main() -> int:
     if not parts or parts - {"a", "b"}:
         ap.error("--parts takes a, b or a,b")
 
+    signal.signal(signal.SIGINT, _on_sigint)
     t0 = time.monotonic()
     phases: list[PhaseStats] = []
     a: PartA | None = None
@@ -907,6 +1011,9 @@ def main() -> int:
             log("interrupted")
             return 130
         except Exception as e:
+            if INTERRUPTED.is_set():
+                log("interrupted")
+                return 130
             log(f"benchmark failed: {type(e).__name__}: {e}")
             traceback.print_exc()
             log(f"broker log tail:\n{broker.log_tail()}")
@@ -917,9 +1024,12 @@ def main() -> int:
         print_report(a, b, phases, args, metrics, broker.log_path, kept=args.workdir is not None)
         print(f"\ntotal bench time {time.monotonic() - t0:.0f} s")
         if args.json:
-            out = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                   "a": asdict(a) if a else None, "b": asdict(b) if b else None,
-                   "phases": [asdict(st) for st in phases]}
+            out = {
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "a": asdict(a) if a else None,
+                "b": asdict(b) if b else None,
+                "phases": [asdict(st) for st in phases],
+            }
             args.json.write_text(json.dumps(out, indent=2, default=str))
     return 0
 

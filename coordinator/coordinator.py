@@ -162,6 +162,7 @@ class TableTopicCoordinator:
         self._quick_next = False
         self._failures = 0
         self._last_round_end = 0.0
+        self._last_round_start = 0.0
         self._next_due = 0.0
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
@@ -193,7 +194,11 @@ class TableTopicCoordinator:
             await self._initialize()
         except Exception:
             log.exception("table topic %s: coordinator start-up failed; retrying every interval", self.topic)
-        self._last_round_end = asyncio.get_running_loop().time()
+        # the first round starts at once: a topic just enabled (backfill) or a broker just restarted has data
+        # waiting, and the workers only learn where to start from a request
+        now = asyncio.get_running_loop().time()
+        self._last_round_end = now
+        self._last_round_start = now - self._interval_s()
         self._schedule(quick=False)
         self._task = asyncio.create_task(self._run(), name=f"tabletopic-coordinator-{self.topic}")
 
@@ -248,9 +253,15 @@ class TableTopicCoordinator:
         return max(1, self._config_provider().commit_interval_ms) / 1000.0
 
     def _schedule(self, *, quick: bool, backoff_s: float | None = None) -> None:
+        """Set when the next round is due: rounds start one interval after the previous one STARTED (so commits
+        land every interval, not every interval + round time); quick rounds and back-offs count from its end."""
         self._quick_next = quick
-        delay = backoff_s if backoff_s is not None else 0.0 if quick else self._interval_s()
-        self._next_due = self._last_round_end + delay
+        if backoff_s is not None:
+            self._next_due = self._last_round_end + backoff_s
+        elif quick:
+            self._next_due = self._last_round_end
+        else:
+            self._next_due = self._last_round_start + self._interval_s()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -266,6 +277,7 @@ class TableTopicCoordinator:
                 break
             waiters, self._waiters = self._waiters, []
             self._triggered = False
+            self._last_round_start = loop.time()
             report = await self._safe_round()
             self._last_round_end = loop.time()
             if self._on_round is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordin
 from tabletopic.metrics import TableTopicMetrics
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
+from worker.pool import new_pool
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
@@ -123,9 +123,7 @@ class TableTopicHost:
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
-            # forkserver: children do not inherit the broker's event loop, sockets or threads
-            ctx = multiprocessing.get_context("forkserver")
-            self._executor = ProcessPoolExecutor(max_workers=self._pool_size, mp_context=ctx)
+            self._executor = new_pool(self._pool_size)
         return self._executor
 
     async def _start_topic(self, info: TopicInfo) -> None:

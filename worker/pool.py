@@ -1,0 +1,57 @@
+"""The process pool that runs decoding and Parquet encoding, and the hygiene its processes need.
+
+Pool processes must not outlive the broker: after a kill -9 nobody shuts the pool down, and a
+ProcessPoolExecutor child blocked on its call queue never sees EOF (it holds the queue's write end itself). So
+each child runs a watchdog thread that exits the process once the broker's pid is gone. Children also ignore
+SIGINT: a terminal Ctrl-C reaches the whole process group, and the broker itself stops the pool gracefully.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+WATCHDOG_INTERVAL_S = 0.5
+
+
+def _broker_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the pid was reused by another user's process: ours is gone
+        return False
+    return True
+
+
+def _watch(broker_pid: int) -> None:
+    while True:
+        time.sleep(WATCHDOG_INTERVAL_S)
+        if not _broker_alive(broker_pid):
+            os._exit(0)
+
+
+def _initialize(broker_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch, args=(broker_pid,), name="broker-watchdog", daemon=True).start()
+
+
+def _warm() -> int:
+    """Import the heavy modules once per process, so the first commit round does not pay for it."""
+    import worker.task  # noqa: F401
+
+    return os.getpid()
+
+
+def new_pool(size: int) -> ProcessPoolExecutor:
+    """A pool of ``size`` processes (forkserver: children inherit no event loop, sockets or threads), warmed up."""
+    ctx = multiprocessing.get_context("forkserver")
+    pool = ProcessPoolExecutor(max_workers=size, mp_context=ctx, initializer=_initialize,
+                               initargs=(os.getpid(),))
+    for _ in range(size):
+        pool.submit(_warm)
+    return pool
