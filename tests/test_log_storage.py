@@ -370,3 +370,26 @@ def test_segment_offsets_stay_contiguous_with_big_batches(tmp_path: Path) -> Non
     assert log.log_end_offset == 12
     assert [h.base_offset for h in read_everything(log, max_bytes=1)] == [b for b, _ in spans]
     log.close()
+
+
+def test_read_ranges_match_read(tmp_path: Path) -> None:
+    """File ranges for out-of-process readers: the same bytes as read(), and the offset after them."""
+    log = open_log(tmp_path, segment_bytes=3000, index_interval_bytes=300)
+    for i in range(80):
+        add(log, make_batch(1 + i % 4, value_size=30 + (i * 53) % 150, tag=i))
+    hw = log.high_watermark
+    for start in (0, 7, 55, hw - 1):
+        for max_bytes in (1, 500, 4000, 1 << 20):
+            for max_offset in (None, hw - 3):
+                ranges, nxt = log.read_ranges(start, max_bytes, max_offset=max_offset)
+                data = log.read(start, max_bytes, max_offset=max_offset).data
+                pieces = []
+                for path, pos, n in ranges:
+                    with open(path, "rb") as f:
+                        f.seek(pos)
+                        pieces.append(f.read(n))
+                assert b"".join(pieces) == data
+                hs = batches(data)
+                assert nxt == (hs[-1].next_offset if hs else start)
+    assert log.read_ranges(hw, 1000) == ([], hw)
+    log.close()

@@ -45,7 +45,6 @@ from coordinator.messages import CommitCode, CommitRequest, CommitResponse, Part
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
 from tabletopic.log.log import PartitionLog
-from tabletopic.protocol.records import HEADER_SIZE, LOG_OVERHEAD, parse_header
 from worker.task import TaskResult, convert_and_write, delete_uncommitted
 from worker.writer import WriteTarget
 
@@ -54,20 +53,6 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 REQUEST_TIMEOUT_MS = 30_000  # AutoMQ drops commit requests older than the coordinator's round time-out
 MAX_RESPONSE_BYTES = 1024 * MiB
-
-
-def batches_end(data: bytes) -> int:
-    """The next offset after the last whole batch in ``data`` (-1 if none). Walks the length fields only."""
-    pos, last, n = 0, -1, len(data)
-    while n - pos >= HEADER_SIZE:
-        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True) + LOG_OVERHEAD
-        if size < HEADER_SIZE or pos + size > n:
-            break
-        last = pos
-        pos += size
-    if last < 0:
-        return -1
-    return parse_header(data, last).next_offset
 
 
 def _target_key(t: WriteTarget) -> tuple[str, int, int]:
@@ -368,22 +353,22 @@ class PartitionWorker:
                         "written to the table: continuing at the log start offset %d", self.name, start, lso - 1,
                         lso)
             start = self._written_to = lso
-        parts: list[bytes] = []
+        # plan file ranges here; the pool process preads them itself, so the bytes never cross a pipe
+        parts: list[tuple[str, int, int]] = []
         size = 0
         offset = start
         while size < max_bytes and offset < limit:
             try:
-                data = self.plog.read(offset, min(self.read_chunk_bytes, max_bytes - size), max_offset=limit).data
+                ranges, end = self.plog.read_ranges(offset, min(self.read_chunk_bytes, max_bytes - size),
+                                                    max_offset=limit)
             except KafkaApiError as e:
                 log.warning("%s: cannot read offset %d: %s", self.name, offset, e)
                 break
-            end = batches_end(data)
-            if end < 0:
+            if not ranges or end <= offset:
                 break
-            parts.append(data)
-            size += len(data)
+            parts.extend(ranges)
+            size += sum(n for _, _, n in ranges)
             offset = end
-            await asyncio.sleep(0)  # reads are page-cache copies; let the loop breathe between them
         if not parts:
             return False
         if offset > start:

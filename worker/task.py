@@ -8,6 +8,7 @@ context (the broker's event loop and flusher threads must not be forked).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,35 @@ class TaskResult:
         return self.stats.next_offset
 
 
+FileRange = tuple[str, int, int]  # (segment file path, position, length): whole batches, below the HW
+
+
+def read_ranges(ranges: list[FileRange]) -> bytes:
+    """``pread`` the given log ranges (in the pool process: the bytes never cross a pipe)."""
+    pieces: list[bytes] = []
+    for path, position, length in ranges:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunk = os.pread(fd, length, position)
+        finally:
+            os.close(fd)
+        if len(chunk) != length:
+            raise OSError(f"{path}: read {len(chunk)} of {length} bytes at {position}")
+        pieces.append(chunk)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _materialize(data: bytes | list[bytes] | list[FileRange]) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if data and isinstance(data[0], tuple):  # log file ranges: read them here, off the event loop
+        return read_ranges([r for r in data if isinstance(r, tuple)])
+    pieces = [p for p in data if isinstance(p, bytes)]  # consecutive reads: joined here
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 def convert_and_write(
-    data: bytes | list[bytes],
+    data: bytes | list[bytes] | list[FileRange],
     *,
     partition: int,
     start_offset: int,
@@ -49,10 +77,8 @@ def convert_and_write(
     exceptions propagate.
     """
     t0 = time.perf_counter()
-    if isinstance(data, list):  # pieces of consecutive reads: joined here, off the event loop
-        data = data[0] if len(data) == 1 else b"".join(data)
-    converted = convert_records(data, partition=partition, start_offset=start_offset, schema=target.schema,
-                                tolerance=tolerance, dlq_dir=dlq_dir)
+    converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset,
+                                schema=target.schema, tolerance=tolerance, dlq_dir=dlq_dir)
     t1 = time.perf_counter()
     files = write_data_files(converted.table, target, partition=partition, start_offset=start_offset)
     t2 = time.perf_counter()

@@ -57,7 +57,13 @@ from tabletopic.log.segment import (
     file_name,
     write_file_atomic,
 )
-from tabletopic.protocol.records import BatchHeader, assign_offsets, set_log_append_time
+from tabletopic.protocol.records import (
+    HEADER_SIZE,
+    BatchHeader,
+    assign_offsets,
+    parse_header,
+    set_log_append_time,
+)
 
 log = logging.getLogger(__name__)
 
@@ -763,6 +769,33 @@ class PartitionLog:
         or past the log end raises OFFSET_OUT_OF_RANGE; between the high watermark and the log end (only
         reachable from acknowledgements the client should not have had) the result is empty, as in Kafka.
         """
+        hw, lso = self.high_watermark, self.log_start_offset
+        plan = self._plan_read(fetch_offset, max_bytes, max_offset, min_one_batch)
+        chunks = [seg.read(start, size) for seg, start, size in plan]
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return ReadResult(data, hw, lso)
+
+    def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
+                    ) -> tuple[list[tuple[str, int, int]], int]:
+        """Like :meth:`read`, but the file ranges ``(segment path, position, length)`` instead of the bytes, and
+        the offset that follows the last batch (``fetch_offset`` when there is nothing to read).
+
+        For readers in other processes (table-topic workers): they ``pread`` the ranges themselves, so the data
+        crosses no pipe. Data below the high watermark is immutable; a range may only vanish with its whole
+        segment (retention, DeleteRecords), which the reader sees as a missing file.
+        """
+        plan = self._plan_read(fetch_offset, max_bytes, max_offset, True)
+        if not plan:
+            return [], fetch_offset
+        seg, start, size = plan[-1]
+        end = start + size
+        # every range ends on a batch boundary: the next batch's header (or the segment's end) gives its offset
+        next_offset = seg.next_offset if end >= seg.size else parse_header(seg.read(end, HEADER_SIZE)).base_offset
+        return [(str(s.log_path), p, n) for s, p, n in plan], next_offset
+
+    def _plan_read(self, fetch_offset: int, max_bytes: int, max_offset: int | None, min_one_batch: bool
+                   ) -> list[tuple[LogSegment, int, int]]:
+        """The (segment, position, length) pieces :meth:`read` returns, by the rules in its docstring."""
         if self._closed:
             raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} is closed")
         hw = self.high_watermark
@@ -774,9 +807,9 @@ class PartitionLog:
             )
         limit_offset = hw if max_offset is None else min(max_offset, hw)
         if fetch_offset >= limit_offset:
-            return ReadResult(b"", hw, lso)
+            return []
         i = max(0, bisect.bisect_right(self._bases, fetch_offset) - 1)
-        chunks: list[bytes] = []
+        plan: list[tuple[LogSegment, int, int]] = []
         budget = max_bytes
         offset = fetch_offset
         first = min_one_batch
@@ -794,7 +827,7 @@ class PartitionLog:
             end = seg.position_of(limit_offset, seg_limit) if limit_offset < seg.next_offset else seg_limit
             avail = end - start
             if avail <= budget:
-                chunks.append(seg.read(start, avail))
+                plan.append((seg, start, avail))
                 budget -= avail
                 first = False
                 if end < seg_limit or budget <= 0:
@@ -804,13 +837,12 @@ class PartitionLog:
                 continue
             if budget < h.size:
                 if first:
-                    chunks.append(seg.read(start, h.size))
+                    plan.append((seg, start, h.size))
                 break
             cut = seg.last_batch_end_within(start, start + budget)
-            chunks.append(seg.read(start, cut - start))
+            plan.append((seg, start, cut - start))
             break
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return ReadResult(data, hw, lso)
+        return plan
 
     def _readable_limit(self, seg: LogSegment, hw: int) -> int:
         """File position up to which ``seg`` holds data below the high watermark."""
