@@ -23,7 +23,7 @@ from pyiceberg.table import Table
 from configs.model import BrokerConfig
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import TableTopicConfig
-from tabletopic.catalog import CatalogUnavailableError, load_catalog, sql_catalog_properties, with_sqlite_timeout
+from tabletopic.catalog import load_catalog, sql_catalog_properties, with_sqlite_timeout
 from tabletopic.cli.sql import format_table, format_value, split_statements
 from tabletopic.errors import InvalidConfigError
 from tabletopic.readers import duckdb_connect, duckdb_scan, metadata_path, pyiceberg_rows
@@ -157,19 +157,6 @@ def test_sqlite_timeout_kept_or_added() -> None:
     assert with_sqlite_timeout("sqlite:////x/c.db") == "sqlite:////x/c.db?timeout=30"
     assert with_sqlite_timeout("sqlite:////x/c.db?timeout=5") == "sqlite:////x/c.db?timeout=5"
     assert with_sqlite_timeout("postgresql+psycopg2://u:p@h/db") == "postgresql+psycopg2://u:p@h/db"
-
-
-def test_postgresql_catalog_without_driver_is_a_clear_error() -> None:
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("psycopg2 is installed: the error path cannot be reached")
-    config = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "sql",
-                                           "automq.table.topic.catalog.uri": "postgresql+psycopg2://u:p@h/db"})
-    with pytest.raises(CatalogUnavailableError, match="psycopg2"):
-        load_catalog(config)
 
 
 def test_rest_catalog_is_passed_to_pyiceberg() -> None:

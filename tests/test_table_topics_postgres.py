@@ -1,0 +1,68 @@
+"""Table topics on a PostgreSQL catalog (``automq.table.topic.catalog.type=sql`` with a postgresql:// URI): a real
+local PostgreSQL server, the broker committing through pyiceberg, Spark reading through Iceberg's JdbcCatalog."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from configs.model import BrokerConfig, load_properties
+from tests.helpers.postgres import PostgresServer
+from tests.helpers.procs import BrokerProcess
+from tests.test_table_topics import create, end_offsets, log_rows, normalize_log, produce
+
+CATALOG_URI = "automq.table.topic.catalog.uri"
+
+
+@pytest.fixture
+def pg() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None:
+    b = BrokerProcess(tmp_path / "data", overrides={CATALOG_URI: pg.url})
+    b.start()
+    try:
+        topic = "pgorders"
+        create(b, topic, 2, enable="true", commit_interval_ms="400")
+        produce(b, topic, 1500)
+        ends = end_offsets(b, topic, 2)
+        catalog = SqlCatalog("tabletopic", uri=pg.url, warehouse=b.warehouse)
+        import time
+
+        deadline = time.monotonic() + 60
+        rows: list[tuple[object, ...]] = []
+        while time.monotonic() < deadline:
+            if catalog.table_exists(f"default.{topic}"):
+                tbl = catalog.load_table(f"default.{topic}")
+                if tbl.properties.get("tabletopic.offsets") == '{"0":%d,"1":%d}' % (ends[0], ends[1]):
+                    break
+            time.sleep(0.2)
+        tbl = catalog.load_table(f"default.{topic}")
+        for r in tbl.scan().to_arrow().to_pylist():
+            md = r["_kafka_metadata"]
+            rows.append((md["partition"], md["offset"], r["_kafka_key"], r["_kafka_value"],
+                         tuple(sorted(r["_kafka_header"] or [])), md["timestamp"]))
+        assert sorted(rows) == normalize_log(log_rows(b, topic, 2))
+        # the embedded SQLite catalog was not used at all
+        assert not (b.data_dir / "iceberg" / "catalog.db").exists()
+
+        from tabletopic.spark import spark_session, stop_session
+
+        props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
+        props.update({"log.dirs": str(b.data_dir), CATALOG_URI: pg.url})
+        spark = spark_session(BrokerConfig.from_properties(props))
+        try:
+            n = spark.sql(f"SELECT count(DISTINCT _kafka_metadata.partition, _kafka_metadata.offset) "
+                          f"FROM default.{topic}").collect()[0][0]
+        finally:
+            stop_session(spark)
+        assert n == 1500
+    finally:
+        b.stop()
