@@ -4,6 +4,7 @@ local PostgreSQL server, the broker committing through pyiceberg, Spark reading 
 from __future__ import annotations
 
 from collections.abc import Iterator
+import time
 from pathlib import Path
 
 import pytest
@@ -34,14 +35,12 @@ def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None
         produce(b, topic, 1500)
         ends = end_offsets(b, topic, 2)
         catalog = SqlCatalog("tabletopic", uri=pg.url, warehouse=b.warehouse)
-        import time
-
         deadline = time.monotonic() + 60
         rows: list[tuple[object, ...]] = []
         while time.monotonic() < deadline:
             if catalog.table_exists(f"default.{topic}"):
                 tbl = catalog.load_table(f"default.{topic}")
-                if tbl.properties.get("tabletopic.offsets") == '{"0":%d,"1":%d}' % (ends[0], ends[1]):
+                if tbl.properties.get("tabletopic.offsets") == f'{{"0":{ends[0]},"1":{ends[1]}}}':
                     break
             time.sleep(0.2)
         tbl = catalog.load_table(f"default.{topic}")
