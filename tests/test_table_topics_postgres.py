@@ -3,8 +3,8 @@ local PostgreSQL server, the broker committing through pyiceberg, Spark reading 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
