@@ -241,6 +241,9 @@ _broker(
             at_least(-1)),
     Setting("log.retention.check.interval.ms", Type.LONG, 300000, "How often retention runs.", at_least(1)),
     Setting("log.index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0)),
+    Setting("log.flush.threads", Type.INT, 4,
+            "Threads that fsync partition logs in parallel (group commit within each partition). Not a Kafka "
+            "setting: Kafka relies on replication instead of fsync.", between(1, 64), dynamic=False),
     Setting("log.flush.interval.ms", Type.LONG, None,
             "Unset (default): acks=1/all are answered only after fsync, batched across requests. "
             "Set: answer without waiting for fsync and fsync at least this often (less durable).",

@@ -42,6 +42,7 @@ class Broker:
         self.logs = LogManager(
             data_dir,
             retention_check_interval_ms=int(config["log.retention.check.interval.ms"]),
+            flusher_threads=int(config["log.flush.threads"]),
         )
         self.topics = TopicManager(config, self.logs)
         self.producer_ids = ProducerIdManager(data_dir / "__meta")

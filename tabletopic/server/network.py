@@ -31,14 +31,16 @@ log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
 MAX_PENDING_PER_CONNECTION = 128  # pause reading beyond this many unanswered requests
+MAX_PENDING_BYTES_PER_CONNECTION = 8 * 1024 * 1024  # ... or beyond this many bytes of them (memory bound)
 
 
 class _Slot:
     """One request's place in the connection's response queue."""
 
-    __slots__ = ("data", "done", "task")
+    __slots__ = ("data", "done", "size", "task")
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 0) -> None:
+        self.size = size  # request bytes held until the answer is written
         self.done = False
         self.data: bytes | None = None
         self.task: asyncio.Task[None] | None = None
@@ -55,6 +57,7 @@ class KafkaConnection(asyncio.Protocol):
         self._peer = "?"
         self._closing = False
         self._reading_paused = False
+        self._pending_bytes = 0
         self._warned = False
         self._last_activity = time.monotonic()
 
@@ -124,12 +127,16 @@ class KafkaConnection(asyncio.Protocol):
             return
         ctx = RequestContext(self._broker, req.api_key, req.api_version, req.correlation_id, req.client_id,
                              self._peer)
-        slot = _Slot()
+        slot = _Slot(len(frame))
         self._queue.append(slot)
+        self._pending_bytes += slot.size
         # eager start: the handler's synchronous prefix (e.g. a produce append) runs now, in arrival order
         task = asyncio.get_running_loop().create_task(self._run(slot, ctx, handler, req.body))
         slot.task = task
-        if len(self._queue) > MAX_PENDING_PER_CONNECTION and not self._reading_paused and self._transport:
+        over = (len(self._queue) > MAX_PENDING_PER_CONNECTION
+                or self._pending_bytes > MAX_PENDING_BYTES_PER_CONNECTION)
+        if over and not self._reading_paused and self._transport:
+            # back-pressure: the client's requests wait in its socket, not in our memory
             self._reading_paused = True
             self._transport.pause_reading()
 
@@ -162,9 +169,11 @@ class KafkaConnection(asyncio.Protocol):
             return
         while q and q[0].done:
             slot = q.popleft()
+            self._pending_bytes -= slot.size
             if slot.data is not None:
                 transport.write(slot.data)
-        if self._reading_paused and len(q) <= MAX_PENDING_PER_CONNECTION // 2:
+        if (self._reading_paused and len(q) <= MAX_PENDING_PER_CONNECTION // 2
+                and self._pending_bytes <= MAX_PENDING_BYTES_PER_CONNECTION // 2):
             self._reading_paused = False
             transport.resume_reading()
 
