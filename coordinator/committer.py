@@ -49,6 +49,7 @@ from coordinator.table import (
     OFFSETS_PROPERTY,
     SUMMARY_COMMIT_ID,
     SUMMARY_WATERMARK,
+    TOPIC_ID_PROPERTY,
     commit_landed,
     committed_offsets,
     encode_offsets,
@@ -97,6 +98,7 @@ class RoundCommit:
     data_files: tuple[Any, ...] = ()  # pyiceberg.manifest.DataFile
     watermark: int = -1
     expire: ExpirePolicy = field(default_factory=ExpirePolicy)
+    topic_id: str | None = None  # recorded with the offsets; offsets of another topic id are replaced
 
     @property
     def paths(self) -> list[str]:
@@ -138,8 +140,13 @@ def snapshots_to_expire(meta: TableMetadata, policy: ExpirePolicy, now_ms: int) 
 def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
     """The round's single transaction over ``tbl`` (not committed)."""
     txn = _without_pyiceberg_retries(tbl).transaction()
-    offsets = {**committed_offsets(tbl), **rc.new_offsets}
-    txn.set_properties({OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id})
+    stored_topic = tbl.properties.get(TOPIC_ID_PROPERTY)
+    other_incarnation = rc.topic_id is not None and stored_topic not in (None, rc.topic_id)
+    offsets = {**({} if other_incarnation else committed_offsets(tbl)), **rc.new_offsets}
+    props = {OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id}
+    if rc.topic_id is not None:
+        props[TOPIC_ID_PROPERTY] = rc.topic_id
+    txn.set_properties(props)
     summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
     with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
         for data_file in rc.data_files:

@@ -54,6 +54,7 @@ from coordinator.committer import (
 from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
+    TOPIC_ID_PROPERTY,
     commit_landed,
     committed_offsets,
     evolve_partition_spec,
@@ -135,6 +136,7 @@ class TableTopicCoordinator:
         max_commit_retries: int = DEFAULT_MAX_RETRIES,
         clock: Callable[[], float] = time.time,
         on_round: Callable[[RoundReport], None] | None = None,
+        topic_id: str | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -148,6 +150,8 @@ class TableTopicCoordinator:
         self._max_commit_retries = max_commit_retries
         self._clock = clock
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
+        self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
+        self._warned_incarnation = False
 
         self._table: Table | None = None
         self._ready = False  # checkpoint resolved and leftovers cleaned up
@@ -394,7 +398,16 @@ class TableTopicCoordinator:
         self._table = tbl
         table_offsets = committed_offsets(tbl)
         partitions = sorted(set(self._partitions()))
-        base = {p: table_offsets[p] if p in table_offsets else self._log_start_offset(p) for p in partitions}
+        applicable = table_offsets
+        stored_topic = tbl.properties.get(TOPIC_ID_PROPERTY)
+        if self._topic_id is not None and stored_topic not in (None, self._topic_id):
+            applicable = {}  # the table outlived a deleted topic of the same name: start this one from its log
+            if not self._warned_incarnation:
+                self._warned_incarnation = True
+                log.warning("table topic %s: table %s holds offsets of an earlier topic with this name (id %s, "
+                            "now %s); this topic is written from its log start offsets", self.topic,
+                            ".".join(tbl.name()), stored_topic, self._topic_id)
+        base = {p: applicable[p] if p in applicable else self._log_start_offset(p) for p in partitions}
 
         commit_id = str(uuid.uuid4())
         cp = Checkpoint(Phase.REQUEST_COMMIT, commit_id, tbl.name(), base_offsets=base, updated_ms=self._now_ms())
@@ -452,7 +465,8 @@ class TableTopicCoordinator:
             raise
         crash_point("coordinator-after-pre-commit")
 
-        rc = RoundCommit(commit_id, table_offsets, new_offsets, data_files, watermark, ExpirePolicy.from_config(cfg))
+        rc = RoundCommit(commit_id, table_offsets, new_offsets, data_files, watermark, ExpirePolicy.from_config(cfg),
+                         topic_id=self._topic_id)
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(

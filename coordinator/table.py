@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
 COMMIT_ID_PROPERTY = "tabletopic.commit-id"
+# the id of the topic the offsets belong to: a topic deleted and created again under the same name (the table is
+# kept) is another incarnation whose offsets restart at 0, so the old offsets must not apply to it
+TOPIC_ID_PROPERTY = "tabletopic.topic-id"
 SUMMARY_COMMIT_ID = "tabletopic.commit-id"
 SUMMARY_WATERMARK = "tabletopic.watermark"
 PARTITION_BY_PROPERTY = "tabletopic.partition-by"

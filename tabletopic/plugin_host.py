@@ -163,6 +163,7 @@ class TableTopicHost:
             state_dir=state_dir,
             leader_epoch=leader_epoch,
             on_round=lambda report: self._observe(topic, report),
+            topic_id=str(info.topic_id),
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt

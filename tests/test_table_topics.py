@@ -273,6 +273,17 @@ def test_runtime_changes(tbroker: BrokerProcess) -> None:
     admin.delete_topics([topic])[topic].result(30)
     time.sleep(0.5)
     assert len(table_rows(b, topic)) == 1700
+    # a new topic with the same name is another incarnation: its offsets start at 0 and it is written from
+    # there into the kept table (the old incarnation's offsets, recorded with its topic id, do not apply)
+    old_id = catalog(b).load_table(f"default.{topic}").properties["tabletopic.topic-id"]
+    create(b, topic, 1, enable="true", commit_interval_ms="300")
+    produce(b, topic, 50, start=5000)
+    rows = wait_for_table(b, topic, 1750)
+    assert len(rows) == 1750
+    new = [r for r in rows if json.loads(r[3])["id"] >= 5000]
+    assert sorted(o for _, o, *_ in new) == list(range(50))
+    props = catalog(b).load_table(f"default.{topic}").properties
+    assert props["tabletopic.topic-id"] != old_id and json.loads(props["tabletopic.offsets"]) == {"0": 50}
 
 
 def test_invalid_utf8_is_skipped_counted_and_kept(tmp_path: Path) -> None:
