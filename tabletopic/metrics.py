@@ -2,7 +2,7 @@
 
 AutoMQ's two families keep AutoMQ's names, so its dashboards and alerts apply: ``kafka_tabletopic_delay`` (ms:
 now minus the table's freshness watermark, the minimum over partitions of the newest record timestamp
-committed; computed at scrape time, so it keeps growing while commits stall) and ``kafka_tabletopic_fps``
+committed; computed at scrape time, so it keeps growing while commits stall) and ``kafka_tabletopic_fields``
 (fields committed per second over the last commit interval). AutoMQ's OpenTelemetry exporter shows the delay as
 ``kafka_tabletopic_delay_milliseconds``; that name is exported too. The ``tabletopic_*`` families are ours.
 
@@ -54,9 +54,9 @@ class TableTopicMetrics:
                             "per-partition max record timestamp committed", ["topic"], registry=r)
         self._delay_ms = Gauge("kafka_tabletopic_delay_milliseconds", "Same as kafka_tabletopic_delay, under the "
                                "name AutoMQ's OpenTelemetry exporter gives it", ["topic"], registry=r)
-        self._fps = Gauge("kafka_tabletopic_fps", "Table topic fields committed per second over the last commit "
+        self._fps = Gauge("kafka_tabletopic_fields", "Table topic fields committed per second over the last commit "
                           "interval", ["topic"], registry=r)
-        self._fields = Counter("kafka_tabletopic_fields", "Fields (rows times leaf columns) committed",
+        self._fields = Counter("tabletopic_fields_committed", "Fields (rows times leaf columns) committed",
                                ["topic"], registry=r)
         self._records = Counter("tabletopic_records_committed", "Records committed to the table", ["topic"],
                                 registry=r)
@@ -93,7 +93,7 @@ class TableTopicMetrics:
         """Account one successful commit of ``topic``'s table.
 
         ``watermark_ms``: min over partitions of the max record timestamp now in the table (None: unchanged,
-        e.g. a timed-out round). ``interval_s``: time the commit covers, for ``kafka_tabletopic_fps``; by
+        e.g. a timed-out round). ``interval_s``: time the commit covers, for ``kafka_tabletopic_fields``; by
         default the time since the previous commit recorded here (the first commit then sets no rate).
         """
         now = time.monotonic()

@@ -12,10 +12,20 @@ import uuid
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from tabletopic.protocol import codec
+from tabletopic.protocol.codec import ApiKey
 from tests.helpers.procs import BrokerProcess
+from tests.helpers.wire import RawClient
 
 
 def _topic(prefix: str) -> str:
@@ -303,3 +313,33 @@ def test_sigterm_is_graceful(fresh_broker: BrokerProcess) -> None:
     assert "listening on 127.0.0.1:" in text and "data in" in text
     b.start()
     assert len(consume_confluent(b, topic, 100)) == 100
+
+
+def test_group_admin_and_cluster_apis(broker: BrokerProcess) -> None:
+    topic = _topic("gadm")
+    create_topic(broker, topic, 2)
+    produce_confluent(broker, topic, [b"x"] * 20)
+    group = _topic("gadm-g")
+    consume_confluent(broker, topic, 20, group=group)  # commits, then leaves: the group is Empty
+    admin = _admin(broker)
+    listed = admin.list_consumer_groups().result(30)
+    mine = [g for g in listed.valid if g.group_id == group]
+    assert mine and mine[0].state == ConsumerGroupState.EMPTY
+    desc = admin.describe_consumer_groups([group])[group].result(30)
+    assert desc.state == ConsumerGroupState.EMPTY and not desc.members
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    assert sum(tp.offset for tp in offsets.topic_partitions if tp.topic == topic) == 20
+    admin.delete_consumer_groups([group])[group].result(30)
+    assert group not in [g.group_id for g in admin.list_consumer_groups().result(30).valid]
+    cluster = admin.describe_cluster().result(30)
+    assert [n.id for n in cluster.nodes] == [1] and cluster.controller.id == 1
+    with RawClient(broker.bootstrap) as c:
+        R = codec.request_class(ApiKey.OffsetForLeaderEpoch)[4]
+        T = R.OffsetForLeaderTopic
+        resp = c.request(ApiKey.OffsetForLeaderEpoch, 4, replica_id=-1, topics=[T(topic=topic, partitions=[
+            T.OffsetForLeaderPartition(partition=p, current_leader_epoch=0, leader_epoch=0) for p in (0, 1)])])
+        ends = {p.partition: (p.error_code, p.leader_epoch, p.end_offset) for p in resp.topics[0].partitions}
+        probe = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "x"})
+        _, hi0 = probe.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        probe.close()
+        assert ends[0] == (0, 0, hi0) and ends[1][0] == 0

@@ -64,8 +64,8 @@ def test_commit_metrics_are_exposed_per_topic(served: MetricsServer) -> None:
     assert s[("tabletopic_records_committed_total", orders)] == 150
     assert s[("tabletopic_files_written_total", orders)] == 3
     assert s[("tabletopic_bytes_written_total", orders)] == 5096
-    assert s[("kafka_tabletopic_fields_total", orders)] == 600
-    assert s[("kafka_tabletopic_fps", orders)] == 50.0  # the last commit: 200 fields over 4 s
+    assert s[("tabletopic_fields_committed_total", orders)] == 600
+    assert s[("kafka_tabletopic_fields", orders)] == 50.0  # the last commit: 200 fields over 4 s
     assert s[("tabletopic_commit_duration_seconds_count", orders)] == 2
     assert s[("tabletopic_commit_duration_seconds_sum", orders)] == pytest.approx(0.23)
     assert s[("tabletopic_commit_duration_seconds_bucket", (("le", "0.05"), *orders))] == 1
@@ -102,11 +102,11 @@ def test_delay_keeps_growing_until_the_next_commit() -> None:
 def test_fields_per_second_from_the_time_between_commits() -> None:
     m = TableTopicMetrics()
     m.record_commit("t", records=1, files=1, bytes_written=1, fields=10, duration_s=0.01, watermark_ms=None)
-    assert b"kafka_tabletopic_fps{" not in m.exposition()  # one commit: no interval yet
+    assert b"kafka_tabletopic_fields{" not in m.exposition()  # one commit: no interval yet
     time.sleep(0.1)
     m.record_commit("t", records=1, files=1, bytes_written=1, fields=10, duration_s=0.01, watermark_ms=None)
     fps = next(s.value for f in text_string_to_metric_families(m.exposition().decode()) for s in f.samples
-               if s.name == "kafka_tabletopic_fps")
+               if s.name == "kafka_tabletopic_fields")
     assert 10 < fps <= 100
 
 
