@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from configs.model import BrokerConfig
 from tabletopic.errors import InvalidConfigError
+from tabletopic.fileio import FILE_IO_IMPL
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -43,7 +44,8 @@ def default_sql_properties(config: BrokerConfig) -> dict[str, str]:
 
 def sql_catalog_properties(config: BrokerConfig) -> dict[str, str]:
     """The ``sql`` catalog's pyiceberg properties, normalised: defaults filled in, SQLite busy timeout added."""
-    props = {**default_sql_properties(config), **config.catalog_properties}
+    # local files written for the catalog (metadata, manifests, data) are fsynced before they are referenced
+    props = {**default_sql_properties(config), "py-io-impl": FILE_IO_IMPL, **config.catalog_properties}
     props.pop("type", None)
     props["uri"] = with_sqlite_timeout(props["uri"])
     return props

@@ -17,13 +17,10 @@ Parquet footer, exactly as pyiceberg computes them for its own writes.
 from __future__ import annotations
 
 import functools
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,7 +44,7 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
 
-from tabletopic.durable import fsync_dir
+from tabletopic.fileio import DurableFileIO, fsync_file, local_path
 
 TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
 FILE_PREFIX = "tt-p"
@@ -237,7 +234,10 @@ def write_data_files(
                 writer.write_table(piece, row_group_size=row_group_rows)
                 writer.close()
                 size = stream.tell()
-            _fsync_local(path)
+            if not isinstance(io, DurableFileIO):  # a durable FileIO already synced it on close
+                local = local_path(path)
+                if local is not None:
+                    fsync_file(local)  # durable before any commit can reference it (power loss too)
             stats = data_file_statistics_from_parquet_metadata(writer.writer.metadata, stats_plan, id_mapping)
             data_file = DataFile.from_args(
                 content=DataFileContent.DATA,
@@ -254,24 +254,6 @@ def write_data_files(
             data_file.spec_id = target.spec.spec_id  # from_args drops it (not a field of the manifest entry)
             files.append(data_file)
     return files
-
-
-def _fsync_local(path: str) -> None:
-    """Make a local data file durable before any commit can reference it (power loss, not only kill -9).
-
-    Object stores acknowledge durable writes themselves; only ``file://`` (or plain) paths need this. The
-    directory is synced too, since the file was just created in it.
-    """
-    parsed = urlparse(path)
-    if parsed.scheme not in ("", "file"):
-        return
-    local = Path(parsed.path)
-    fd = os.open(local, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(local.parent)
 
 
 def delete_files(paths: list[str], io_properties: Mapping[str, str] | tuple[tuple[str, str], ...],
