@@ -377,3 +377,26 @@ def test_crash_points(tmp_path: Path, point: str) -> None:
         assert on_disk == referenced
     finally:
         b.stop()
+
+
+def test_tolerance_none_blocks_then_unblocks(tbroker: BrokerProcess) -> None:
+    """errors.tolerance=none: the partition stops at the bad record (what precedes it is committed) and says
+    why in the broker log; switching the setting to ``all`` at runtime lets it continue past it."""
+    b = tbroker
+    topic = "strict"
+    create(b, topic, 1, enable="true", commit_interval_ms="300", convert_value_type="string",
+           errors_tolerance="none")
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+    for i in range(10):
+        p.produce(topic, key=b"k", value=b"\xc3\x28 not utf-8" if i == 6 else f"ok{i}".encode())
+        p.flush(10)
+    rows = wait_for_table(b, topic, 6)
+    time.sleep(1.5)  # several more rounds: still blocked at offset 6
+    rows = table_rows(b, topic)
+    assert sorted(o for _, o, *_ in rows) == list(range(6))
+    assert json.loads(catalog(b).load_table(f"default.{topic}").properties["tabletopic.offsets"]) == {"0": 6}
+    text = b.log_text()
+    assert "[BLOCKED]" in text and "offset 6" in text
+    alter(b, topic, errors_tolerance="all")
+    rows = wait_for_table(b, topic, 9)
+    assert sorted(o for _, o, *_ in rows) == [0, 1, 2, 3, 4, 5, 7, 8, 9]
