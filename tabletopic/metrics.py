@@ -76,6 +76,7 @@ class TableTopicMetrics:
         # (topic, second label) pairs seen, so remove_topic can drop them (prometheus_client removes by values)
         self._skip_reasons: set[tuple[str, str]] = set()
         self._round_results: set[tuple[str, str]] = set()
+        self._busy_workers: set[tuple[str, str]] = set()  # (topic, worker) pairs with a busy-ratio series
 
     def record_commit(
         self,
@@ -132,7 +133,11 @@ class TableTopicMetrics:
             self._skip_reasons.add((topic, reason))
         self._skipped.labels(topic=topic, reason=reason).inc(n)
 
-    def set_busy_ratio(self, worker: str, ratio: float) -> None:
+    def set_busy_ratio(self, worker: str, ratio: float, topic: str | None = None) -> None:
+        """A worker's share of the conversion pool's time (``topic``: drop the series with the topic)."""
+        if topic is not None:
+            with self._lock:
+                self._busy_workers.add((topic, worker))
         self._busy.labels(worker=worker).set(ratio)
 
     def remove_topic(self, topic: str) -> None:
@@ -144,6 +149,8 @@ class TableTopicMetrics:
             results = {pair for pair in self._round_results if pair[0] == topic}
             self._skip_reasons -= reasons
             self._round_results -= results
+            workers = {w for t, w in self._busy_workers if t == topic}
+            self._busy_workers = {(t, w) for t, w in self._busy_workers if t != topic}
         for metric in (self._delay, self._delay_ms, self._fps, self._fields, self._records, self._files,
                        self._bytes, self._duration):
             with contextlib.suppress(KeyError):  # the topic never set this one
@@ -152,6 +159,9 @@ class TableTopicMetrics:
             self._skipped.remove(*pair)
         for pair in results:
             self._rounds.remove(*pair)
+        for worker in workers:
+            with contextlib.suppress(KeyError):
+                self._busy.remove(worker)
 
     def delay_ms(self, topic: str) -> float | None:
         """The current ``kafka_tabletopic_delay`` of a topic, None before its first watermark."""

@@ -45,6 +45,7 @@ class _TableTopic:
     channel: InProcessChannel
     coordinator: TableTopicCoordinator
     workers: dict[int, PartitionWorker] = field(default_factory=dict)
+    busy_seen: dict[int, tuple[float, float]] = field(default_factory=dict)  # partition -> (monotonic s, busy ms)
 
 
 class TableTopicHost:
@@ -195,6 +196,7 @@ class TableTopicHost:
     def _observe(self, topic: str, report: RoundReport) -> None:
         """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours)."""
         m = self._metrics
+        self._observe_busy(topic)
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
         if report.outcome is RoundOutcome.COMMITTED:
@@ -209,6 +211,19 @@ class TableTopicHost:
                             watermark_ms=int(time.time() * 1000), result="empty")
         else:
             m.record_round(topic, "failed" if report.outcome is RoundOutcome.FAILED else "unknown")
+
+    def _observe_busy(self, topic: str) -> None:
+        """Each worker's share of the pool's wall time since the last round (AutoMQ's worker busy ratio)."""
+        tt = self._running.get(topic)
+        if tt is None:
+            return
+        now = time.monotonic()
+        for p, w in tt.workers.items():
+            then, busy = tt.busy_seen.get(p, (now, w.busy_ms))
+            tt.busy_seen[p] = (now, w.busy_ms)
+            if now > then:
+                ratio = (w.busy_ms - busy) / 1000 / ((now - then) * self._pool_size)
+                self._metrics.set_busy_ratio(f"{topic}-{p}", min(1.0, ratio), topic=topic)
 
     async def _stop_topic_locked(self, topic: str) -> None:
         tt = self._running.pop(topic, None)

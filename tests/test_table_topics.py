@@ -317,6 +317,7 @@ def test_invalid_utf8_is_skipped_counted_and_kept(tmp_path: Path) -> None:
         skipped = [line for line in text.splitlines() if line.startswith("tabletopic_records_skipped_total{")]
         assert skipped and float(skipped[0].split()[-1]) == 2.0
         assert "kafka_tabletopic_delay{" in text
+        assert 'tabletopic_worker_busy_ratio{worker="strings-0"}' in text
     finally:
         b.stop()
 

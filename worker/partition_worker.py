@@ -124,6 +124,7 @@ class PartitionWorker:
         self.rounds = 0
         self.prewrite_chunks = 0
         self.last_round_ms = 0.0
+        self.busy_ms = 0.0  # pool time its chunks took (convert + write): the busy-ratio metric's numerator
 
     def __repr__(self) -> str:
         return (f"PartitionWorker({self.topic}-{self.partition}, position={self._position}, "
@@ -389,8 +390,13 @@ class PartitionWorker:
         return sum(1 for c in self._chunks if not c.future.done())
 
     def _chunk_done(self, fut: asyncio.Future[TaskResult]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:  # retrieved here so asyncio does not warn
-            log.debug("%s: chunk failed: %r", self.name, fut.exception())
+        if not fut.cancelled():
+            exc = fut.exception()  # retrieved here so asyncio does not warn
+            if exc is not None:
+                log.debug("%s: chunk failed: %r", self.name, exc)
+            else:
+                result = fut.result()
+                self.busy_ms += result.convert_ms + result.write_ms
         self._wake.set()
 
     async def _discard(self, chunks: list[_Chunk], why: str) -> None:
