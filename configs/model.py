@@ -56,8 +56,9 @@ class Setting:
         try:
             parsed = _PARSERS[self.type](value)
         except ValueError:
+            article = "an" if self.type.value[0] in "aeiou" else "a"
             raise InvalidConfigError(
-                f"Invalid value {raw} for configuration {self.name}: expected a {self.type.value}"
+                f"Invalid value {raw} for configuration {self.name}: expected {article} {self.type.value}"
             ) from None
         if self.type is Type.INT and not INT_MIN <= parsed <= INT_MAX:
             raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: not an int32")
@@ -512,6 +513,11 @@ class BrokerConfig:
                     continue
                 if strict:
                     raise InvalidConfigError(f"Unknown broker config name: {key}")
+                continue
+            if setting.default is None and not raw.strip():
+                # a blank value unsets a setting that has no default (e.g. `--override
+                # automq.table.topic.catalog.type=` turns table topics off), as a commented-out line would
+                values[key] = None
                 continue
             values[key] = setting.parse(raw)
             explicit.add(key)

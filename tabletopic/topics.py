@@ -124,16 +124,34 @@ class TopicManager:
                     plog.update_config(lc)  # logs are recovered before topics load, with default settings
         log.info("loaded %d topics (cluster id %s)", len(self._topics), self.cluster_id)
 
-    def _save(self) -> None:
-        doc = {
+    def _doc(self, topics: Mapping[str, TopicInfo]) -> dict[str, Any]:
+        return {
             "cluster_id": self.cluster_id,
             "topics": {
                 t.name: {"topic_id": str(t.topic_id), "partitions": t.partitions, "configs": t.configs,
                          "created_ms": t.created_ms}
-                for t in self._topics.values()
+                for t in topics.values()
             },
         }
-        atomic_write_json(self._path, doc)
+
+    async def _commit(self, name: str, info: TopicInfo | None) -> None:
+        """Make ``name`` → ``info`` (None: deleted) durable, then visible to requests.
+
+        The fsynced write runs in a thread; requests see the change only once it is on disk, so no produce can
+        be acknowledged for a topic a crash would forget.
+        """
+        topics = dict(self._topics)
+        if info is None:
+            topics.pop(name, None)
+        else:
+            topics[name] = info
+        await asyncio.to_thread(atomic_write_json, self._path, self._doc(topics))
+        old = self._topics.get(name)
+        if old is not None:
+            self._by_id.pop(old.topic_id, None)
+        self._topics = topics
+        if info is not None:
+            self._by_id[info.topic_id] = info
 
     def subscribe(self, listener: Listener) -> None:
         """Call ``listener`` after every durable topic change (created, deleted, reconfigured, grown)."""
@@ -211,9 +229,7 @@ class TopicManager:
             lc = self.log_config(info)
             for p in range(partitions):
                 self._logs.create(name, p, lc)
-            self._topics[name] = info
-            self._by_id[info.topic_id] = info
-            self._save()
+            await self._commit(name, info)
         log.info("created topic %s (id %s) with %d partitions, configs %s", name, info.topic_id, partitions,
                  overrides)
         await self._publish(TopicEvent(TopicEventKind.CREATED, info))
@@ -225,9 +241,7 @@ class TopicManager:
             if info is None:
                 raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                     "This server does not host this topic-partition.")
-            del self._topics[name]
-            self._by_id.pop(info.topic_id, None)
-            self._save()
+            await self._commit(name, None)
             for p in range(info.partitions):
                 self._logs.delete_partition(name, p)
         log.info("deleted topic %s (id %s)", name, info.topic_id)
@@ -257,9 +271,7 @@ class TopicManager:
             lc = self.log_config(new)
             for p in range(old.partitions, count):
                 self._logs.create(name, p, lc)
-            self._topics[name] = new
-            self._by_id[new.topic_id] = new
-            self._save()
+            await self._commit(name, new)
         log.info("topic %s grew from %d to %d partitions", name, old.partitions, count)
         await self._publish(TopicEvent(TopicEventKind.PARTITIONS_ADDED, new, old))
         return new
@@ -273,9 +285,7 @@ class TopicManager:
                                     "This server does not host this topic-partition.")
             validate_topic_configs(new_overrides, self._config)
             new = replace(old, configs=dict(new_overrides))
-            self._topics[name] = new
-            self._by_id[new.topic_id] = new
-            self._save()
+            await self._commit(name, new)
             lc = self.log_config(new)
             for p in range(new.partitions):
                 plog = self._logs.get(name, p)

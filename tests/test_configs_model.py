@@ -376,3 +376,13 @@ def test_topic_default_follows_broker() -> None:
     assert eff[P + "namespace"] == "ns"
     assert eff["flush.ms"] == TOPIC_SETTINGS["flush.ms"].default
     assert BrokerConfig.from_properties({}).topic_default(P + "namespace") == "default"
+
+
+def test_blank_broker_value_unsets_a_setting_without_default() -> None:
+    on = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "sql"})
+    assert on.catalog_type == "sql"
+    off = BrokerConfig.from_properties({"automq.table.topic.catalog.type": ""})
+    assert off.catalog_type is None and not off.table_topic_enabled
+    # a blank value for a setting with a default is still refused, naming it
+    with pytest.raises(InvalidConfigError, match=r"num\.partitions"):
+        BrokerConfig.from_properties({"num.partitions": " "})

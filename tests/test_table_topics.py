@@ -10,7 +10,6 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,6 @@ from tabletopic.readers import duckdb_connect, duckdb_scan
 from tests.helpers.procs import BrokerProcess, free_port
 
 Row = tuple[int, int, Any, Any, tuple[tuple[str, bytes | None], ...], int]
-
-
-@pytest.fixture
-def tbroker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path / "data")
-    b.start()
-    yield b
-    if b.proc is not None and b.proc.poll() is None:
-        b.stop()
 
 
 def catalog(b: BrokerProcess) -> SqlCatalog:
@@ -173,24 +163,24 @@ def assert_table_equals_log(b: BrokerProcess, topic: str, partitions: int, *, ke
         (4, 700, "[_kafka_metadata.partition, truncate(_kafka_key, 2)]", "string"),
     ],
 )
-def test_table_holds_every_record_once(tbroker: BrokerProcess, partitions: int, interval_ms: int,
+def test_table_holds_every_record_once(fresh_broker: BrokerProcess, partitions: int, interval_ms: int,
                                        partition_by: str | None, value_type: str) -> None:
     topic = f"orders{partitions}"
     conf = {"enable": "true", "commit_interval_ms": str(interval_ms), "convert_value_type": value_type}
     if partition_by:
         conf["partition_by"] = partition_by
-    create(tbroker, topic, partitions, **conf)
-    assert produce(tbroker, topic, 3000) == 3000
-    rows = assert_table_equals_log(tbroker, topic, partitions, value_string=value_type == "string")
-    tbl = catalog(tbroker).load_table(f"default.{topic}")
+    create(fresh_broker, topic, partitions, **conf)
+    assert produce(fresh_broker, topic, 3000) == 3000
+    rows = assert_table_equals_log(fresh_broker, topic, partitions, value_string=value_type == "string")
+    tbl = catalog(fresh_broker).load_table(f"default.{topic}")
     assert len(tbl.spec().fields) == len(parse_partition_by(partition_by))
     # produce more while the table is live: later rounds append only what is new
-    assert produce(tbroker, topic, 1000, start=3000) == 1000
-    rows = assert_table_equals_log(tbroker, topic, partitions, value_string=value_type == "string")
+    assert produce(fresh_broker, topic, 1000, start=3000) == 1000
+    rows = assert_table_equals_log(fresh_broker, topic, partitions, value_string=value_type == "string")
     assert len(rows) == 4000
     # DuckDB reads the same rows (independent Iceberg reader)
     con = duckdb_connect()
-    duck = duckdb_scan(con, catalog(tbroker).load_table(f"default.{topic}"))
+    duck = duckdb_scan(con, catalog(fresh_broker).load_table(f"default.{topic}"))
     cols = duck.columns
     drows = [dict(zip(cols, r, strict=True)) for r in duck.fetchall()]
     duck_rows = []
@@ -204,16 +194,16 @@ def test_table_holds_every_record_once(tbroker: BrokerProcess, partitions: int, 
     assert sorted(duck_rows) == sorted(rows)
 
 
-def test_spark_sql_reads_the_same_rows(tbroker: BrokerProcess) -> None:
+def test_spark_sql_reads_the_same_rows(fresh_broker: BrokerProcess) -> None:
     import subprocess
     import sys
 
     topic = "sparky"
-    create(tbroker, topic, 2, enable="true", commit_interval_ms="500")
-    produce(tbroker, topic, 500)
-    rows = assert_table_equals_log(tbroker, topic, 2)
+    create(fresh_broker, topic, 2, enable="true", commit_interval_ms="500")
+    produce(fresh_broker, topic, 500)
+    rows = assert_table_equals_log(fresh_broker, topic, 2)
     out = subprocess.run(
-        [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={tbroker.data_dir}",
+        [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={fresh_broker.data_dir}",
          f"SELECT count(*) AS n, count(DISTINCT _kafka_metadata.partition, _kafka_metadata.offset) AS d "
          f"FROM default.{topic}"],
         capture_output=True, text=True, timeout=300, check=False,
@@ -224,7 +214,7 @@ def test_spark_sql_reads_the_same_rows(tbroker: BrokerProcess) -> None:
     from tabletopic.spark import spark_session, stop_session
 
     props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
-    props["log.dirs"] = str(tbroker.data_dir)
+    props["log.dirs"] = str(fresh_broker.data_dir)
     spark = spark_session(BrokerConfig.from_properties(props))
     try:
         srows = spark.sql(f"SELECT _kafka_metadata.partition, _kafka_metadata.offset, _kafka_key, _kafka_value, "
@@ -237,8 +227,8 @@ def test_spark_sql_reads_the_same_rows(tbroker: BrokerProcess) -> None:
     assert spark_rows == sorted(rows)
 
 
-def test_runtime_changes(tbroker: BrokerProcess) -> None:
-    b = tbroker
+def test_runtime_changes(fresh_broker: BrokerProcess) -> None:
+    b = fresh_broker
     topic = "evolving"
     create(b, topic, 2)  # a plain topic first, with history
     produce(b, topic, 600)
@@ -325,8 +315,8 @@ def test_invalid_utf8_is_skipped_counted_and_kept(tmp_path: Path) -> None:
 # ---- crashes -------------------------------------------------------------------------------------------
 
 
-def test_kill9_while_producing(tbroker: BrokerProcess) -> None:
-    b = tbroker
+def test_kill9_while_producing(fresh_broker: BrokerProcess) -> None:
+    b = fresh_broker
     topic = "crashy"
     create(b, topic, 3, enable="true", commit_interval_ms="300")
     stop = threading.Event()
@@ -380,10 +370,10 @@ def test_crash_points(tmp_path: Path, point: str) -> None:
         b.stop()
 
 
-def test_tolerance_none_blocks_then_unblocks(tbroker: BrokerProcess) -> None:
+def test_tolerance_none_blocks_then_unblocks(fresh_broker: BrokerProcess) -> None:
     """errors.tolerance=none: the partition stops at the bad record (what precedes it is committed) and says
     why in the broker log; switching the setting to ``all`` at runtime lets it continue past it."""
-    b = tbroker
+    b = fresh_broker
     topic = "strict"
     create(b, topic, 1, enable="true", commit_interval_ms="300", convert_value_type="string",
            errors_tolerance="none")

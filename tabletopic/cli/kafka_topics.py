@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,13 +63,50 @@ def ck(module: str = "confluent_kafka.admin") -> Any:
         raise CommandError("the Kafka CLIs need confluent-kafka: pip install confluent-kafka") from None
 
 
+class _OncePerMessage(logging.Filter):
+    """librdkafka repeats a connection failure every few milliseconds until the request times out; a user needs
+    to see it once (the command's own error line follows when it gives up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        # drop the broker-specific prefix and timing so that retries of the same failure compare equal
+        text = re.sub(r"\(after \d+ms[^)]*\)", "", record.getMessage())
+        if text in self._seen:
+            return False
+        self._seen.add(text)
+        return True
+
+
+def _client_logger() -> logging.Logger:
+    logger = logging.getLogger("tabletopic.cli.librdkafka")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        handler.addFilter(_OncePerMessage())
+        logger.addHandler(handler)
+        logger.propagate = False
+        logger.setLevel(logging.WARNING)
+    return logger
+
+
 def admin_client(conf: Mapping[str, str]) -> Any:
-    """A confluent-kafka AdminClient for ``conf``."""
+    """A confluent-kafka AdminClient for ``conf`` (its log goes to stderr, each distinct line once)."""
     admin = ck()
     try:
-        return admin.AdminClient(dict(conf))
+        client = admin.AdminClient({**dict(conf), "logger": _client_logger()})
     except Exception as exc:
         raise CommandError(f"invalid client configuration: {exc}") from None
+
+    def serve_log() -> None:
+        # with a logger, librdkafka queues its log lines until polled; the commands block in other calls
+        while True:
+            client.poll(0.2)
+
+    threading.Thread(target=serve_log, name="librdkafka-log", daemon=True).start()
+    return client
 
 
 def error_text(exc: BaseException) -> str:
