@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from configs.model import load_properties
-from tabletopic.cli.kafka_topics import REQUEST_TIMEOUT_S, CommandError, admin_client, ck, client_config, run, wait
+from tabletopic.cli.kafka_topics import (
+    REQUEST_TIMEOUT_S,
+    CommandError,
+    add_common_options,
+    admin_client,
+    ck,
+    client_config,
+    run,
+    wait,
+)
 
 # ConfigEntry.source values (DescribeConfigsResponse)
 _SOURCE_NAMES = {
@@ -61,22 +70,38 @@ def parse_add_config(text: str) -> dict[str, str]:
     return out
 
 
+CONFIGS_DESCRIPTION = """\
+Describe or change topic and broker configs, as Apache Kafka's kafka-configs.sh,
+against any Kafka-protocol broker. --add-config takes Kafka's syntax: commas
+separate settings except inside [...] and (...), and a value wrapped in [...]
+loses its brackets. Changes are sent with IncrementalAlterConfigs. Errors go to
+stderr, with exit code 1."""
+CONFIGS_EPILOG = """\
+examples:
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type topics --entity-name orders --describe
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --topic orders --alter \\
+      --add-config "automq.table.topic.partition.by=[bucket(_kafka_key, 16), _kafka_metadata.partition]"
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --topic orders --alter --delete-config retention.ms
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type brokers --entity-name 1 --describe --all"""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kafka-configs",
-                                description="Describe or change topic and broker configs (Kafka's kafka-configs.sh).")
-    p.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the brokers")
-    p.add_argument("--command-config", help="properties file of client settings")
-    p.add_argument("--entity-type", choices=("topics", "brokers"), help="type of entity")
-    p.add_argument("--entity-name", help="name of the entity (topic name, broker id)")
-    p.add_argument("--topic", help="shorthand for --entity-type topics --entity-name TOPIC")
-    p.add_argument("--broker", help="shorthand for --entity-type brokers --entity-name ID")
+    p = argparse.ArgumentParser(prog="kafka-configs", description=CONFIGS_DESCRIPTION, epilog=CONFIGS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_options(p)
+    p.add_argument("--entity-type", choices=("topics", "brokers"),
+                   help="the kind of entity: topics or brokers")
+    p.add_argument("--entity-name", metavar="NAME",
+                   help="the entity: a topic name or a broker id (--describe without it: all of them)")
+    p.add_argument("--topic", metavar="TOPIC", help="shorthand for --entity-type topics --entity-name TOPIC")
+    p.add_argument("--broker", metavar="ID", help="shorthand for --entity-type brokers --entity-name ID")
     actions = p.add_mutually_exclusive_group(required=True)
     actions.add_argument("--describe", action="store_true", help="list the configs of the entity")
     actions.add_argument("--alter", action="store_true", help="change the configs of the entity")
     p.add_argument("--all", action="store_true", help="--describe: all configs, not only the dynamic ones")
     p.add_argument("--add-config", action="append", default=[], metavar="K=V[,K2=V2]",
                    help="settings to add or change; a value with commas goes in [...]")
-    p.add_argument("--add-config-file", help="properties file of settings to add or change")
+    p.add_argument("--add-config-file", metavar="FILE", help="properties file of settings to add or change")
     p.add_argument("--delete-config", action="append", default=[], metavar="K[,K2]",
                    help="settings to remove (revert to their defaults)")
     return p

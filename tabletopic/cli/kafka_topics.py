@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.model import load_properties, parse_overrides
+from tabletopic import __version__
 from tabletopic.errors import InvalidConfigError
 
 REQUEST_TIMEOUT_S = 30.0
@@ -155,21 +156,50 @@ def run(main: Any, argv: Sequence[str] | None, what: str) -> int:
 # ---- kafka-topics ----
 
 
+TOPICS_DESCRIPTION = """\
+Create, delete, describe, or change a topic, as Apache Kafka's kafka-topics.sh,
+against any Kafka-protocol broker. Config names are sent as given: the broker
+checks every name and value. Errors go to stderr, with exit code 1."""
+TOPICS_EPILOG = """\
+examples:
+  kafka-topics --bootstrap-server 127.0.0.1:9092 --create --topic orders --partitions 3 \\
+      --config automq.table.topic.enable=true
+  kafka-topics --bootstrap-server 127.0.0.1:9092 --list --exclude-internal
+  kafka-topics --bootstrap-server 127.0.0.1:9092 --describe --topic 'ord.*'
+  kafka-topics --bootstrap-server 127.0.0.1:9092 --alter --topic orders --partitions 6
+  kafka-topics --bootstrap-server 127.0.0.1:9092 --delete --topic orders --if-exists"""
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """``--bootstrap-server``, ``--command-config`` and ``--version``, shared with kafka-configs.
+
+    ``--version`` (like ``--help``) answers without ``--bootstrap-server``: argparse acts on it while parsing,
+    before it checks the required options, as Kafka's tools do.
+    """
+    p.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
+                   help="the brokers to connect to: HOST:PORT[,HOST:PORT...]")
+    p.add_argument("--command-config", metavar="FILE",
+                   help="properties file of client settings (security, timeouts, ...), as librdkafka names them")
+    p.add_argument("--version", action="version", version=f"{__version__} (tabletopic)",
+                   help="print the version and exit")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kafka-topics", description="Create, delete, describe, or change a topic (Kafka's kafka-topics.sh).",
-    )
-    p.add_argument("--bootstrap-server", required=True, help="HOST:PORT[,HOST:PORT...] of the brokers")
-    p.add_argument("--command-config", help="properties file of client settings (security, timeouts, ...)")
+    p = argparse.ArgumentParser(prog="kafka-topics", description=TOPICS_DESCRIPTION, epilog=TOPICS_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_options(p)
     actions = p.add_mutually_exclusive_group(required=True)
     actions.add_argument("--create", action="store_true", help="create a new topic")
     actions.add_argument("--list", action="store_true", help="list all available topics")
     actions.add_argument("--describe", action="store_true", help="list details for the given topics")
     actions.add_argument("--alter", action="store_true", help="alter the number of partitions")
     actions.add_argument("--delete", action="store_true", help="delete a topic")
-    p.add_argument("--topic", help="the topic; a regular expression for --list, --describe, --alter and --delete")
-    p.add_argument("--partitions", type=int, help="number of partitions (--create, --alter)")
-    p.add_argument("--replication-factor", type=int, help="replication factor (--create)")
+    p.add_argument("--topic", metavar="TOPIC",
+                   help="the topic; a regular expression for --list, --describe, --alter and --delete")
+    p.add_argument("--partitions", type=int, metavar="N",
+                   help="number of partitions (--create: default the broker's num.partitions; --alter)")
+    p.add_argument("--replication-factor", type=int, metavar="R",
+                   help="replication factor (--create; default the broker's)")
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                    help="a topic config override for --create (repeatable)")
     p.add_argument("--if-exists", action="store_true", help="only act if the topic exists")

@@ -1,4 +1,5 @@
-"""``tabletopic serve``: start the broker from a properties file plus ``--override key=value`` settings."""
+"""The ``tabletopic`` command: ``serve`` starts the broker; ``sql`` and ``tables`` (tabletopic.cli.sql) read its
+catalog. Help texts are plain text (argparse prints them as written)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import configs
 from configs.model import BrokerConfig, load_properties, parse_overrides
 from tabletopic import __version__
+from tabletopic.datadir import DataDirError, DataDirInUseError, DataDirLock
 from tabletopic.errors import InvalidConfigError
 
 DEFAULT_CONFIG = Path(configs.__file__).resolve().parent / "server.properties"
@@ -26,7 +28,7 @@ def _setup_logging(level: str) -> None:
     )
 
 
-async def _serve(config: BrokerConfig) -> int:
+async def _serve(config: BrokerConfig, data_lock: DataDirLock) -> int:
     from tabletopic.broker import Broker
 
     loop = asyncio.get_running_loop()
@@ -40,7 +42,7 @@ async def _serve(config: BrokerConfig) -> int:
     # handlers first: a signal that arrives during start-up still ends in a graceful stop
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    broker = Broker(config)
+    broker = Broker(config, data_lock=data_lock)
     await broker.start()
     await stop.wait()
     await broker.stop()
@@ -63,25 +65,61 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     log.info("tabletopic %s starting with %s", __version__, path if path.exists() else "built-in defaults")
+    try:
+        # before anything else touches the directory, and before any listener is bound
+        data_lock = DataDirLock.acquire(config.log_dir)
+    except DataDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, DataDirInUseError) else 2
     from tabletopic.runtime import run
 
-    return run(_serve(config))
+    return run(_serve(config, data_lock))
+
+
+DESCRIPTION = """\
+tabletopic: a Kafka-compatible broker whose topics materialize, exactly once,
+as Apache Iceberg tables."""
+SERVE_SUMMARY = "start the broker (a properties file plus --override key=value, like kafka-server-start.sh)"
+SERVE_DESCRIPTION = """\
+Start the broker from a Kafka-style properties file plus --override key=value
+settings, like kafka-server-start.sh."""
+SERVE_EPILOG = """\
+examples:
+  tabletopic serve
+  tabletopic serve configs/server.properties --override log.dirs=/tmp/tt --override num.partitions=3
+
+SIGTERM or Ctrl-C stops the broker gracefully."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tabletopic", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"tabletopic {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="start the broker")
-    serve.add_argument("config", nargs="?", help="properties file (default: configs/server.properties)")
-    serve.add_argument("--config", dest="config_opt", help="properties file (same as the positional)")
-    serve.add_argument("--override", action="append", metavar="KEY=VALUE",
-                       help="override a setting (repeatable), as kafka-server-start.sh --override")
-    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
-    serve.set_defaults(func=cmd_serve)
     from tabletopic.cli.sql import add_parsers as add_query_parsers
 
-    add_query_parsers(sub)  # sql, tables
+    parser = argparse.ArgumentParser(prog="tabletopic", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tabletopic {__version__}")
+    # the commands are listed in the epilog (one line each), not again by argparse
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="one of the commands below")
+    serve = sub.add_parser("serve", description=SERVE_DESCRIPTION, epilog=SERVE_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("config", nargs="?", metavar="CONFIG",
+                       help=f"broker properties file (default: {DEFAULT_CONFIG})")
+    serve.add_argument("--config", dest="config_opt", metavar="FILE", help="the same as the CONFIG positional")
+    serve.add_argument("--override", action="append", metavar="KEY=VALUE",
+                       help="override a setting of the file (repeatable), as kafka-server-start.sh --override")
+    serve.add_argument("--log-level", default="INFO", type=str.upper,
+                       choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                       help="the broker log's level, on stderr (default: %(default)s)")
+    serve.set_defaults(func=cmd_serve)
+    commands = [("serve", SERVE_SUMMARY), *add_query_parsers(sub)]
+    width = max(len(name) for name, _ in commands) + 2
+    parser.epilog = "\n".join([
+        "commands:",
+        *(f"  {name.ljust(width)}{summary}" for name, summary in commands),
+        "",
+        "Run 'tabletopic COMMAND --help' for a command's options. The Kafka admin tools come as their own",
+        "commands: kafka-topics and kafka-configs.",
+    ])
     return parser
 
 

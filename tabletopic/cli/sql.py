@@ -253,6 +253,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
     """List the catalog's tables with their current snapshot (pyiceberg only: no Spark, answers at once)."""
     try:
         config = load_config(args.config, args.override or [])
+        from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY
         from tabletopic.catalog import load_catalog
 
         catalog = load_catalog(config)
@@ -262,38 +263,100 @@ def cmd_tables(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows: list[tuple[Any, ...]] = []
+    problems: list[str] = []
     for namespace in catalog.list_namespaces():
         for identifier in catalog.list_tables(namespace):
             table = catalog.load_table(identifier)
+            name = ".".join(identifier)
+            spec = spec_text(table)
+            problem = table.properties.get(PARTITION_BY_PROBLEM_PROPERTY)
+            if problem:
+                problems.append(f"{name}: {problem}")
+                spec += " (!)"
             snapshot = table.current_snapshot()
             if snapshot is None:
-                rows.append((".".join(identifier), 0, 0, None, None))
+                rows.append((name, 0, 0, spec, None, None))
                 continue
             summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
             committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
-            rows.append((".".join(identifier), int(summary.get("total-records", 0)),
-                         int(summary.get("total-data-files", 0)), snapshot.snapshot_id,
-                         committed.isoformat(sep=" ", timespec="seconds")))
-    print(format_table(["table", "records", "data files", "snapshot", "committed at (UTC)"], rows))
+            rows.append((name, int(summary.get("total-records", 0)), int(summary.get("total-data-files", 0)), spec,
+                         snapshot.snapshot_id, committed.isoformat(sep=" ", timespec="seconds")))
+    print(format_table(["table", "records", "data files", "partitioned by", "snapshot", "committed at (UTC)"],
+                       rows))
+    for line in problems:  # a topic setting the broker could not apply: say so here, not only in its log
+        print(f"(!) partition.by of {line}")
     return 0
 
 
+# Iceberg transform names (str(transform)) → partition.by syntax
+_TRANSFORM_SYNTAX = re.compile(r"^(bucket|truncate)\[(\d+)\]$")
+
+
+def spec_text(table: Any) -> str:
+    """The table's current partition spec in ``partition.by`` syntax: ``[a, bucket(b, 8)]``, ``[]`` if none."""
+    schema = table.schema()
+    items: list[str] = []
+    for f in table.spec().fields:
+        column = schema.find_column_name(f.source_id) or f"#{f.source_id}"
+        transform = str(f.transform)
+        m = _TRANSFORM_SYNTAX.match(transform)
+        if transform == "identity":
+            items.append(column)
+        elif m:
+            items.append(f"{m.group(1)}({column}, {m.group(2)})")
+        else:
+            items.append(f"{transform}({column})")
+    return "[" + ", ".join(items) + "]"
+
+
+SQL_SUMMARY = "run Spark SQL against the broker's Iceberg tables (one statement, or a prompt)"
+SQL_DESCRIPTION = """\
+Run Spark SQL against the broker's Iceberg catalog. With a statement (or several,
+separated by ';'), run it and print the result; without one, read statements
+ending in ';' from a prompt, or from stdin when piped (stopping at the first
+error, exit code 1). The broker's catalog is Spark's default catalog and its
+namespace the default namespace. Give the same --config and --override settings
+as the broker runs with."""
+SQL_EPILOG = """\
+examples:
+  tabletopic sql "SELECT count(*) FROM default.orders"
+  tabletopic sql --override log.dirs=/tmp/tt "SELECT _kafka_key, _kafka_value FROM orders LIMIT 5"
+  tabletopic sql "CALL tabletopic.system.rewrite_data_files(table => 'default.orders')"
+  echo "SELECT count(*) FROM orders;" | tabletopic sql"""
+TABLES_SUMMARY = "list the Iceberg tables with their records, data files and last commit (no Spark)"
+TABLES_DESCRIPTION = """\
+List the Iceberg tables of the broker's catalog with their current snapshot:
+records, data files, snapshot id and commit time. Reads the catalog with
+pyiceberg (no Spark), so it answers at once. Give the same --config and
+--override settings as the broker runs with."""
+TABLES_EPILOG = """\
+examples:
+  tabletopic tables
+  tabletopic tables --override log.dirs=/tmp/tt"""
+
+
 def _common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="broker properties file (default: configs/server.properties)")
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"the broker's properties file (default: {DEFAULT_CONFIG})")
     parser.add_argument("--override", action="append", metavar="KEY=VALUE",
-                        help="override a setting (repeatable), as for tabletopic serve")
+                        help="override a setting of the file (repeatable), as for tabletopic serve")
 
 
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``sql`` and ``tables`` on the ``tabletopic`` command's subparsers."""
-    sql = sub.add_parser("sql", help="run Spark SQL against the broker's Iceberg tables",
-                         description="Run a Spark SQL statement (or a prompt without one) against the broker's "
-                                     "Iceberg catalog, e.g. tabletopic sql \"SELECT count(*) FROM default.orders\"")
-    sql.add_argument("statement", nargs="*", help="the statement; omit for an interactive prompt")
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> list[tuple[str, str]]:
+    """Register ``sql`` and ``tables`` on the ``tabletopic`` command's subparsers; returns (name, summary) pairs
+    for the command list."""
+    sql = sub.add_parser("sql", description=SQL_DESCRIPTION, epilog=SQL_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    sql.add_argument("statement", nargs="*", metavar="STATEMENT",
+                     help="the SQL to run (several words are joined with spaces); omit it for a prompt")
     _common_options(sql)
-    sql.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, help="rows printed at most per result")
-    sql.add_argument("--driver-memory", default="1g", help="Spark driver memory (default 1g)")
+    sql.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
+                     help="print at most N rows of a result (default: %(default)s)")
+    sql.add_argument("--driver-memory", default="1g", metavar="SIZE",
+                     help="memory of the Spark driver JVM, e.g. 2g (default: %(default)s)")
     sql.set_defaults(func=cmd_sql)
-    tables = sub.add_parser("tables", help="list the Iceberg tables with their current snapshot")
+    tables = sub.add_parser("tables", description=TABLES_DESCRIPTION, epilog=TABLES_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     _common_options(tables)
     tables.set_defaults(func=cmd_tables)
+    return [("sql", SQL_SUMMARY), ("tables", TABLES_SUMMARY)]
