@@ -14,6 +14,7 @@ import time
 
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
+from tabletopic.datadir import DataDirLock
 from tabletopic.groups.coordinator import GroupConfig, GroupCoordinator
 from tabletopic.log.manager import LogManager
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
@@ -29,15 +30,17 @@ log = logging.getLogger(__name__)
 class Broker:
     """A single-node Kafka-compatible broker. Handlers reach every subsystem through it."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, data_lock: DataDirLock | None = None) -> None:
+        """``data_lock``: the lock on ``log.dirs`` if the caller took it already (else taken here); released by
+        :meth:`stop`. Raises ``DataDirError`` when the directory is unusable or another broker holds it."""
         handlers.load_all()
         self.config = config
         self.node_id = config.node_id
         adv = config.advertised_listeners[0]
         self.advertised_host = adv.host
         self.advertised_port = adv.port
+        self._data_lock = data_lock or DataDirLock.acquire(config.log_dir)
         data_dir = config.log_dir.resolve()
-        data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir = data_dir
         self.logs = LogManager(
             data_dir,
@@ -106,6 +109,7 @@ class Broker:
             self.metrics_server.stop()
         await self.groups.close()
         await self.logs.close()
+        self._data_lock.release()  # last: nothing below log.dirs is written after this
         log.info("shut down cleanly in %.0f ms", (time.monotonic() - t0) * 1000)
         self._stopped.set()
 
