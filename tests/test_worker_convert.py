@@ -64,8 +64,8 @@ def test_raw_value_string_key_columns() -> None:
     got = rows(r)
     assert [g["_kafka_key"] for g in got] == ["k0", None, "k2", ""]
     assert [g["_kafka_value"] for g in got] == [b"v0", b"v1", None, b""]  # raw: null stays null
-    assert [g["_kafka_header"] for g in got] == [
-        [], [("a", b"1"), ("b", None), ("a", b"2")], [("only", b"")], [],
+    assert [g["_kafka_header"] for g in got] == [  # a repeated key keeps its last value (a map has unique keys)
+        [], [("a", b"2"), ("b", None)], [("only", b"")], [],
     ]
     assert [g["_kafka_metadata"] for g in got] == [
         {"partition": 7, "offset": 40 + i, "timestamp": ts} for i, ts in enumerate((1000, 1001, 1002, 999))
@@ -97,7 +97,7 @@ def test_legacy_schemaless_columns() -> None:
     assert [g["value"] for g in got] == ["v0", "v1", None, ""]  # legacy value keeps nulls
     assert [g["timestamp"] for g in got] == [1000, 1001, 1002, 999]
     assert [g["_kafka_key"] for g in got] == ["k0", None, "k2", ""]
-    assert got[1]["_kafka_header"] == [("a", b"1"), ("b", None), ("a", b"2")]
+    assert got[1]["_kafka_header"] == [("a", b"2"), ("b", None)]
     assert [g["_kafka_metadata"]["offset"] for g in got] == [3, 4, 5, 6]  # type: ignore[index]
 
 
@@ -164,6 +164,31 @@ def test_start_offset_inside_a_batch_and_control_batches() -> None:
     past_all = convert(buf, start=17)
     assert past_all.stats.records == 0
     assert past_all.stats.next_offset == 17
+
+
+def test_repeated_header_keys_keep_the_last_value(tmp_path: Path) -> None:
+    # neighbours share keys across record boundaries (not repeats); repeats at distances 1..3 and in a record
+    # with more headers than the vectorized check looks at
+    many = [(f"h{i % 20}", b"%d" % i) for i in range(25)]
+    recs = [
+        (b"k", b"v", [("a", b"1"), ("b", b"2")], 1),
+        (b"k", b"v", [("b", b"3"), ("a", b"4")], 2),
+        (b"k", b"v", [("x", b"1"), ("x", b"2")], 3),
+        (b"k", b"v", [("x", b"1"), ("y", None), ("z", b""), ("x", None)], 4),
+        (b"k", b"v", [("a", b"1")], 5),
+        (b"k", b"v", many, 6),
+        (b"k", b"v", [(f"u{i}", b"") for i in range(20)], 7),
+    ]
+    got = [g["_kafka_header"] for g in rows(convert(make_batch(recs)))]
+    assert got == [[*dict(h).items()] for _, _, h, _ in recs]
+    assert got[2] == [("x", b"2")] and got[3] == [("x", None), ("y", None), ("z", b"")]
+    assert got[5] == [(f"h{i}", b"%d" % (i + 20 if i < 5 else i)) for i in range(20)]
+    assert [len(h) for h in got] == [2, 2, 1, 3, 1, 20, 20]
+    # the dead-letter file stores the same map
+    bad = [(BAD_KEY, b"v", [("a", b"1"), ("a", b"2")], 8)]
+    r = convert(make_batch(recs + bad), tolerance=ErrorsTolerance.ALL, dlq=tmp_path)
+    assert r.stats.dlq_file is not None
+    assert pq.read_table(r.stats.dlq_file).to_pylist()[0]["headers"] == [("a", b"2")]
 
 
 def test_empty_input() -> None:

@@ -9,10 +9,11 @@ column work in Arrow: the only per-record Python is the decode loop, a handful o
 
 Columns follow the *table's* schema (docs/automq-table-topic.md §3), matched by name, so a table whose schema
 was evolved by someone else still gets what it can: ``_kafka_header``, ``_kafka_key``, ``_kafka_value``,
-``_kafka_metadata`` and the legacy ``key``/``value``/``timestamp``; unknown columns are written as nulls. A key
-or value column typed ``string`` makes its bytes go through UTF-8 validation (vectorized: one Arrow cast; bad rows
-are only located when that cast fails). A null value in a ``string`` ``_kafka_value`` becomes ``""`` (AutoMQ);
-null keys stay null.
+``_kafka_metadata`` and the legacy ``key``/``value``/``timestamp``; unknown columns are written as nulls.
+Headers become a map, so a key a record repeats keeps its last value (as Kafka Connect's and Redpanda's map
+conversions do; the dead-letter files store the same map). A key or value column typed ``string`` makes its
+bytes go through UTF-8 validation (vectorized: one Arrow cast; bad rows are only located when that cast fails).
+A null value in a ``string`` ``_kafka_value`` becomes ``""`` (AutoMQ); null keys stay null.
 
 A record that cannot be converted is handled per ``errors.tolerance``: ``none`` stops right before it
 (``ConvertStats.blocked_offset``/``blocked_reason``), ``invalid_data``/``all`` skip it, count it by reason and,
@@ -65,6 +66,9 @@ DLQ_SCHEMA = pa.schema([
     pa.field("headers", pa.map_(pa.string(), pa.binary())),
     pa.field("reason", pa.string()),
 ])
+
+
+Headers = list[list[tuple[str, bytes | None]]]  # per record, in record order
 
 
 CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 1, 2, 3, 4
@@ -193,7 +197,7 @@ class _Decoded:
     timestamps: list[int] = field(default_factory=list)
     keys: list[bytes | None] = field(default_factory=list)
     values: list[bytes | None] = field(default_factory=list)
-    headers: list[list[tuple[str, bytes | None]]] = field(default_factory=list)
+    headers: Headers = field(default_factory=list)
     next_offset: int = 0
     # a batch that could not be decoded: (base offset, record count, raw bytes, error)
     corrupt: list[tuple[int, int, bytes, str]] = field(default_factory=list)
@@ -259,16 +263,60 @@ def _decode(data: bytes, start_offset: int) -> _Decoded:
     return out
 
 
-def _headers_array(headers: list[list[tuple[str, bytes | None]]]) -> pa.Array:
+# Above this many headers in one record, repeated keys are looked for in Python rather than with one vectorized
+# comparison per distance (which costs rows x max headers).
+_VECTOR_DUP_CHECK_MAX = 16
+
+
+def _has_repeated_keys(offsets: pa.Array, hkeys: pa.Array) -> bool:
+    """Whether some record has a header key twice (``offsets``/``hkeys``: the map's list offsets and keys)."""
+    lists = pa.ListArray.from_arrays(offsets, hkeys)
+    longest = pc.max(pc.list_value_length(lists)).as_py() or 0
+    if longest <= 1:
+        return False
+    if longest > _VECTOR_DUP_CHECK_MAX:
+        return True  # rare: let the exact Python pass decide
+    # a repeated key sits at distance d < longest from an earlier one of the same record
+    rows = pc.list_parent_indices(lists)
+    n = len(hkeys)
+    for d in range(1, longest):
+        same = pc.and_(pc.equal(rows[d:], rows[: n - d]), pc.equal(hkeys[d:], hkeys[: n - d]))
+        if pc.any(same).as_py():
+            return True
+    return False
+
+
+def _last_value_per_key(headers: Headers) -> Headers:
+    """``headers`` with one entry per key in each record: the last value wins (Kafka headers are ordered; Kafka
+    Connect's and Redpanda's map conversions keep the last), at the position of the key's first occurrence."""
+    out = headers.copy()
+    for i, h in enumerate(headers):
+        if len(h) > 1:
+            unique = dict(h)
+            if len(unique) < len(h):
+                out[i] = list(unique.items())
+    return out
+
+
+def _headers_array(headers: Headers) -> tuple[pa.Array, Headers]:
+    """The ``_kafka_header`` map column and the headers it holds (``headers``, or a copy without repeated keys:
+    an Iceberg map has unique keys)."""
     n = len(headers)
     if not any(headers):
-        return pa.MapArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
-                                       pa.array([], pa.large_string()), pa.array([], pa.large_binary()))
-    offsets = pa.array([0, *itertools.accumulate(map(len, headers))], pa.int32())
-    flat = list(itertools.chain.from_iterable(headers))
-    hkeys = pa.array([k for k, _ in flat], pa.large_string())
+        return pa.MapArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1), pa.array([], pa.large_string()),
+                                       pa.array([], pa.large_binary())), headers
+
+    def keys_of(headers: Headers) -> tuple[pa.Array, list[tuple[str, bytes | None]], pa.Array]:
+        offsets = pa.array([0, *itertools.accumulate(map(len, headers))], pa.int32())
+        flat = list(itertools.chain.from_iterable(headers))
+        return offsets, flat, pa.array([k for k, _ in flat], pa.large_string())
+
+    offsets, flat, hkeys = keys_of(headers)
+    if _has_repeated_keys(offsets, hkeys):  # rare: rebuilt from the deduplicated lists
+        headers = _last_value_per_key(headers)
+        offsets, flat, hkeys = keys_of(headers)
     hvalues = pa.array([v for _, v in flat], pa.large_binary())
-    return pa.MapArray.from_arrays(offsets, hkeys, hvalues)
+    return pa.MapArray.from_arrays(offsets, hkeys, hvalues), headers
 
 
 def _is_string(t: pa.DataType) -> bool:
@@ -330,7 +378,7 @@ def convert_records(
     timestamps = pa.array(d.timestamps, pa.int64())
     raw_keys = pa.array(d.keys, pa.large_binary())
     raw_values = pa.array(d.values, pa.large_binary())
-    headers = _headers_array(d.headers)
+    headers, d.headers = _headers_array(d.headers)  # the dead-letter file gets the same headers
 
     # reason per bad row (the first reason found wins for a row)
     bad: dict[int, str] = {}
