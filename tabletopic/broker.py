@@ -78,7 +78,8 @@ class Broker:
         self.topics.load()
         self.producer_ids.load()
         await self.groups.start()
-        catalog = await asyncio.to_thread(load_catalog, self.config)
+        # the broker is the one process that creates the catalog (readers only open it)
+        catalog = await asyncio.to_thread(load_catalog, self.config, create=True)
         if catalog is not None:
             self.tables = TableTopicHost(self, catalog, self.metrics)
             await self.tables.start()

@@ -5,20 +5,25 @@ schema V1, so Spark (``tabletopic.spark``) opens the very same catalog under the
 module owns the settings that make sharing the file safe: a busy timeout, WAL journal mode, and creating the
 catalog tables here (Iceberg-Java must not: see ``tabletopic.spark``). Every other type goes to pyiceberg's
 ``load_catalog`` unchanged.
+
+Only the broker creates the catalog (``load_catalog(config, create=True)``); every reader (``tabletopic sql``,
+``tables``, Spark sessions, user code) opens an existing one, so that wrong settings say "no catalog at ..."
+instead of creating an empty catalog somewhere else. ``broker_config`` reads the broker's settings the way
+``tabletopic serve`` does, for readers to find the same catalog.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-from configs.model import BrokerConfig
+import configs
+from configs.model import BrokerConfig, load_properties, parse_overrides
 from tabletopic.errors import InvalidConfigError
-from tabletopic.fileio import FILE_IO_IMPL
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -29,10 +34,42 @@ URI_KEY = "automq.table.topic.catalog.uri"
 WAREHOUSE_KEY = "automq.table.topic.catalog.warehouse"
 # SQLite waits this long for a lock held by another process (pyiceberg's committer, Spark) before SQLITE_BUSY.
 SQLITE_BUSY_TIMEOUT_S = 30
+# the properties file `tabletopic serve` reads when given none
+DEFAULT_CONFIG = Path(configs.__file__).resolve().parent / "server.properties"
+# a table of Iceberg-Java's JdbcCatalog schema (pyiceberg's SqlCatalog): present once the broker created the catalog
+_CATALOG_TABLE = "iceberg_tables"
 
 
 class CatalogUnavailableError(RuntimeError):
     """The configured catalog cannot be opened from this process (e.g. a missing database driver)."""
+
+
+class CatalogNotFoundError(CatalogUnavailableError):
+    """The configured catalog does not exist: only the broker creates it, readers open an existing one."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"no catalog at {where}: the broker creates it when it starts; give the settings the broker runs with "
+            "(the same --config file and --override log.dirs=... options)"
+        )
+        self.where = where
+
+
+def broker_config(config_path: str | Path | None = None,
+                  overrides: Mapping[str, str] | Iterable[str] = ()) -> BrokerConfig:
+    """The broker's settings as ``tabletopic serve`` reads them: the properties file (default: the shipped
+    ``configs/server.properties``), then ``overrides`` (a mapping, or ``key=value`` strings as ``--override``).
+
+    Raises FileNotFoundError for a ``config_path`` that does not exist and InvalidConfigError for a bad setting.
+    """
+    path = Path(config_path) if config_path is not None else DEFAULT_CONFIG
+    props: dict[str, str] = {}
+    if path.exists():
+        props = load_properties(path)
+    elif config_path is not None:
+        raise FileNotFoundError(f"config file {path} not found")
+    props.update(dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides))
+    return BrokerConfig.from_properties(props)
 
 
 def default_sql_properties(config: BrokerConfig) -> dict[str, str]:
@@ -44,6 +81,8 @@ def default_sql_properties(config: BrokerConfig) -> dict[str, str]:
 
 def sql_catalog_properties(config: BrokerConfig) -> dict[str, str]:
     """The ``sql`` catalog's pyiceberg properties, normalised: defaults filled in, SQLite busy timeout added."""
+    from tabletopic.fileio import FILE_IO_IMPL  # imported here: it loads pyarrow, which the CLIs' --help need not
+
     # local files written for the catalog (metadata, manifests, data) are fsynced before they are referenced
     props = {**default_sql_properties(config), "py-io-impl": FILE_IO_IMPL, **config.catalog_properties}
     props.pop("type", None)
@@ -102,20 +141,25 @@ def enable_wal(db_path: Path) -> None:
         con.close()
 
 
-def _prepare_sql(props: Mapping[str, str]) -> None:
-    uri = props["uri"]
-    if is_sqlite(uri):
-        db = sqlite_path(uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            enable_wal(db)
-    elif uri.startswith("postgresql"):
+def _check_driver(uri: str) -> None:
+    if uri.startswith("postgresql"):
         try:
             import psycopg2  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
         except ImportError:
             raise CatalogUnavailableError(
                 f"{URI_KEY}={_redact(uri)} needs the psycopg2 driver: pip install psycopg2-binary into .venv"
             ) from None
+
+
+def _prepare_sql(props: Mapping[str, str]) -> None:
+    """The broker's side: create the SQLite file's directory (WAL on) and a local warehouse directory."""
+    uri = props["uri"]
+    if is_sqlite(uri):
+        db = sqlite_path(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            enable_wal(db)
+    _check_driver(uri)
     warehouse = props.get("warehouse")
     if warehouse:
         path = local_warehouse_path(warehouse)
@@ -123,11 +167,58 @@ def _prepare_sql(props: Mapping[str, str]) -> None:
             path.mkdir(parents=True, exist_ok=True)
 
 
-def load_catalog(config: BrokerConfig) -> Catalog | None:
+def _require_sql_catalog(uri: str) -> None:
+    """A reader's side: the catalog's tables exist, checked without creating anything (no SQLite file, no table).
+
+    Raises CatalogNotFoundError naming the file (or the redacted URI) otherwise.
+    """
+    where = _redact(uri)
+    if is_sqlite(uri):
+        db = sqlite_path(uri)
+        if db is None:  # in-memory, or a file: URI that connecting would create
+            raise CatalogUnavailableError(f"{URI_KEY}={where} is not a database file that a reader can open")
+        if not db.is_file():  # connecting would create an empty database file
+            raise CatalogNotFoundError(str(db))
+        where = str(db)
+    _check_driver(uri)
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(uri)
+    try:
+        exists = inspect(engine).has_table(_CATALOG_TABLE)
+    except SQLAlchemyError as exc:
+        raise CatalogUnavailableError(f"cannot open the catalog at {where}: {exc}") from None
+    finally:
+        engine.dispose()
+    if not exists:
+        raise CatalogNotFoundError(where)
+
+
+def require_catalog(config: BrokerConfig) -> None:
+    """Check that the broker's catalog exists, creating nothing (readers call this before opening it).
+
+    Only ``sql`` catalogs are checked here: for the others (REST, Glue, ...) the catalog is a service that
+    readers connect to and never create.
+    """
+    if config.catalog_type == "sql":
+        _require_sql_catalog(_sql_uri(sql_catalog_properties(config)))
+
+
+def _sql_uri(props: Mapping[str, str]) -> str:
+    uri = props.get("uri")
+    if not uri:
+        raise InvalidConfigError(f"Invalid value for configuration {URI_KEY}: a sql catalog needs a uri")
+    return uri
+
+
+def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | None:
     """Open the broker's catalog, named ``config.catalog_name``; None when ``catalog.type`` is unset.
 
-    ``sql``: a pyiceberg ``SqlCatalog`` (SQLite or PostgreSQL URI) that creates the catalog tables when missing;
-    any other type: ``pyiceberg.catalog.load_catalog(name, **properties)``.
+    ``sql``: a pyiceberg ``SqlCatalog`` (SQLite or PostgreSQL URI); any other type:
+    ``pyiceberg.catalog.load_catalog(name, **properties)``. Only the broker passes ``create=True`` (make the
+    SQLite file, the warehouse directory and the catalog tables when missing); a reader gets
+    CatalogNotFoundError when the catalog does not exist yet.
     """
     catalog_type = config.catalog_type
     if catalog_type is None:
@@ -137,11 +228,15 @@ def load_catalog(config: BrokerConfig) -> Catalog | None:
         from pyiceberg.catalog.sql import SqlCatalog
 
         props = sql_catalog_properties(config)
-        if not props.get("uri"):
-            raise InvalidConfigError(f"Invalid value for configuration {URI_KEY}: a sql catalog needs a uri")
-        _prepare_sql(props)
+        uri = _sql_uri(props)
+        if create:
+            _prepare_sql(props)
+        else:
+            _require_sql_catalog(uri)
+            # pyiceberg creates missing catalog tables unless told not to (a broker dropping them meanwhile)
+            props["init_catalog_tables"] = "false"
         catalog = SqlCatalog(name, **props)
-        log.info("catalog %s: sql at %s, warehouse %s", name, _redact(props["uri"]), props.get("warehouse"))
+        log.info("catalog %s: sql at %s, warehouse %s", name, _redact(uri), props.get("warehouse"))
         return catalog
 
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog

@@ -28,6 +28,7 @@ from tabletopic.catalog import (
     URI_KEY,
     is_sqlite,
     local_warehouse_path,
+    require_catalog,
     sql_catalog_properties,
     sqlite_path,
 )
@@ -223,8 +224,10 @@ def spark_session(
     """A Spark session whose default catalog is the broker's Iceberg catalog.
 
     Starting the JVM takes seconds. One session per process: if one is already running, Spark returns it and
-    only the runtime settings (the catalog) apply, not ``spark.jars`` or memory.
+    only the runtime settings (the catalog) apply, not ``spark.jars`` or memory. Raises CatalogNotFoundError
+    (``tabletopic.catalog``) when the catalog does not exist: a reader never creates it.
     """
+    require_catalog(config)  # the JDBC driver would create an empty SQLite file
     java_executable()
     conf = spark_conf(config, app_name=app_name, master=master, driver_memory=driver_memory, extra_conf=extra_conf)
     # Spark binds the machine's external address unless told otherwise, before the conf is read

@@ -45,7 +45,7 @@ def test_outputs_are_fsynced_on_close(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_broker_catalog_tables_use_it(tmp_path: Path) -> None:
     catalog = load_catalog(BrokerConfig.from_properties({"log.dirs": str(tmp_path),
-                                                         "automq.table.topic.catalog.type": "sql"}))
+                                                         "automq.table.topic.catalog.type": "sql"}), create=True)
     assert catalog is not None
     catalog.create_namespace("default")
     tbl = catalog.create_table(("default", "t"), schema=table_schema(TableTopicConfig()),

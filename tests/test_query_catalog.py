@@ -6,6 +6,7 @@ tables with the broker's own schema (worker.schema), written by pyiceberg in sev
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import subprocess
 import sys
@@ -23,11 +24,18 @@ from pyiceberg.table import Table
 from configs.model import BrokerConfig
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import TableTopicConfig
-from tabletopic.catalog import load_catalog, sql_catalog_properties, with_sqlite_timeout
+from tabletopic.catalog import (
+    CatalogNotFoundError,
+    broker_config,
+    load_catalog,
+    sql_catalog_properties,
+    with_sqlite_timeout,
+)
 from tabletopic.cli.sql import format_table, format_value, split_statements
 from tabletopic.errors import InvalidConfigError
 from tabletopic.readers import duckdb_connect, duckdb_scan, metadata_path, pyiceberg_rows
-from tabletopic.spark import catalog_conf, jdbc_catalog_uri, spark_conf
+from tabletopic.spark import catalog_conf, jdbc_catalog_uri, spark_conf, spark_session
+from tests.helpers.procs import BrokerProcess
 from worker.schema import partition_spec, table_schema
 
 CATALOG = "tabletopic"
@@ -124,7 +132,7 @@ def test_catalog_unset_means_no_catalog() -> None:
 
 def test_sql_catalog_from_shipped_settings(tmp_path: Path) -> None:
     config = BrokerConfig.from_properties(shipped_properties(tmp_path))
-    catalog = load_catalog(config)
+    catalog = load_catalog(config, create=True)
     assert isinstance(catalog, SqlCatalog)
     assert catalog.name == CATALOG
     db = tmp_path / "data" / "iceberg" / "catalog.db"
@@ -138,19 +146,68 @@ def test_sql_catalog_from_shipped_settings(tmp_path: Path) -> None:
     finally:
         con.close()
     assert sql_catalog_properties(config)["uri"] == f"sqlite:///{db}?timeout=30"
-    # opening it again (a second broker start, the CLI) finds the same catalog
+    # opening it again (a second broker start; a reader, which creates nothing) finds the same catalog
     create_topic_table(catalog, "again")
-    reopened = load_catalog(config)
-    assert reopened is not None and reopened.table_exists("default.again")
+    for create in (True, False):
+        reopened = load_catalog(config, create=create)
+        assert reopened is not None and reopened.table_exists("default.again")
 
 
 def test_sql_catalog_defaults_under_log_dirs(tmp_path: Path) -> None:
     config = BrokerConfig.from_properties({"log.dirs": str(tmp_path / "d"), "automq.table.topic.catalog.type": "sql",
                                            "automq.table.topic.catalog.name": "other"})
-    catalog = load_catalog(config)
+    catalog = load_catalog(config, create=True)
     assert catalog is not None and catalog.name == "other"
     assert (tmp_path / "d" / "iceberg" / "catalog.db").is_file()
     assert (tmp_path / "d" / "iceberg" / "warehouse").is_dir()
+
+
+def no_catalog_message(where: Path | str) -> str:
+    return f"no catalog at {where}: the broker creates it"
+
+
+def test_readers_never_create_a_catalog(tmp_path: Path) -> None:
+    """Settings that point where no broker ever ran (a wrong log.dirs) say so, and leave nothing behind."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    db = empty / "iceberg" / "catalog.db"
+    # the README's Python way: the broker's settings as the CLIs read them (shipped file + overrides)
+    config = broker_config(overrides={"log.dirs": str(empty)})
+    assert config == broker_config(None, [f"log.dirs={empty}"])
+    with pytest.raises(CatalogNotFoundError, match=re.escape(no_catalog_message(db))) as info:
+        load_catalog(config)
+    assert "--override log.dirs=" in str(info.value)
+    with pytest.raises(CatalogNotFoundError):
+        spark_session(config)  # before any JVM starts
+    assert list(empty.iterdir()) == []
+    # the CLIs: a one-line error naming the file, a non-zero exit code, no catalog created
+    for argv in (["tables"], ["sql", "SELECT 1"]):
+        proc = subprocess.run([str(Path(sys.executable).parent / "tabletopic"), *argv, "--override",
+                               f"log.dirs={empty}"], check=False, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0, argv
+        assert proc.stderr.startswith(f"error: {no_catalog_message(db)}"), proc.stderr
+        assert proc.stderr.count("\n") == 1 and "starting Spark" not in proc.stderr
+        assert proc.stdout == ""
+        assert list(empty.iterdir()) == []
+    # a database file without the catalog's tables is not a catalog either, and a reader adds none
+    db.parent.mkdir()
+    sqlite3.connect(db).close()
+    with pytest.raises(CatalogNotFoundError, match=re.escape(no_catalog_message(db))):
+        load_catalog(config)
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("SELECT name FROM sqlite_master").fetchall() == []
+    finally:
+        con.close()
+    with pytest.raises(FileNotFoundError, match="config file"):
+        broker_config(tmp_path / "missing.properties")
+
+
+def test_tables_command_reads_a_running_brokers_catalog(broker: BrokerProcess) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--override", f"log.dirs={broker.data_dir}"],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split("|")[1].strip() == "table"
 
 
 def test_sqlite_timeout_kept_or_added() -> None:
@@ -224,7 +281,7 @@ def test_rest_catalog_spark_conf() -> None:
 
 @pytest.fixture
 def catalog(tmp_path: Path) -> Catalog:
-    c = load_catalog(BrokerConfig.from_properties(shipped_properties(tmp_path)))
+    c = load_catalog(BrokerConfig.from_properties(shipped_properties(tmp_path)), create=True)
     assert c is not None
     return c
 
@@ -268,7 +325,24 @@ def test_tables_command_lists_the_catalog(tmp_path: Path, catalog: Catalog) -> N
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if "default.orders" in ln)
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:3] == ["default.orders", "9", "2"]
+    assert cells[:4] == ["default.orders", "9", "2", "[]"]
+
+
+def test_tables_command_shows_the_spec_and_why_partition_by_is_not_applied(tmp_path: Path, catalog: Catalog) -> None:
+    create_topic_table(catalog, "parted", partition_by="[_kafka_metadata.partition, bucket(_kafka_key, 4), "
+                                                       "truncate(_kafka_value, 3)]")
+    problem = "not applied: day() cannot be applied to column _kafka_metadata.timestamp of type long"
+    tbl = create_topic_table(catalog, "stuck")
+    tbl.transaction().set_properties({"tabletopic.partition-by.problem": problem}).commit_transaction()
+    props = write_properties(tmp_path / "server.properties", shipped_properties(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--config", str(props)],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in lines if "| default." in ln)}
+    assert cells["default.parted"][3] == "[_kafka_metadata.partition, bucket(_kafka_key, 4), truncate(_kafka_value, 3)]"
+    assert cells["default.stuck"][3] == "[] (!)"
+    assert f"(!) partition.by of default.stuck: {problem}" in lines
 
 
 # ---- `tabletopic sql` helpers ----

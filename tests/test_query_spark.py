@@ -55,7 +55,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("query")
     props = shipped_properties(root)
     config = BrokerConfig.from_properties(props)
-    catalog = load_catalog(config)
+    catalog = load_catalog(config, create=True)
     assert catalog is not None
     rows = make_rows(range(40), partitions=4)
     for name, partition_by in (("t", None), ("tp", PARTITION_BY), ("compact", PARTITION_BY)):

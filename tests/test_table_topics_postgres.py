@@ -3,6 +3,8 @@ local PostgreSQL server, the broker committing through pyiceberg, Spark reading 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from configs.model import BrokerConfig, load_properties
+from tabletopic.catalog import CatalogNotFoundError, broker_config, load_catalog
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.procs import BrokerProcess
 from tests.test_table_topics import create, end_offsets, log_rows, normalize_log, produce
@@ -26,7 +29,30 @@ def pg() -> Iterator[PostgresServer]:
     server.stop()
 
 
+def has_catalog_tables(url: str) -> bool:
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(url)
+    try:
+        return bool(inspect(engine).has_table("iceberg_tables"))
+    finally:
+        engine.dispose()
+
+
+def tables_command(data_dir: Path, url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--override", f"log.dirs={data_dir}",
+                           "--override", f"{CATALOG_URI}={url}"], check=False, capture_output=True, text=True,
+                          timeout=60)
+
+
 def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None:
+    # before the broker ever ran: readers say there is no catalog, and create none of its tables
+    config = broker_config(overrides={"log.dirs": str(tmp_path / "data"), CATALOG_URI: pg.url})
+    with pytest.raises(CatalogNotFoundError, match=r"no catalog at postgresql\+psycopg2://postgres@127"):
+        load_catalog(config)
+    proc = tables_command(tmp_path / "data", pg.url)
+    assert proc.returncode != 0 and proc.stderr.startswith("error: no catalog at postgresql"), proc.stderr
+    assert not has_catalog_tables(pg.url)
     b = BrokerProcess(tmp_path / "data", overrides={CATALOG_URI: pg.url})
     b.start()
     try:
@@ -51,6 +77,9 @@ def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None
         assert sorted(rows) == normalize_log(log_rows(b, topic, 2))
         # the embedded SQLite catalog was not used at all
         assert not (b.data_dir / "iceberg" / "catalog.db").exists()
+        proc = tables_command(b.data_dir, pg.url)
+        assert proc.returncode == 0, proc.stderr
+        assert f"default.{topic}" in proc.stdout
 
         from tabletopic.spark import spark_session, stop_session
 

@@ -10,13 +10,12 @@ import signal
 import sys
 from pathlib import Path
 
-import configs
-from configs.model import BrokerConfig, load_properties, parse_overrides
+from configs.model import BrokerConfig
 from tabletopic import __version__
+from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.datadir import DataDirError, DataDirInUseError, DataDirLock
 from tabletopic.errors import InvalidConfigError
 
-DEFAULT_CONFIG = Path(configs.__file__).resolve().parent / "server.properties"
 log = logging.getLogger("tabletopic")
 
 
@@ -51,19 +50,12 @@ async def _serve(config: BrokerConfig, data_lock: DataDirLock) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    path = Path(args.config) if args.config else DEFAULT_CONFIG
-    props: dict[str, str] = {}
-    if path.exists():
-        props = load_properties(path)
-    elif args.config:
-        print(f"error: config file {path} not found", file=sys.stderr)
-        return 2
     try:
-        props.update(parse_overrides(args.override or []))
-        config = BrokerConfig.from_properties(props)
-    except InvalidConfigError as exc:
+        config = broker_config(args.config, args.override or [])
+    except (FileNotFoundError, InvalidConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    path = Path(args.config) if args.config else DEFAULT_CONFIG
     log.info("tabletopic %s starting with %s", __version__, path if path.exists() else "built-in defaults")
     try:
         # before anything else touches the directory, and before any listener is bound

@@ -15,17 +15,15 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import configs
-from configs.model import BrokerConfig, load_properties, parse_overrides
+from configs.model import BrokerConfig
+from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.errors import InvalidConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-DEFAULT_CONFIG = Path(configs.__file__).resolve().parent / "server.properties"
 PROMPT = "tabletopic-sql> "
 CONTINUATION = "             -> "
 DEFAULT_MAX_ROWS = 1000
@@ -41,16 +39,9 @@ class CliError(Exception):
 
 def load_config(config: str | None, overrides: Iterable[str]) -> BrokerConfig:
     """The broker's settings, as ``tabletopic serve`` reads them (file, else the shipped default, + overrides)."""
-    path = Path(config) if config else DEFAULT_CONFIG
-    props: dict[str, str] = {}
-    if path.exists():
-        props = load_properties(path)
-    elif config:
-        raise CliError(f"config file {path} not found")
     try:
-        props.update(parse_overrides(overrides))
-        return BrokerConfig.from_properties(props)
-    except InvalidConfigError as exc:
+        return broker_config(config, overrides)
+    except (FileNotFoundError, InvalidConfigError) as exc:
         raise CliError(str(exc)) from None
 
 
@@ -215,15 +206,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.override or [])
         if not config.table_topic_enabled:
             raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
-        from tabletopic.catalog import CatalogUnavailableError, load_catalog
+        from tabletopic.catalog import CatalogUnavailableError, require_catalog
         from tabletopic.spark import SparkUnavailableError, spark_session, stop_session
 
-        if config.catalog_type == "sql":
-            # pyiceberg creates the catalog tables when missing (Spark is told not to: see tabletopic.spark)
-            try:
-                load_catalog(config)
-            except CatalogUnavailableError as exc:
-                raise CliError(str(exc)) from None
+        try:
+            require_catalog(config)  # before the JVM starts: a wrong log.dirs is reported at once
+        except CatalogUnavailableError as exc:
+            raise CliError(str(exc)) from None
         print(f"starting Spark for catalog {config.catalog_name} (takes a few seconds)...", file=sys.stderr)
         started = time.monotonic()
         try:
@@ -254,9 +243,12 @@ def cmd_tables(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.override or [])
         from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY
-        from tabletopic.catalog import load_catalog
+        from tabletopic.catalog import CatalogUnavailableError, load_catalog
 
-        catalog = load_catalog(config)
+        try:
+            catalog = load_catalog(config)
+        except CatalogUnavailableError as exc:
+            raise CliError(str(exc)) from None
         if catalog is None:
             raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
     except (CliError, InvalidConfigError) as exc:
