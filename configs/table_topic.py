@@ -11,7 +11,10 @@ adds what involves several settings at once (docs/automq-table-topic.md §1):
   then fails at run time); a table cannot apply an update or a delete without a key, so we refuse it here;
 - the deprecated ``schema.type`` (``schemaless`` / ``schema``) cannot be combined with the ``convert.*`` /
   ``transform.*`` settings it stands for (AutoMQ's rule); ``schema`` implies ``by_schema_id`` and so needs a
-  schema registry too.
+  schema registry too;
+- every ``partition.by`` column exists among the columns the converters produce, and its transform applies to
+  the column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it
+  creates the table).
 
 Every violation is an :class:`InvalidConfigError` (INVALID_CONFIG) naming the key and the value.
 """
@@ -156,7 +159,12 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Any], broker: BrokerC
     if cdc_field is not None and cdc_field.strip() and not id_columns:
         raise _invalid(CDC_FIELD, cdc_field, f"CDC needs identifier columns to apply updates and deletes: "
                                              f"set {ID_COLUMNS}")
-    parse_partition_by(values[PARTITION_BY])
+    partition_by = parse_partition_by(values[PARTITION_BY])
+    if partition_by:
+        # pyiceberg is imported only here: the admin CLIs import this module and must start fast
+        from configs.table_schema import check_partition_by  # configs.table_schema imports this module
+
+        check_partition_by(TableTopicConfig.from_values(values), values[PARTITION_BY])
 
 
 def _blank_to_none(value: str | None) -> str | None:

@@ -60,6 +60,7 @@ from coordinator.table import (
     evolve_partition_spec,
     list_worker_files,
     load_or_create_table,
+    partition_by_problem,
     referenced_files,
     same_path,
 )
@@ -184,6 +185,8 @@ class TableTopicCoordinator:
         self.bytes_committed = 0
         self.fields_committed = 0
         self.delay_ms = 0  # kafka_tabletopic_delay: now - min per-partition watermark at the last commit
+        # why the table's spec does not follow partition.by (None: it does); read from the table every round
+        self.partition_by_problem: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -508,6 +511,7 @@ class TableTopicCoordinator:
         if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
             tbl = evolve_partition_spec(tbl, cfg)
             self._partition_by_seen = cfg.partition_by
+        self.partition_by_problem = partition_by_problem(tbl)
         return tbl
 
     async def _collect(self, request: CommitRequest, expected: set[int]) -> _Collected:

@@ -8,7 +8,9 @@ append (see :mod:`coordinator.committer`), so they are exactly as durable and as
 - ``tabletopic.commit-id``: the commit id of the round that last changed them.
 
 ``tabletopic.partition-by`` records the ``partition.by`` last applied to the spec (see
-:func:`evolve_partition_spec`).
+:func:`evolve_partition_spec`); ``tabletopic.partition-by.problem`` says why the current ``partition.by`` is not
+applied, while it is not (a value stored before the config checks refused it), for ``tabletopic tables`` and
+anyone reading the table.
 
 Snapshot summaries carry ``tabletopic.commit-id`` and ``tabletopic.watermark`` too (AutoMQ style, for humans
 and for resolving an unknown commit outcome while the snapshot is still in the metadata), but unlike table
@@ -34,6 +36,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
+from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_topic import TableTopicConfig
 from tabletopic.errors import InvalidConfigError
 from worker.schema import partition_spec, table_schema
@@ -48,6 +51,7 @@ TOPIC_ID_PROPERTY = "tabletopic.topic-id"
 SUMMARY_COMMIT_ID = "tabletopic.commit-id"
 SUMMARY_WATERMARK = "tabletopic.watermark"
 PARTITION_BY_PROPERTY = "tabletopic.partition-by"
+PARTITION_BY_PROBLEM_PROPERTY = "tabletopic.partition-by.problem"
 
 DEFAULT_NAMESPACE = "default"
 """Used when ``automq.table.topic.namespace`` is blank: pyiceberg catalogs refuse namespace-less tables."""
@@ -62,13 +66,30 @@ def table_identifier(topic: str, cfg: TableTopicConfig) -> tuple[str, ...]:
     return ident if len(ident) > 1 else (DEFAULT_NAMESPACE, *ident)
 
 
-def _desired_spec(schema: Schema, cfg: TableTopicConfig, table: str) -> PartitionSpec | None:
-    """The spec ``partition.by`` asks for over ``schema``; None (logged) when it does not apply to it."""
+def _desired_spec(schema: Schema, cfg: TableTopicConfig) -> PartitionSpec | str:
+    """The spec ``partition.by`` asks for over ``schema``, or why it does not apply to it."""
     try:
         return partition_spec(schema, cfg.partition_by)
     except InvalidConfigError as e:
-        log.error("cannot apply partition.by to %s: %s; keeping the current partitioning", table, e)
-        return None
+        return f"not applied: {e}"
+
+
+def partition_by_problem(tbl: Table) -> str | None:
+    """Why the table's spec does not follow the topic's ``partition.by`` (None: it does)."""
+    return tbl.properties.get(PARTITION_BY_PROBLEM_PROPERTY)
+
+
+def _record_problem(tbl: Table, problem: str | None) -> Table:
+    """Set (or clear, with None) :data:`PARTITION_BY_PROBLEM_PROPERTY`; a no-op when it already says that."""
+    if partition_by_problem(tbl) == problem:
+        return tbl
+    txn = tbl.transaction()
+    if problem is None:
+        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
+    else:
+        log.error("table %s: %s; keeping the current partitioning", ".".join(tbl.name()), problem)
+        txn.set_properties({PARTITION_BY_PROBLEM_PROPERTY: problem})
+    return txn.commit_transaction()
 
 
 def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> Table:
@@ -82,10 +103,14 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
     namespace = ident[:-1]
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
-    desired = _desired_spec(table_schema(cfg), cfg, ".".join(ident))
-    spec = desired or UNPARTITIONED_PARTITION_SPEC
+    desired = _desired_spec(table_schema(cfg), cfg)
     properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2"}
-    if desired is not None:
+    if isinstance(desired, str):
+        log.error("table %s: %s; creating it unpartitioned", ".".join(ident), desired)
+        spec = UNPARTITIONED_PARTITION_SPEC
+        properties[PARTITION_BY_PROBLEM_PROPERTY] = desired
+    else:
+        spec = desired
         properties[PARTITION_BY_PROPERTY] = partition_by_text(cfg)
     try:
         tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
@@ -101,7 +126,7 @@ def _spec_key(spec: PartitionSpec) -> set[tuple[int, str, str]]:
 
 def partition_by_text(cfg: TableTopicConfig) -> str:
     """``partition.by`` in canonical form, as recorded in :data:`PARTITION_BY_PROPERTY`."""
-    return "[" + ", ".join(str(f) for f in cfg.partition_by) + "]"
+    return canonical_partition_by(cfg.partition_by)
 
 
 def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
@@ -112,17 +137,21 @@ def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
     (Spark ``ALTER TABLE``) is not reverted on every round or restart. Removals and additions go in one
     transaction, removals first, so that a changed transform keeping its field name (``bucket(k, 16)`` →
     ``bucket(k, 32)``, both ``k_bucket``) does not clash.
+
+    A ``partition.by`` that does not fit the table (stored before the config checks refused it) leaves the spec as
+    it is and is recorded in :data:`PARTITION_BY_PROBLEM_PROPERTY` (logged once, when it changes); the property
+    goes away once a ``partition.by`` applies again.
     """
     text = partition_by_text(cfg)
     if tbl.properties.get(PARTITION_BY_PROPERTY) == text:
-        return tbl
-    desired = _desired_spec(tbl.schema(), cfg, ".".join(tbl.name()))
-    if desired is None:
-        return tbl
+        return _record_problem(tbl, None)
+    desired = _desired_spec(tbl.schema(), cfg)
+    if isinstance(desired, str):
+        return _record_problem(tbl, desired)
     want = _spec_key(desired)
     have = _spec_key(tbl.spec())
     if want == have:
-        return tbl
+        return _record_problem(tbl, None)
     schema = tbl.schema()
     removed = [f for f in tbl.spec().fields if (f.source_id, str(f.transform), f.name) not in want]
     added = [f for f in desired.fields if (f.source_id, str(f.transform), f.name) not in have]
@@ -138,6 +167,8 @@ def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
                 assert column is not None
                 upd.add_field(column, f.transform, f.name)
     txn.set_properties({PARTITION_BY_PROPERTY: text})
+    if partition_by_problem(tbl) is not None:
+        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
     tbl = txn.commit_transaction()
     log.info("evolved the partition spec of %s to %s (spec id %d) for partition.by=%s", ".".join(tbl.name()),
              tbl.spec(), tbl.spec().spec_id, text)

@@ -70,6 +70,9 @@ class TableTopicMetrics:
                                    ["topic"], buckets=COMMIT_DURATION_BUCKETS, registry=r)
         self._busy = Gauge("tabletopic_worker_busy_ratio", "Share of wall time a worker spent busy",
                            ["worker"], registry=r)
+        self._partition_by = Gauge("tabletopic_partition_by_applied", "1 when the table's partition spec follows "
+                                   "automq.table.topic.partition.by, 0 when that value cannot apply to the table "
+                                   "(the reason is in `tabletopic tables`)", ["topic"], registry=r)
         self._lock = threading.Lock()
         self._watermarks: dict[str, float] = {}
         self._last_commit: dict[str, float] = {}
@@ -140,6 +143,10 @@ class TableTopicMetrics:
                 self._busy_workers.add((topic, worker))
         self._busy.labels(worker=worker).set(ratio)
 
+    def set_partition_by_applied(self, topic: str, applied: bool) -> None:
+        """Whether the table's spec follows ``partition.by`` (see ``coordinator.table.evolve_partition_spec``)."""
+        self._partition_by.labels(topic=topic).set(1.0 if applied else 0.0)
+
     def remove_topic(self, topic: str) -> None:
         """Drop every series of a deleted topic (or one whose table topic was turned off)."""
         with self._lock:
@@ -152,7 +159,7 @@ class TableTopicMetrics:
             workers = {w for t, w in self._busy_workers if t == topic}
             self._busy_workers = {(t, w) for t, w in self._busy_workers if t != topic}
         for metric in (self._delay, self._delay_ms, self._fps, self._fields, self._records, self._files,
-                       self._bytes, self._duration):
+                       self._bytes, self._duration, self._partition_by):
             with contextlib.suppress(KeyError):  # the topic never set this one
                 metric.remove(topic)
         for pair in reasons:

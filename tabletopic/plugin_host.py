@@ -197,6 +197,9 @@ class TableTopicHost:
         """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours)."""
         m = self._metrics
         self._observe_busy(topic)
+        tt = self._running.get(topic)
+        if tt is not None:
+            m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
         if report.outcome is RoundOutcome.COMMITTED:

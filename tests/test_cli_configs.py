@@ -70,7 +70,7 @@ def test_create_describe_with_table_topic_settings(broker: Any, capsys: pytest.C
     t = unique()
     code, out, err = topics(capsys, broker.bootstrap, "--create", "--topic", t, "--partitions", "2",
                             "--replication-factor", "1", "--config", f"{P}enable=true",
-                            "--config", f"{P}partition.by=[bucket(name, 16), month(ts)]",
+                            "--config", f"{P}partition.by=[bucket(_kafka_key, 16), truncate(_kafka_value, 4)]",
                             "--config", f"{P}commit.interval.ms=5000")
     assert (code, out) == (0, f"Created topic {t}.\n"), err
     code, out, err = topics(capsys, broker.bootstrap, "--describe", "--topic", t)
@@ -81,7 +81,7 @@ def test_create_describe_with_table_topic_settings(broker: Any, capsys: pytest.C
     assert head[0] == f"Topic: {t}" and head[1].startswith("TopicId: ") and len(head[1]) > len("TopicId: ")
     assert head[2:4] == ["PartitionCount: 2", "ReplicationFactor: 1"]
     assert f"{P}enable=true" in head[4] and f"{P}commit.interval.ms=5000" in head[4]
-    assert f"{P}partition.by=[bucket(name, 16), month(ts)]" in head[4]
+    assert f"{P}partition.by=[bucket(_kafka_key, 16), truncate(_kafka_value, 4)]" in head[4]
     assert lines[1] == f"\tTopic: {t}\tPartition: 0\tLeader: 1\tReplicas: 1\tIsr: 1"
     assert lines[2] == f"\tTopic: {t}\tPartition: 1\tLeader: 1\tReplicas: 1\tIsr: 1"
 
@@ -164,7 +164,8 @@ def test_kafka_configs_alter_describe(broker: Any, capsys: pytest.CaptureFixture
     t = unique()
     topics(capsys, broker.bootstrap, "--create", "--topic", t)
     code, out, err = configs(capsys, broker.bootstrap, "--entity-type", "topics", "--entity-name", t, "--alter",
-                             "--add-config", f"{P}enable=true,{P}partition.by=[bucket(name, 16), day(ts)],"
+                             "--add-config", f"{P}enable=true,"
+                                             f"{P}partition.by=[bucket(_kafka_key, 16), _kafka_metadata.partition],"
                                              f"{P}id.columns=[region, name],{P}upsert.enable=true")
     assert (code, out) == (0, f"Completed updating config for topic {t}.\n"), err
     code, out, err = configs(capsys, broker.bootstrap, "--entity-type", "topics", "--entity-name", t, "--describe")
@@ -172,7 +173,7 @@ def test_kafka_configs_alter_describe(broker: Any, capsys: pytest.CaptureFixture
     lines = out.splitlines()
     assert lines[0] == f"Dynamic configs for topic {t} are:"
     assert f"  {P}enable=true sensitive=false synonyms={{DYNAMIC_TOPIC_CONFIG:{P}enable=true" in out
-    assert f"  {P}partition.by=bucket(name, 16), day(ts) " in out
+    assert f"  {P}partition.by=bucket(_kafka_key, 16), _kafka_metadata.partition " in out
     assert len(lines) == 5
 
     # removing the key while upsert is on is refused, naming the rule
@@ -251,9 +252,9 @@ def test_alter_survives_restart(broker: Any, capsys: pytest.CaptureFixture[str])
     t = unique("persist")
     topics(capsys, broker.bootstrap, "--create", "--topic", t, "--config", f"{P}namespace=lake")
     assert configs(capsys, broker.bootstrap, "--topic", t, "--alter", "--add-config",
-                   f"{P}enable=true,{P}partition.by=[hour(ts)]")[0] == 0
+                   f"{P}enable=true,{P}partition.by=[_kafka_metadata.partition]")[0] == 0
     broker.restart()
     entries = describe_entries(broker.bootstrap, t)
     assert entries[f"{P}enable"].value == "true" and int(entries[f"{P}enable"].source) == 1
-    assert entries[f"{P}partition.by"].value == "hour(ts)"  # kafka-configs strips [...] as Kafka's tool does
+    assert entries[f"{P}partition.by"].value == "_kafka_metadata.partition"  # kafka-configs strips [...] as Kafka's
     assert entries[f"{P}namespace"].value == "lake"

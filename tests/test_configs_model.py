@@ -39,7 +39,7 @@ SPEC: dict[str, tuple[Type, Any, str, str]] = {
     P + "convert.key.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Key", ""),
     P + "transform.value.type": (Type.STRING, "none", "flatten", "unwrap"),
     P + "id.columns": (Type.STRING, None, "[region, name]", "[a b]"),
-    P + "partition.by": (Type.STRING, None, "[bucket(name, 16), month(ts)]", "[week(ts)]"),
+    P + "partition.by": (Type.STRING, None, "[bucket(_kafka_key, 16), _kafka_metadata.partition]", "[week(ts)]"),
     P + "upsert.enable": (Type.BOOLEAN, False, "false", "1"),
     P + "cdc.field": (Type.STRING, None, "_cdc.op", "op field"),
     P + "errors.tolerance": (Type.STRING, "invalid_data", "all", "some"),

@@ -35,9 +35,44 @@ IDC = "automq.table.topic.id.columns"
     (None, ()),
 ])
 def test_partition_by_valid(raw: str | None, expected: tuple[PartitionField, ...]) -> None:
-    assert parse_partition_by(raw) == expected
-    if raw is not None:
-        validate_topic_configs({PB: raw})
+    assert parse_partition_by(raw) == expected  # syntax only: the columns are checked below
+
+
+K, V = "automq.table.topic.convert.key.type", "automq.table.topic.convert.value.type"
+
+
+@pytest.mark.parametrize(("raw", "others"), [
+    ("[_kafka_metadata.partition]", {}),
+    ("[bucket(_kafka_key, 8), truncate(_kafka_value, 4)]", {}),  # binary value
+    ("[truncate(_kafka_value, 4), bucket(_kafka_value, 2)]", {V: "string"}),
+    ("[truncate(_kafka_key, 2)]", {K: "raw"}),
+    ("[bucket(_kafka_metadata.timestamp, 4), truncate(_kafka_metadata.offset, 1000)]", {}),
+    ("[key, truncate(value, 3), bucket(timestamp, 2)]", {"automq.table.topic.schema.type": "schemaless"}),
+    ("[]", {}),
+])
+def test_partition_by_columns_accepted(raw: str, others: dict[str, str]) -> None:
+    validate_topic_configs({PB: raw, **others})
+
+
+@pytest.mark.parametrize(("raw", "others", "problem"), [
+    ("[bucket(nosuchcol, 8)]", {}, "unknown column nosuchcol in bucket(nosuchcol, 8); the columns of this topic's "
+                                   "table are _kafka_header (map<string, binary>), _kafka_key (string), _kafka_value "
+                                   "(binary), _kafka_metadata (struct), _kafka_metadata.partition (int), "
+                                   "_kafka_metadata.offset (long), _kafka_metadata.timestamp (long)"),
+    ("[day(_kafka_metadata.timestamp)]", {}, "day() cannot be applied to column _kafka_metadata.timestamp of type "
+                                             "long"),
+    ("[hour(_kafka_key)]", {K: "raw"}, "hour() cannot be applied to column _kafka_key of type binary"),
+    ("[_kafka_metadata]", {}, "identity partitioning cannot be applied to column _kafka_metadata of type struct"),
+    ("[bucket(_kafka_header, 4)]", {}, "bucket() cannot be applied to column _kafka_header of type map"),
+    ("[_kafka_metadata.partition.x]", {}, "unknown column _kafka_metadata.partition.x"),
+    ("[_kafka_value]", {"automq.table.topic.schema.type": "schemaless"}, "unknown column _kafka_value"),
+    ("[_kafka_key, month(_kafka_key)]", {}, "month() cannot be applied to column _kafka_key of type string"),
+])
+def test_partition_by_columns_refused(raw: str, others: dict[str, str], problem: str) -> None:
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({PB: raw, **others})
+    assert str(ei.value).startswith(f"Invalid value {raw} for configuration {PB}: ")
+    assert problem in str(ei.value)
 
 
 @pytest.mark.parametrize(("raw", "problem"), [

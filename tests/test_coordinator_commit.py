@@ -264,7 +264,9 @@ def test_partition_by_change_evolves_the_spec_next_round(tmp_path: Path) -> None
             assert specs == {0, 1, tbl.spec().spec_id}
             assert rows_of(tbl) == expected_rows({0: 10, 1: 9})
 
-            # a partition.by that does not fit the table is logged; commits go on with the current spec
+            # a partition.by that does not fit the table (stored before the config checks) is recorded in the
+            # table and on the coordinator; commits go on with the current spec
+            assert h.coord.partition_by_problem is None
             spec_id = tbl.spec().spec_id
             h.cfg = make_config(partition_by="[day(no_such_column)]")
             h.coord.config_changed()
@@ -272,6 +274,9 @@ def test_partition_by_change_evolves_the_spec_next_round(tmp_path: Path) -> None
             r = await h.coord.trigger_round()
             assert r.outcome is RoundOutcome.COMMITTED
             assert h.table().spec().spec_id == spec_id
+            problem = h.table().properties["tabletopic.partition-by.problem"]
+            assert problem == h.coord.partition_by_problem
+            assert "not applied" in problem and "unknown column no_such_column" in problem
 
             # a spec evolved by hand (Spark ALTER TABLE) is not reverted while partition.by stays the same,
             # neither by later rounds nor after a restart
@@ -279,6 +284,8 @@ def test_partition_by_change_evolves_the_spec_next_round(tmp_path: Path) -> None
             h.coord.config_changed()
             await h.coord.trigger_round()
             assert h.table().spec().spec_id == spec_id
+            assert "tabletopic.partition-by.problem" not in h.table().properties  # applies again: cleared
+            assert h.coord.partition_by_problem is None
             by_hand = make_catalog(tmp_path).load_table(IDENT)
             with by_hand.update_spec() as upd:
                 upd.add_field("_kafka_key", TruncateTransform(2), "_kafka_key_trunc")

@@ -118,10 +118,12 @@ def test_remove_topic_drops_its_series() -> None:
         m.record_skipped(topic, "invalid_data")
         m.record_round(topic, ROUND_EMPTY)
         m.set_busy_ratio(f"{topic}-0", 0.25, topic=topic)
+        m.set_partition_by_applied(topic, False)
     m.remove_topic("a")
     text = m.exposition().decode()
     assert 'topic="a"' not in text and 'worker="a-0"' not in text
     assert 'topic="b"' in text and 'tabletopic_worker_busy_ratio{worker="b-0"} 0.25' in text
+    assert 'tabletopic_partition_by_applied{topic="b"} 0.0' in text
     m.remove_topic("never-seen")  # harmless
 
 

@@ -41,6 +41,7 @@ from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionS
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties
 from pyiceberg.table.locations import load_location_provider
+from pyiceberg.transforms import Transform, TruncateTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
 
@@ -127,6 +128,17 @@ def _source_column(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
     return arr
 
 
+def _transform_input(arr: pa.Array, transform: Transform[Any, Any]) -> pa.Array:
+    """``arr`` in a type pyiceberg's Arrow transform takes.
+
+    pyiceberg-core's truncate has no kernel for large_binary (what binary columns are read as): slice the values to
+    the width first (that is the truncation itself), which lets them fit plain binary.
+    """
+    if isinstance(transform, TruncateTransform) and pa.types.is_large_binary(arr.type):
+        return pc.binary_slice(arr, 0, transform.width).cast(pa.binary())
+    return arr
+
+
 def split_by_partition(table: pa.Table, schema: Schema, spec: PartitionSpec
                        ) -> list[tuple[PartitionKey | None, pa.Table]]:
     """Rows of ``table`` grouped by partition (one hash pass; rows keep their order inside a group)."""
@@ -136,7 +148,8 @@ def split_by_partition(table: pa.Table, schema: Schema, spec: PartitionSpec
     keys: dict[str, pa.Array] = {}
     for name, pf in zip(names, spec.fields, strict=True):
         source_type = schema.find_field(pf.source_id).field_type
-        keys[name] = pf.transform.pyarrow_transform(source_type)(_source_column(table, schema, pf.source_id))
+        keys[name] = pf.transform.pyarrow_transform(source_type)(
+            _transform_input(_source_column(table, schema, pf.source_id), pf.transform))
     n = table.num_rows
     keys["__row"] = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
     groups = pa.table(keys).group_by(names, use_threads=False).aggregate([("__row", "list")])

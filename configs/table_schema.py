@@ -1,0 +1,192 @@
+"""The columns a table topic's converters produce (its table's Iceberg schema) and ``partition.by`` checked on them.
+
+AutoMQ's fixed columns (names are part of the contract, docs/automq-table-topic.md §3):
+
+- ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
+- ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``
+- ``_kafka_value`` optional: binary for ``convert.value.type=raw`` (the default), string for ``string``
+- ``_kafka_metadata`` optional struct<partition int, offset long, timestamp long> (epoch ms)
+
+The legacy ``schema.type=schemaless`` layout is ``key`` string, ``value`` string, ``timestamp`` long, then
+``_kafka_header``, ``_kafka_key`` and ``_kafka_metadata``.
+
+Field ids given here are provisional: catalogs assign fresh ids on table creation, so writers must always
+take the schema from the table's metadata, never from this module.
+
+Pure (no catalog). Used by the config checks (:func:`check_partition_by`, at CreateTopics / AlterConfigs) and by
+the worker and coordinator (:mod:`worker.schema`), so both see the same columns. Whether a transform applies to a
+column's type is pyiceberg's decision (``Transform.can_transform``), never a rule of ours.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.types import (
+    BinaryType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    StructType,
+)
+
+from configs.partition_spec import IDENTITY, PARTITION_BY_KEY, TIME_TRANSFORMS, PartitionField
+from configs.table_topic import ConvertType, TableTopicConfig
+from tabletopic.errors import InvalidConfigError
+
+HEADER = "_kafka_header"
+KEY = "_kafka_key"
+VALUE = "_kafka_value"
+METADATA = "_kafka_metadata"
+META_PARTITION, META_OFFSET, META_TIMESTAMP = "partition", "offset", "timestamp"
+
+# what each transform needs, for the refusal message (the decision itself is can_transform's)
+_NEEDS = {
+    IDENTITY: "a primitive column (not a struct, map or list)",
+    "bucket": "a primitive column (int, long, decimal, date, time, timestamp, string, uuid, fixed or binary), "
+              "not a struct, map or list",
+    "truncate": "an int, long, decimal, string or binary column",
+    **dict.fromkeys(TIME_TRANSFORMS, "a date or timestamp column (a long such as epoch milliseconds is not one)"),
+}
+
+
+def converted_type(convert: ConvertType) -> IcebergType:
+    """The column type a schemaless converter gives ``_kafka_key`` / ``_kafka_value``."""
+    if convert is ConvertType.RAW:
+        return BinaryType()
+    if convert is ConvertType.STRING:
+        return StringType()
+    raise InvalidConfigError(f"converter {convert} needs a schema registry, which this broker does not support yet")
+
+
+def columns_known_up_front(cfg: TableTopicConfig) -> bool:
+    """False when a converter's columns come from record schemas (known only once records arrive)."""
+    return not (cfg.convert_key_type.schema_based or cfg.convert_value_type.schema_based)
+
+
+def table_schema(cfg: TableTopicConfig) -> Schema:
+    """The schema of a new table for ``cfg`` (provisional field ids; see the module doc)."""
+    ids = iter(range(1, 1000))
+
+    def nf(name: str, typ: IcebergType) -> NestedField:
+        return NestedField(next(ids), name, typ, required=False)
+
+    fields: list[NestedField] = []
+    if cfg.legacy_columns:
+        fields += [nf("key", StringType()), nf("value", StringType()), nf("timestamp", LongType())]
+    header = NestedField(next(ids), HEADER, MapType(next(ids), StringType(), next(ids), BinaryType(),
+                                                    value_required=False), required=False)
+    fields.append(header)
+    fields.append(nf(KEY, converted_type(cfg.convert_key_type)))
+    if not cfg.legacy_columns:
+        fields.append(nf(VALUE, converted_type(cfg.convert_value_type)))
+    meta_id = next(ids)
+    meta = StructType(
+        NestedField(next(ids), META_PARTITION, IntegerType(), required=False),
+        NestedField(next(ids), META_OFFSET, LongType(), required=False),
+        NestedField(next(ids), META_TIMESTAMP, LongType(), required=False),
+    )
+    fields.append(NestedField(meta_id, METADATA, meta, required=False))
+    return Schema(*fields)
+
+
+def _type_name(typ: IcebergType) -> str:
+    return "struct" if isinstance(typ, StructType) else str(typ)
+
+
+def column_list(schema: Schema) -> str:
+    """Every addressable column (struct fields dotted) with its type: ``_kafka_key (string), ...``."""
+    out: list[str] = []
+
+    def walk(prefix: str, struct: StructType) -> None:
+        for f in struct.fields:
+            out.append(f"{prefix}{f.name} ({_type_name(f.field_type)})")
+            if isinstance(f.field_type, StructType):
+                walk(f"{prefix}{f.name}.", f.field_type)
+
+    walk("", schema.as_struct())
+    return ", ".join(out)
+
+
+def _find_column(schema: Schema, path: tuple[str, ...]) -> NestedField | None:
+    """The field at ``path`` through nested structs only (a partition source cannot be inside a map or list)."""
+    struct: IcebergType = schema.as_struct()
+    found: NestedField | None = None
+    for name in path:
+        if not isinstance(struct, StructType):
+            return None
+        found = next((f for f in struct.fields if f.name == name), None)
+        if found is None:
+            return None
+        struct = found.field_type
+    return found
+
+
+def partition_transform(pf: PartitionField) -> Transform:  # type: ignore[type-arg]
+    """The pyiceberg transform of one ``partition.by`` item."""
+    simple: dict[str, Transform] = {  # type: ignore[type-arg]
+        IDENTITY: IdentityTransform(), "year": YearTransform(), "month": MonthTransform(),
+        "day": DayTransform(), "hour": HourTransform(),
+    }
+    if pf.transform in simple:
+        return simple[pf.transform]
+    if pf.transform == "bucket" and pf.param is not None:
+        return BucketTransform(pf.param)
+    if pf.transform == "truncate" and pf.param is not None:
+        return TruncateTransform(pf.param)
+    raise InvalidConfigError(f"Invalid value {pf} for configuration {PARTITION_BY_KEY}: unknown transform")
+
+
+def partition_by_text(fields: tuple[PartitionField, ...]) -> str:
+    """``partition.by`` in canonical form: ``[a, bucket(b, 8)]``."""
+    return "[" + ", ".join(str(f) for f in fields) + "]"
+
+
+def resolve_partition_field(schema: Schema, pf: PartitionField, raw: str | None = None
+                            ) -> tuple[NestedField, Transform]:  # type: ignore[type-arg]
+    """The source column and transform of one ``partition.by`` item over ``schema``.
+
+    Raises InvalidConfigError naming the setting, the value (``raw``, else the item), the column and why: an unknown
+    column (the available ones are listed) or a transform that does not apply to the column's type.
+    """
+    value = raw if raw is not None else str(pf)
+    source = _find_column(schema, pf.source_path)
+    if source is None:
+        raise InvalidConfigError(
+            f"Invalid value {value} for configuration {PARTITION_BY_KEY}: unknown column {pf.source} in {pf}; "
+            f"the columns of this topic's table are {column_list(schema)}"
+        )
+    transform = partition_transform(pf)
+    if not transform.can_transform(source.field_type):
+        what = "identity partitioning" if pf.transform == IDENTITY else f"{pf.transform}()"
+        raise InvalidConfigError(
+            f"Invalid value {value} for configuration {PARTITION_BY_KEY}: {what} cannot be applied to column "
+            f"{pf.source} of type {_type_name(source.field_type)} in {pf}; it needs {_NEEDS[pf.transform]}"
+        )
+    return source, transform
+
+
+def check_partition_by(cfg: TableTopicConfig, raw: str | None = None) -> None:
+    """Check ``cfg.partition_by`` against the columns ``cfg``'s converters produce (see the module doc).
+
+    Skipped when those columns depend on record schemas (:func:`columns_known_up_front`). Raises
+    InvalidConfigError naming key, value (``raw``, else the canonical form), column and why.
+    """
+    if not cfg.partition_by or not columns_known_up_front(cfg):
+        return
+    schema = table_schema(cfg)
+    value = raw if raw is not None else partition_by_text(cfg.partition_by)
+    for pf in cfg.partition_by:
+        resolve_partition_field(schema, pf, value)

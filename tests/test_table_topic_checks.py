@@ -1,0 +1,208 @@
+"""Table topic settings checked against what the topic's table really is, through real clients and a real broker:
+``partition.by`` against the columns the converters produce, converter changes against an existing table, and
+settings that nothing implements yet. Refusals are INVALID_CONFIG naming the key, the value and the reason."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+from tabletopic.cli import kafka_configs, kafka_topics
+from tests.helpers.procs import BrokerProcess, free_port
+from tests.test_table_topics import catalog, create, produce, wait_for_table
+
+P = "automq.table.topic."
+PB = P + "partition.by"
+_ids = itertools.count()
+
+
+def unique(prefix: str = "chk") -> str:
+    return f"{prefix}-{next(_ids)}"
+
+
+def cli(capsys: pytest.CaptureFixture[str], main: Any, bootstrap: str, *args: str) -> tuple[int, str]:
+    code = main(["--bootstrap-server", bootstrap, *args])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def admin_error(fut: Any) -> KafkaError:
+    with pytest.raises(KafkaException) as ei:
+        fut.result(timeout=30)
+    err: KafkaError = ei.value.args[0]
+    return err
+
+
+def incremental_set(client: AdminClient, topic: str, validate_only: bool = False, **configs: str) -> Any:
+    ops = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()]
+    (fut,) = client.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)],
+                                              validate_only=validate_only).values()
+    return fut
+
+
+# ---- partition.by against the topic's columns -----------------------------------------------------------
+
+BAD_SPECS = [
+    # (value, other settings, what the message must say besides key and value)
+    ("[bucket(nosuchcol, 8)]", {}, ["nosuchcol", "unknown column", "_kafka_key (string)",
+                                    "_kafka_metadata.timestamp (long)"]),
+    ("[nosuch]", {}, ["nosuch", "unknown column"]),
+    ("[day(_kafka_metadata.timestamp)]", {}, ["_kafka_metadata.timestamp", "long", "date or timestamp"]),
+    ("[bucket(_kafka_metadata, 8)]", {}, ["_kafka_metadata", "struct"]),
+    ("[truncate(_kafka_header, 4)]", {}, ["_kafka_header", "map<string, binary>"]),
+    ("[_kafka_header]", {}, ["_kafka_header", "map<string, binary>"]),
+    ("[hour(_kafka_key)]", {}, ["_kafka_key", "string"]),
+    ("[_kafka_key.sub]", {}, ["_kafka_key.sub", "unknown column"]),
+    # the legacy layout has no _kafka_value column, only value
+    ("[truncate(_kafka_value, 4)]", {P + "schema.type": "schemaless"}, ["_kafka_value", "unknown column"]),
+]
+
+
+@pytest.mark.parametrize(("spec", "extra", "needles"), BAD_SPECS)
+def test_kafka_topics_refuses_partition_by(broker: BrokerProcess, capsys: pytest.CaptureFixture[str], spec: str,
+                                           extra: dict[str, str], needles: list[str]) -> None:
+    t = unique()
+    args = ["--create", "--topic", t, "--config", f"{P}enable=true", "--config", f"{PB}={spec}"]
+    for k, v in extra.items():
+        args += ["--config", f"{k}={v}"]
+    code, text = cli(capsys, kafka_topics.main, broker.bootstrap, *args)
+    assert code != 0, text
+    assert f"Invalid value {spec} for configuration {PB}" in text, text
+    for needle in needles:
+        assert needle in text, text
+    assert cli(capsys, kafka_topics.main, broker.bootstrap, "--list", "--topic", t)[1] == ""
+
+    # the same value set on an existing topic with kafka-configs
+    assert cli(capsys, kafka_topics.main, broker.bootstrap, "--create", "--topic", t,
+               *itertools.chain.from_iterable(("--config", f"{k}={v}") for k, v in extra.items()))[0] == 0
+    code, text = cli(capsys, kafka_configs.main, broker.bootstrap, "--topic", t, "--alter", "--add-config",
+                     f"{PB}={spec}")
+    assert code != 0 and PB in text and needles[0] in text, text
+    code, text = cli(capsys, kafka_configs.main, broker.bootstrap, "--topic", t, "--describe")
+    assert PB not in text, "a refused value must not show up as if it applied"
+
+
+@pytest.mark.parametrize(("spec", "extra", "needles"), BAD_SPECS[:5])
+def test_admin_client_refuses_partition_by(broker: BrokerProcess, spec: str, extra: dict[str, str],
+                                           needles: list[str]) -> None:
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    t = unique()
+    for validate_only in (True, False):
+        fs = client.create_topics([NewTopic(t, 1, 1, config={P + "enable": "true", PB: spec, **extra})],
+                                  validate_only=validate_only)
+        err = admin_error(fs[t])
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert PB in err.str() and spec in err.str() and needles[0] in err.str(), err.str()
+
+    client.create_topics([NewTopic(t, 1, 1, config=extra)])[t].result(timeout=30)
+    for validate_only in (True, False):
+        err = admin_error(incremental_set(client, t, validate_only, **{P + "enable": "true", PB: spec}))
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert PB in err.str() and needles[0] in err.str(), err.str()
+    # the legacy AlterConfigs (whole override set) too
+    (fut,) = client.alter_configs([ConfigResource("topic", t, set_config={PB: spec, **extra})]).values()
+    err = admin_error(fut)
+    assert err.code() == KafkaError.INVALID_CONFIG and PB in err.str(), err.str()
+    (fut,) = client.describe_configs([ConfigResource("topic", t)]).values()
+    assert fut.result(timeout=30)[PB].value is None
+
+
+def test_valid_partition_by_end_to_end(broker: BrokerProcess) -> None:
+    t = unique("parted")
+    spec = "[_kafka_metadata.partition, bucket(_kafka_key, 8), truncate(_kafka_value, 4)]"
+    create(broker, t, 2, enable="true", commit_interval_ms="300", convert_value_type="string", partition_by=spec)
+    assert produce(broker, t, 300) == 300
+    rows = wait_for_table(broker, t, 300)
+    assert len({(p, o) for p, o, *_ in rows}) == 300
+    tbl = catalog(broker).load_table(f"default.{t}")
+    assert [(f.name, str(f.transform)) for f in tbl.spec().fields] == [
+        ("_kafka_metadata_partition", "identity"), ("_kafka_key_bucket", "bucket[8]"),
+        ("_kafka_value_trunc", "truncate[4]")]
+    # with the default converters the value is binary: truncate applies to it too
+    t2 = unique("parted")
+    create(broker, t2, 1, enable="true", commit_interval_ms="300",
+           partition_by="[truncate(_kafka_value, 2), _kafka_metadata.offset]")
+    assert produce(broker, t2, 30) == 30
+    assert len(wait_for_table(broker, t2, 30)) == 30
+
+
+# ---- a spec stored before the check existed ---------------------------------------------------------------
+
+
+def _store_override(b: BrokerProcess, topic: str, key: str, value: str) -> None:
+    """Write an override into the stopped broker's topic table, as a broker before these checks accepted it."""
+    path = b.data_dir / "__meta" / "topics.json"
+    doc = json.loads(path.read_text())
+    doc["topics"][topic]["configs"][key] = value
+    path.write_text(json.dumps(doc))
+
+
+def _metrics(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+
+
+def _tables(b: BrokerProcess) -> str:
+    out = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--override", f"log.dirs={b.data_dir}"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _wait_for(what: str, probe: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: still {value!r} after {timeout}s")
+
+
+def test_stored_invalid_spec_is_visible_not_fatal(tmp_path: Path) -> None:
+    port = free_port()
+    b = BrokerProcess(tmp_path / "data", overrides={"automq.table.topic.metrics.port": str(port)})
+    b.start()
+    try:
+        t = "legacyspec"
+        create(b, t, 1, enable="true", commit_interval_ms="300", partition_by="[_kafka_metadata.partition]")
+        produce(b, t, 20)
+        wait_for_table(b, t, 20)
+        b.stop()
+        bad = "[day(_kafka_metadata.timestamp)]"
+        _store_override(b, t, PB, bad)
+        b.start()
+        produce(b, t, 20, start=20)
+        wait_for_table(b, t, 40)  # the broker runs and the table keeps receiving records
+        tbl = catalog(b).load_table(f"default.{t}")
+        assert [f.name for f in tbl.spec().fields] == ["_kafka_metadata_partition"]  # the old spec stays
+        problem = tbl.properties["tabletopic.partition-by.problem"]
+        assert bad in problem and "_kafka_metadata.timestamp" in problem and "long" in problem
+        text = _tables(b)
+        assert f"default.{t}" in text and bad in text and "not applied" in text, text
+        assert "[_kafka_metadata.partition]" in text, text  # the spec the table really has
+        gauge = f'tabletopic_partition_by_applied{{topic="{t}"}}'
+        assert _wait_for("the partition.by gauge", lambda: f"{gauge} 0.0" in _metrics(port))
+
+        # fixing the setting applies it; the problem goes away everywhere
+        client = AdminClient({"bootstrap.servers": b.bootstrap})
+        incremental_set(client, t, **{PB: "[bucket(_kafka_key, 4)]"}).result(timeout=30)
+        produce(b, t, 20, start=40)
+        wait_for_table(b, t, 60)
+        assert _wait_for("the partition.by gauge", lambda: f"{gauge} 1.0" in _metrics(port))
+        tbl = catalog(b).load_table(f"default.{t}")
+        assert [f.name for f in tbl.spec().fields] == ["_kafka_key_bucket"]
+        assert "tabletopic.partition-by.problem" not in tbl.properties
+        assert "not applied" not in _tables(b)
+    finally:
+        b.stop()
