@@ -2,13 +2,17 @@
 # The whole suite: static checks first (ruff, mypy strict), then pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# test-only system package: a real PostgreSQL server for the PostgreSQL-catalog tests (installed when missing)
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    echo "test setup: installing postgresql"
+# test-only system packages, installed when missing: a real PostgreSQL server for the PostgreSQL-catalog tests,
+# kcat for the librdkafka command-line consumer tests
+need_apt=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v kcat >/dev/null 2>&1 || need_apt+=(kcat)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+    echo "test setup: installing ${need_apt[*]}"
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy

@@ -34,7 +34,9 @@ class _FetchPartition:
         self.max_bytes = max_bytes
         self.plog = plog
         self.error = error
-        self.data: bytes | memoryview | None = None
+        # never None on the wire: librdkafka reads null records (size -1) as a corrupt response and retries
+        # the same fetch forever instead of acting on the partition's error code
+        self.data: bytes | memoryview = b""
         self.hw = -1
         self.log_start = -1
 
@@ -56,8 +58,10 @@ def _read_all(topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]], max_by
             try:
                 res = plog.read(fp.fetch_offset, max(budget, 0), min_one_batch=(total == 0))
             except KafkaApiError as exc:
+                # OFFSET_OUT_OF_RANGE keeps the high watermark and log start offset read above, as Kafka
+                # answers, so the client's auto.offset.reset has both ends at hand
                 fp.error = exc.code
-                fp.data = None
+                fp.data = b""
                 continue
             fp.data = res.data
             fp.hw = res.high_watermark
@@ -125,7 +129,7 @@ async def fetch(ctx: RequestContext, req: Any) -> Any:
             out.append(P(
                 partition_index=fp.index, error_code=int(fp.error), high_watermark=hw, last_stable_offset=hw,
                 log_start_offset=fp.log_start, aborted_transactions=None if fp.error else [],
-                preferred_read_replica=-1, records=fp.data if fp.error == ErrorCode.NONE else None,
+                preferred_read_replica=-1, records=fp.data if fp.error == ErrorCode.NONE else b"",
             ))
         responses.append(T(topic=name, topic_id=tid, partitions=out))
     return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
