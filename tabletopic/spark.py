@@ -52,7 +52,11 @@ SETUP_HINT = "run `make run` or `bash scripts/setup.sh`, which installs it"
 # the others need jars (AWS SDK, Nessie client, Hive) that cannot be installed here.
 _JAVA_CATALOG_TYPES = {"rest", "hive", "glue", "nessie"}
 
-# Spark's own start-up chatter (native-hadoop warning, INFO lines) hides the answer in `tabletopic sql`.
+# The session's JVM log (stderr): Spark's start-up chatter (native-hadoop warning, INFO lines) hides the answer in
+# `tabletopic sql`, and so do stack traces. Log lines are one line each (no stack trace). Quieter still:
+# - Iceberg's Tasks: a commit that lost to another committer (the broker commits every interval) is retried and
+#   logged at WARN with the conflict's stack trace, though the statement succeeds;
+# - a failed task (Executor, TaskSetManager): the statement's error, which `tabletopic sql` prints as one line.
 _LOG4J2 = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = stderr
@@ -60,9 +64,16 @@ appender.stderr.type = Console
 appender.stderr.name = stderr
 appender.stderr.target = SYSTEM_ERR
 appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+appender.stderr.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+appender.stderr.layout.alwaysWriteExceptions = false
 logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
 logger.nativecode.level = error
+logger.icebergretry.name = org.apache.iceberg.util.Tasks
+logger.icebergretry.level = error
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasksetmanager.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasksetmanager.level = off
 """
 
 

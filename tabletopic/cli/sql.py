@@ -31,6 +31,8 @@ EXIT_WORDS = ("exit", "quit", r"\q")
 
 
 _POSITION_THEN_PLAN = re.compile(r"(; line \d+ pos \d+);\n")
+_STACK_TRACE = re.compile(r"\n\s*(?:at [\w$./<>-]+\(|Driver stacktrace:)")
+_SQL_MARKER = "\n== SQL =="
 
 
 class CliError(Exception):
@@ -122,16 +124,24 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    """The useful part of a Spark error: the message, not the JVM stack."""
+    """The useful part of a Spark error on one line: the message, not the JVM stack.
+
+    A parse error keeps its statement with the ``^^^`` pointer on the lines after it.
+    """
     java = getattr(exc, "java_exception", None)
-    if java is not None:  # a Py4JJavaError that pyspark did not translate
-        return str(java.toString())
-    text = str(exc).strip()
+    # a Py4JJavaError that pyspark did not translate (e.g. a failed task) stands for its Java exception
+    text = str(java.toString()) if java is not None else str(exc).strip()
     # pyspark appends the JVM stack when spark.sql.pyspark.jvmStacktrace.enabled is on
     text = text.split("\n\nJVM stacktrace:", 1)[0]
     # analysis errors end with the position and then the unresolved plan, which says nothing more to a user
     m = _POSITION_THEN_PLAN.search(text)
-    return text[: m.end(1)] if m else text
+    if m:
+        text = text[: m.end(1)]
+    # a Java message can carry stack traces (a failed task's, then the driver's): keep what comes before them
+    text = _STACK_TRACE.split(text, 1)[0]
+    message, marker, statement = text.partition(_SQL_MARKER)
+    one_line = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    return f"{one_line}\n{marker.strip()}{statement.rstrip()}" if marker else one_line
 
 
 def run_statement(spark: SparkSession, statement: str, out: TextIO, err: TextIO,
