@@ -18,6 +18,13 @@ On-disk files of a partition directory, besides segments and their indexes:
 * ``<offset>.snapshot``: producer state at a roll or clean shutdown (``producer_state``);
 * ``.clean-shutdown``: written last by ``close``, removed by ``open`` before any write: when present, all
   persisted indexes are trusted and opening does no scan.
+
+Offline: a failed write or fsync (disk full, I/O error) takes the log offline until the broker restarts. Appends
+are refused with KAFKA_STORAGE_ERROR, reads below the high watermark go on. The log is first cut back, on a flusher
+thread, to the end of the last successful flush (with ``flush_interval_ms``: of the last complete append), which
+is exactly what was acknowledged: waiters up to there are resolved, every later one gets KAFKA_STORAGE_ERROR, and
+no refused batch stays on disk for a client's retry to duplicate. An offline log is closed without the
+clean-shutdown marker, so the next start rescans it.
 """
 
 from __future__ import annotations
@@ -205,8 +212,12 @@ class PartitionLog:
         self._flush_lock = threading.Lock()
         self._synced_segment: LogSegment | None = active
         self._synced_position = active.size
+        # end of the last successful flush (what acks=all acknowledged), and where an offline log was cut
+        self._durable: tuple[int, LogSegment, int] = (self.log_end_offset, active, active.size)
+        self._cut: tuple[int, LogSegment, int] | None = None
         # -- loop side --
         self._flushed_generation = 0
+        self._offline = False  # the cut is done and every waiter above it was failed
         self._durable_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._sync_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._hw_waiters: list[asyncio.Future[None]] = []
@@ -566,13 +577,13 @@ class PartitionLog:
     async def wait_durable(self, offset: int) -> None:
         """Return once ``high_watermark > offset``, i.e. the batch ending at ``offset`` is fsynced.
 
-        Raises KafkaApiError(KAFKA_STORAGE_ERROR) if the fsync failed and NOT_LEADER_OR_FOLLOWER if the log
-        is deleted meanwhile.
+        Raises KafkaApiError(KAFKA_STORAGE_ERROR) if the log went offline before the batch was durable (it is
+        then not on disk either) and NOT_LEADER_OR_FOLLOWER if the log is deleted meanwhile.
         """
         if self.high_watermark > offset:
             return
-        if self._failed is not None:
-            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline")
+        if self._offline:
+            raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline: {self._failed}")
         if offset >= self.log_end_offset:
             raise ValueError(f"offset {offset} was never appended to {self.name} (log end {self.log_end_offset})")
         self._capture_loop()
@@ -596,7 +607,7 @@ class PartitionLog:
     def flush(self) -> None:
         """Synchronously make everything durable on the calling thread (tests, tooling; blocks)."""
         with self._flush_lock:
-            if self._files_closed:
+            if self._files_closed or self._cut is not None:
                 return
             result = self._flush_locked()
         self._post(self._on_flushed, result)
@@ -604,13 +615,16 @@ class PartitionLog:
     def flush_from_flusher(self) -> None:
         """Flusher-thread entry point (``Flushable``)."""
         with self._flush_lock:
-            if self._files_closed:
+            if self._files_closed or self._cut is not None:
                 return
             try:
                 result = self._flush_locked()
             except OSError as e:
-                log.error("%s: fsync failed, the log is now offline: %s", self.name, e)
-                self._post(self._fail, e)
+                log.error("%s: flush failed, the log is now offline: %s", self.name, e)
+                if self._failed is None:
+                    self._failed = e  # set from here too: appends stop before the loop hears of it
+                cut = self._cut_to_acknowledged_locked()
+                self._post(self._after_cut, cut)
                 return
         self._flusher.count_syncs(result.syncs)
         self._post(self._on_flushed, result)
@@ -655,6 +669,7 @@ class PartitionLog:
             for p in paths:
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
+        self._durable = (end, seg, pos)
         return _FlushResult(end, seg, pos, generation, syncs)
 
     def _write_snapshot(self, offset: int, data: bytes) -> None:
@@ -716,9 +731,79 @@ class PartitionLog:
                 _resolve(f)
 
     def _fail(self, exc: BaseException) -> None:
-        self._failed = exc
-        err = KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline: {exc}")
-        self._fail_waiters(err)
+        """A write failed (on the loop): refuse appends now, cut the log back on a flusher thread. Waiters stay
+        pending until the cut: a flush in flight may still make their batches durable (and acknowledged)."""
+        if self._failed is None:
+            self._failed = exc
+            self._flusher.submit(self._go_offline)
+
+    def _go_offline(self) -> None:
+        with self._flush_lock:
+            if self._files_closed or self._cut is not None:
+                return
+            cut = self._cut_to_acknowledged_locked()
+        self._post(self._after_cut, cut)
+
+    def _cut_to_acknowledged_locked(self) -> tuple[int, LogSegment, int]:
+        """Truncate the files to what was acknowledged and return that point (offset, segment, position).
+
+        Called with ``_flush_lock`` held, on a thread. Every flush that succeeded has posted its result before
+        this runs and none runs after it, so the point is the high watermark the loop ends up with. Calling it
+        again re-applies the same cut (an append that raced the failure may have written past it).
+        """
+        if self._cut is None:
+            if self.config.flush_interval_ms is None:
+                self._cut = self._durable
+            else:  # acknowledged without fsync: keep every complete append
+                with self._lock:
+                    self._cut = (self._written_end, self._written_segment, self._written_position)
+            with self._lock:
+                self._rolled = []  # nothing more is flushed; later segments go below
+        end, seg, pos = self._cut
+        later = [s for s in list(self._segments) if s.base_offset > seg.base_offset]
+        dropped = 0
+        try:
+            for s in later:
+                s.close_fd()
+                with contextlib.suppress(FileNotFoundError):
+                    dropped += s.log_path.stat().st_size
+                for path in (s.log_path, s.index_path, s.timeindex_path):
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            if not seg.fd_closed and (size := os.fstat(seg.fd).st_size) > pos:
+                dropped += size - pos
+                os.ftruncate(seg.fd, pos)
+                fdatasync(seg.fd)
+            # the next start rescans from the cut segment on (its persisted indexes may point past the cut)
+            try:
+                write_file_atomic(self.directory / RECOVERY_POINT_FILE, b"%d\n" % seg.base_offset, None)
+            except OSError:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / RECOVERY_POINT_FILE).unlink()  # no checkpoint: everything is rescanned
+            os.fsync(self._dir_fd)
+        except OSError as e:
+            log.error("%s: cannot cut the log back to offset %d: %s; unacknowledged batches may reappear after "
+                      "a restart", self.name, end, e)
+        if dropped:
+            log.warning("%s: offline; cut back to offset %d, the end of what was acknowledged (%d byte(s) of "
+                        "unacknowledged batches dropped)", self.name, end, dropped)
+        return end, seg, pos
+
+    def _after_cut(self, cut: tuple[int, LogSegment, int]) -> None:
+        """Loop side of going offline: the in-memory log ends at the cut; every waiter above it fails."""
+        end, seg, pos = cut
+        self._set_high_watermark(end, seg, pos)
+        if self.log_end_offset > end and seg in self._segments:
+            i = self._segments.index(seg) + 1
+            del self._segments[i:]
+            del self._bases[i:]
+            seg.size, seg.next_offset = pos, end
+            self.log_end_offset = end
+        if not self._offline:
+            self._offline = True
+            log.error("%s: offline until the broker restarts: produce gets KAFKA_STORAGE_ERROR, reads go on up to "
+                      "offset %d", self.name, end)
+        self._fail_waiters(KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"log {self.name} is offline: {self._failed}"))
 
     def _fail_waiters(self, err: BaseException) -> None:
         for _, _, f in self._durable_waiters:
@@ -743,15 +828,18 @@ class PartitionLog:
     def add_waiter(self) -> asyncio.Future[None]:
         """A future resolved with None the next time ``high_watermark`` advances (long-poll fetch).
 
-        Also resolved when the log is closed, deleted or goes offline, so a waiting fetch re-checks. Callers
+        Also resolved when the log is closed, deleted or goes offline, so a waiting fetch re-checks (an offline
+        log's waiters are resolved once, then wait out their time: nothing more arrives). Callers
         bound the wait themselves (``asyncio.wait_for``/``asyncio.wait``); a cancelled or abandoned future is
         dropped at the next advance, or right away with ``remove_waiter``.
         """
         self._capture_loop()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._closed or self._failed is not None:
+        if self._closed:
             fut.set_result(None)
         else:
+            if self._failed is not None:  # no advance will ever drop the abandoned ones: do it here
+                self._hw_waiters = [f for f in self._hw_waiters if not f.done()]
             self._hw_waiters.append(fut)
         return fut
 
@@ -1004,6 +1092,8 @@ class PartitionLog:
     def update_config(self, config: LogConfig) -> None:
         """Apply new settings to future appends, reads and retention runs."""
         old, self.config = self.config, config
+        if self._failed is not None:
+            return  # offline: nothing is flushed or acknowledged any more
         if config.flush_interval_ms is not None and old.flush_interval_ms is None:
             self._set_high_watermark(self.log_end_offset, self._active, self._active.size)
         elif config.flush_interval_ms is None and old.flush_interval_ms is not None:
@@ -1025,6 +1115,9 @@ class PartitionLog:
     def close_files(self) -> None:
         """Blocking part of closing; safe to call from a worker thread after ``begin_close``."""
         t0 = time.monotonic()
+        if self._failed is not None:
+            self._close_offline()
+            return
         with self._flush_lock:
             if self._files_closed:
                 return
@@ -1042,7 +1135,28 @@ class PartitionLog:
             os.close(self._dir_fd)
             self._files_closed = True
         self._post(self._after_close, result)
-        log.info("closed log %s (log end %d) in %.1f ms", self.name, leo, (time.monotonic() - t0) * 1000)
+        log.debug("closed log %s (log end %d) in %.1f ms", self.name, leo, (time.monotonic() - t0) * 1000)
+
+    def _close_offline(self) -> None:
+        """Close an offline log: re-apply the cut, close the files, persist nothing (no clean-shutdown marker:
+        the next start rescans and recovers it)."""
+        with self._flush_lock:
+            if self._files_closed:
+                return
+            cut = self._cut_to_acknowledged_locked()
+            for s in self._segments:
+                s.close_fd()
+            with self._lock:
+                deletes, self._deletes = self._deletes, []
+            for s, paths in deletes:
+                s.close_fd()
+                for p in paths:
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            os.close(self._dir_fd)
+            self._files_closed = True
+        self._post(self._after_cut, cut)
+        log.warning("closed offline log %s at offset %d without a clean-shutdown marker", self.name, cut[0])
 
     def _after_close(self, result: _FlushResult) -> None:
         self._on_flushed(result)

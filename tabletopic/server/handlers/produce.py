@@ -3,7 +3,10 @@
 Every partition of the request is appended synchronously, before the first ``await``, so pipelined
 requests on one connection hit the log in the order they were sent (idempotent producers rely on it).
 Durability is then awaited for all partitions together: the log's flusher coalesces fsyncs across
-concurrent requests. acks=0 gets no response at all.
+concurrent requests. A partition whose log goes offline meanwhile (disk full, I/O error) gets KAFKA_STORAGE_ERROR
+in the response, like any per-partition error: the connection stays open, the other partitions are answered as
+usual, and the log has dropped the batch (see ``PartitionLog``), so the client's retry cannot duplicate it.
+acks=0 gets no response at all.
 """
 
 from __future__ import annotations
@@ -88,24 +91,42 @@ async def produce(ctx: RequestContext, req: Any) -> Any:
     if acks == 0:
         return None
 
-    waits = [
-        o.plog.wait_durable(o.result.last_offset)
-        for _, parts in outcomes
-        for o in parts
-        # a retried duplicate waits too: its original may still be on its way to disk
-        if o.plog is not None and o.result is not None
-    ]
-    if waits:
-        # the request's timeout bounds the wait, but never below 30 s: an fsync is not a replica that may lag
-        timeout = max(float(req.timeout_ms) / 1000, 30.0)
-        try:
-            await asyncio.wait_for(asyncio.gather(*waits), timeout=timeout)
-        except TimeoutError:
-            for _, parts in outcomes:
-                for o in parts:
-                    if o.result is not None and o.plog is not None and o.plog.high_watermark <= o.result.last_offset:
-                        o.error = ErrorCode.REQUEST_TIMED_OUT
+    # a retried duplicate waits too: its original may still be on its way to disk
+    waiting = [(o, o.plog, o.result) for _, parts in outcomes for o in parts
+               if o.plog is not None and o.result is not None]
+    if waiting:
+        await _wait_durable(ctx, req, waiting)
 
+    return _response(ctx, outcomes)
+
+
+async def _wait_durable(
+    ctx: RequestContext, req: Any, waiting: list[tuple[_PartitionOutcome, PartitionLog, AppendResult]]
+) -> None:
+    """Wait until every appended batch is durable; a partition whose wait fails or times out gets the error."""
+    # the request's timeout bounds the wait, but never below 30 s: an fsync is not a replica that may lag
+    timeout = max(float(req.timeout_ms) / 1000, 30.0)
+    waits = [plog.wait_durable(res.last_offset) for _, plog, res in waiting]
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), timeout=timeout)
+    except TimeoutError:
+        for o, plog, res in waiting:
+            if plog.high_watermark <= res.last_offset:
+                o.error = ErrorCode.REQUEST_TIMED_OUT
+        return
+    for (o, plog, res), err in zip(waiting, results, strict=True):
+        if err is None:
+            continue
+        if isinstance(err, KafkaApiError):
+            o.error, o.message = err.code, err.message
+        else:  # a bug, not a client's fault: answer it, keep the connection
+            log.error("waiting for %s offset %d to be durable failed", plog.name, res.last_offset, exc_info=err)
+            o.error, o.message = ErrorCode.UNKNOWN_SERVER_ERROR, None
+        log.warning("produce to %s (offsets %d..%d) from %s (client %s) not acknowledged: %s %s", plog.name,
+                    res.base_offset, res.last_offset, ctx.client_host, ctx.client_id, o.error.name, o.message or "")
+
+
+def _response(ctx: RequestContext, outcomes: list[tuple[str, list[_PartitionOutcome]]]) -> Any:
     r = ctx.response_class
     T = r.TopicProduceResponse
     P = T.PartitionProduceResponse
