@@ -35,6 +35,7 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.types import PrimitiveType
 
 from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_topic import TableTopicConfig
@@ -118,6 +119,36 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
         return catalog.load_table(ident)
     log.info("created table %s for topic %s (spec %s)", ".".join(ident), topic, tbl.spec())
     return tbl
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnConflict:
+    """A column the converters need with another type than the existing table has (``have`` None: missing)."""
+
+    column: str
+    have: str | None
+    want: str
+
+
+def converter_conflicts(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> tuple[str, list[ColumnConflict]]:
+    """The table ``cfg`` writes to (dotted name) and its columns that do not match what ``cfg``'s converters
+    produce (``_kafka_key``/``_kafka_value``, or the legacy ``key``/``value``/``timestamp``); no conflicts when the
+    table does not exist. The fixed ``_kafka_header``/``_kafka_metadata`` columns are the same for every setting.
+    """
+    ident = table_identifier(topic, cfg)
+    name = ".".join(ident)
+    if not catalog.table_exists(ident):
+        return name, []
+    have = {f.name: f.field_type for f in catalog.load_table(ident).schema().fields}
+    out: list[ColumnConflict] = []
+    for f in table_schema(cfg).fields:
+        if not isinstance(f.field_type, PrimitiveType):
+            continue
+        if f.name not in have:
+            out.append(ColumnConflict(f.name, None, str(f.field_type)))
+        elif have[f.name] != f.field_type:
+            out.append(ColumnConflict(f.name, str(have[f.name]), str(f.field_type)))
+    return name, out
 
 
 def _spec_key(spec: PartitionSpec) -> set[tuple[int, str, str]]:

@@ -21,6 +21,7 @@ from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_s
 from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
 from tabletopic.server import handlers
+from tabletopic.server.handlers.configs import TopicConfigCheck
 from tabletopic.server.network import KafkaServer
 from tabletopic.topics import TopicManager
 
@@ -65,6 +66,8 @@ class Broker:
         self.metrics = TableTopicMetrics()
         self.metrics_server: MetricsServer | None = None
         self.tables: TableTopicHost | None = None  # set at start when a catalog is configured
+        # run by the config handlers on topic creation and config changes (the table topic host registers one)
+        self.topic_config_checks: list[TopicConfigCheck] = []
         self.bound: list[tuple[str, int]] = []
         self._stopped = asyncio.Event()
 

@@ -11,6 +11,10 @@ has never seen from their log start offset), disabling stops it, new partitions 
 commit interval or ``partition.by`` reaches the coordinator, and deleting the topic stops its machinery but
 keeps the table, as AutoMQ does.
 
+It also registers a config check with the broker (:meth:`TableTopicHost.check_config_change`): converter settings
+that would give an existing table's ``_kafka_key`` / ``_kafka_value`` another type are refused, since Iceberg
+cannot change a column's type and the table would silently keep the old one.
+
 CPU-heavy work (decoding, Arrow, Parquet) runs in a process pool shared by all workers, never on the event
 loop.
 """
@@ -20,13 +24,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from configs.table_topic import TableTopicConfig
+from configs.table_topic import (
+    CONVERT_KEY_TYPE,
+    CONVERT_VALUE_TYPE,
+    ENABLE,
+    SCHEMA_TYPE,
+    SchemaType,
+    TableTopicConfig,
+)
 from coordinator.channel import InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
+from coordinator.table import converter_conflicts, table_identifier
+from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
@@ -66,12 +80,15 @@ class TableTopicHost:
     async def start(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._broker.topics.subscribe(self._on_event)
+        self._broker.topic_config_checks.append(self.check_config_change)
         for info in self._broker.topics.all():
             if self._config_of(info).enable:
                 await self._start_topic(info)
         log.info("table-topic host started: %d table topic(s)", len(self._running))
 
     async def stop(self) -> None:
+        if self.check_config_change in self._broker.topic_config_checks:
+            self._broker.topic_config_checks.remove(self.check_config_change)
         async with self._lock:
             for topic in list(self._running):
                 await self._stop_topic_locked(topic)
@@ -87,6 +104,32 @@ class TableTopicHost:
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
         return tt.coordinator if tt else None
+
+    # ---- config checks ----
+
+    def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
+        """Refuse converter settings the topic's existing table cannot take (blocking: reads the catalog).
+
+        Looks at the table only when the settings that decide its columns or its name change, or when the table
+        topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError naming
+        the converter setting, its value, the table, the column and why.
+        """
+        cfg = TableTopicConfig.from_topic(new, self._broker.config, validate=False)
+        before = None if old is None else TableTopicConfig.from_topic(old, self._broker.config, validate=False)
+        if before is not None and _layout(topic, before) == _layout(topic, cfg) and (before.enable or not cfg.enable):
+            return
+        table, conflicts = converter_conflicts(self._catalog, topic, cfg)
+        if not conflicts:
+            return
+        key, value = _converter_setting(conflicts[0].column, cfg, before)
+        found = ", ".join(f"it has no column {c.column} ({c.want} needed)" if c.have is None
+                          else f"its {c.column} column is {c.have}, not {c.want}" for c in conflicts)
+        raise InvalidConfigError(
+            f"Invalid value {value} for configuration {key}: the table {table} already exists and {found}; the "
+            f"broker does not change an existing table's columns (Iceberg cannot change a column's type), so the "
+            f"table would not follow: create a new topic or drop the table (with {ENABLE}=false; turning it on "
+            f"again creates the table with the new columns)"
+        )
 
     # ---- topic events ----
 
@@ -237,6 +280,21 @@ class TableTopicHost:
             await w.stop()
         self._metrics.remove_topic(topic)
         log.info("table topic %s stopped", topic)
+
+
+def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
+    """What decides the table's name and converter columns."""
+    return table_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns
+
+
+def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:
+    """The setting (and its new value) that asks for ``column``'s type: ``schema.type`` when the legacy setting is
+    in play, else the key or value converter."""
+    if cfg.schema_type is not SchemaType.NONE or (before is not None and before.schema_type is not SchemaType.NONE):
+        return SCHEMA_TYPE, str(cfg.schema_type)
+    if column == "_kafka_key":
+        return CONVERT_KEY_TYPE, str(cfg.convert_key_type)
+    return CONVERT_VALUE_TYPE, str(cfg.convert_value_type)
 
 
 __all__ = ["TableTopicHost"]

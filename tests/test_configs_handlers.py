@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ class FakeTopics:
 class FakeBroker:
     config: BrokerConfig
     topics: FakeTopics
+    topic_config_checks: list[Any] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -219,6 +221,34 @@ def test_incremental_unknown_topic_and_duplicates(broker: FakeBroker) -> None:
 def test_incremental_upsert_with_key_in_one_request(broker: FakeBroker) -> None:
     r = incremental(broker, 1, "t", [(P + "upsert.enable", 0, "true"), (P + "id.columns", 0, "[id]")])
     assert r.error_code == 0
+
+
+def test_registered_checks_run_off_the_loop_and_can_refuse(broker: FakeBroker) -> None:
+    import threading
+
+    seen: list[tuple[str, dict[str, str] | None, dict[str, str], bool]] = []
+
+    def check(topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
+        seen.append((topic, None if old is None else dict(old), dict(new),
+                     threading.current_thread() is threading.main_thread()))
+        if new.get(P + "convert.value.type") == "string":
+            raise InvalidConfigError(f"Invalid value string for configuration {P}convert.value.type: no")
+        if new.get(P + "convert.key.type") == "raw":
+            raise RuntimeError("catalog down")
+
+    broker.topic_config_checks.append(check)
+    assert incremental(broker, 1, "t", [(P + "enable", 0, "true")]).error_code == 0
+    assert seen == [("t", {"segment.ms": "1000"}, {"segment.ms": "1000", P + "enable": "true"}, False)]
+    assert incremental(broker, 1, "t", [(P + "enable", 0, "true")]).error_code == 0
+    assert len(seen) == 1  # nothing changes: no check
+    calls = len(broker.topics.calls)
+    for validate_only in (True, False):
+        r = incremental(broker, 1, "t", [(P + "convert.value.type", 0, "string")], validate_only=validate_only)
+        assert (r.error_code, r.error_message) == (ErrorCode.INVALID_CONFIG,
+                                                   f"Invalid value string for configuration {P}convert.value.type: no")
+        r = legacy_alter(broker, 2, "t", {P + "convert.key.type": "raw"}, validate_only=validate_only)
+        assert r.error_code == ErrorCode.UNKNOWN_SERVER_ERROR and "catalog down" in r.error_message
+    assert len(broker.topics.calls) == calls
 
 
 def test_alter_broker_refused(broker: FakeBroker) -> None:

@@ -206,3 +206,79 @@ def test_stored_invalid_spec_is_visible_not_fatal(tmp_path: Path) -> None:
         assert "not applied" not in _tables(b)
     finally:
         b.stop()
+
+
+# ---- converter changes against an existing table -----------------------------------------------------------
+
+
+def _binary_values(b: BrokerProcess, topic: str) -> set[type]:
+    tbl = catalog(b).load_table(f"default.{topic}")
+    return {type(r["_kafka_value"]) for r in tbl.scan(selected_fields=("_kafka_value",)).to_arrow().to_pylist()}
+
+
+def test_converter_change_refused_once_the_table_exists(broker: BrokerProcess,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    t = unique("conv")
+    create(broker, t, 1, enable="true", commit_interval_ms="300")
+    assert produce(broker, t, 10) == 10
+    wait_for_table(broker, t, 10)
+
+    code, text = cli(capsys, kafka_configs.main, broker.bootstrap, "--topic", t, "--alter", "--add-config",
+                     f"{P}convert.value.type=string")
+    assert code != 0, text
+    assert f"Invalid value string for configuration {P}convert.value.type" in text, text
+    assert f"default.{t}" in text and "_kafka_value column is binary" in text, text
+    assert "create a new topic or drop the table" in text, text
+
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for key, value, column in ((P + "convert.value.type", "string", "_kafka_value column is binary"),
+                               (P + "convert.key.type", "raw", "_kafka_key column is string"),
+                               (P + "schema.type", "schemaless", "no column value")):
+        for validate_only in (True, False):
+            err = admin_error(incremental_set(client, t, validate_only, **{key: value}))
+            assert err.code() == KafkaError.INVALID_CONFIG, err
+            assert key in err.str() and column in err.str(), err.str()
+    (fut,) = client.alter_configs([ConfigResource("topic", t, set_config={
+        P + "enable": "true", P + "commit.interval.ms": "300", P + "convert.value.type": "string"})]).values()
+    err = admin_error(fut)
+    assert err.code() == KafkaError.INVALID_CONFIG and "_kafka_value" in err.str(), err.str()
+    (fut,) = client.describe_configs([ConfigResource("topic", t)]).values()
+    assert fut.result(timeout=30)[P + "convert.value.type"].value == "raw"
+
+    # unrelated changes still go through, and the table keeps receiving records as before
+    incremental_set(client, t, **{P + "commit.interval.ms": "200"}).result(timeout=30)
+    assert produce(broker, t, 10, start=10) == 10
+    assert len(wait_for_table(broker, t, 20)) == 20
+    assert _binary_values(broker, t) == {bytes}
+
+    # a disabled table topic keeps its table: the change is still refused
+    incremental_set(client, t, **{P + "enable": "false"}).result(timeout=30)
+    err = admin_error(incremental_set(client, t, **{P + "convert.value.type": "string"}))
+    assert err.code() == KafkaError.INVALID_CONFIG and "_kafka_value" in err.str(), err.str()
+
+    # a topic re-created under the name of a kept table cannot ask for other column types either
+    client.delete_topics([t])[t].result(timeout=30)
+    time.sleep(0.5)
+    for validate_only in (True, False):
+        fs = client.create_topics([NewTopic(t, 1, 1, config={P + "convert.value.type": "string"})],
+                                  validate_only=validate_only)
+        err = admin_error(fs[t])
+        assert err.code() == KafkaError.INVALID_CONFIG and "_kafka_value column is binary" in err.str(), err.str()
+    client.create_topics([NewTopic(t, 1, 1, config={P + "enable": "true"})])[t].result(timeout=30)
+
+
+def test_converter_change_allowed_before_the_table_exists(broker: BrokerProcess) -> None:
+    t = unique("conv")
+    create(broker, t, 1)  # not a table topic yet: no table
+    assert produce(broker, t, 5) == 5
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    incremental_set(client, t, **{P + "convert.value.type": "string"}).result(timeout=30)
+    incremental_set(client, t, **{P + "enable": "true", P + "commit.interval.ms": "300",
+                                  P + "convert.value.type": "string", P + "convert.key.type": "raw"}
+                    ).result(timeout=30)
+    assert produce(broker, t, 5, start=5) == 5
+    assert len(wait_for_table(broker, t, 10)) == 10
+    tbl = catalog(broker).load_table(f"default.{t}")
+    assert (str(tbl.schema().find_type("_kafka_value")), str(tbl.schema().find_type("_kafka_key"))) == (
+        "string", "binary")
+    assert _binary_values(broker, t) == {str}

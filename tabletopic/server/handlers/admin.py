@@ -10,6 +10,7 @@ from configs.model import TOPIC_SETTINGS
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol.codec import ApiKey
 from tabletopic.server.handlers.base import RequestContext, handles
+from tabletopic.server.handlers.configs import run_topic_config_checks
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ async def create_topics(ctx: RequestContext, req: Any) -> Any:
                                         f"Replica assignments must name only broker {ctx.broker.node_id}")
                 partitions = len(t.assignments)
             overrides = topics.validate_new_topic(t.name, partitions, rf, configs)
+            await run_topic_config_checks(ctx.broker.topic_config_checks, t.name, None, overrides)
             if partitions == -1:
                 partitions = int(ctx.broker.config["num.partitions"])
             if not validate_only:

@@ -5,13 +5,19 @@ Topics (resource type 2) are described, altered and validated through the config
 ``broker.topics.alter_configs``, which replaces a topic's overrides durably. The broker (resource type 4, name =
 node id or empty) can be described; its settings are static (server.properties), so altering them is refused
 with INVALID_REQUEST. Per-resource errors travel in the response with Kafka's codes and a message.
+
+Checks that need more than the settings themselves (the table topic plugin host asks its Iceberg catalog whether a
+converter change fits the table) are :class:`TopicConfigCheck` callables the broker holds in
+``topic_config_checks``: this layer runs them (off the event loop: they block) without knowing who registered them.
+CreateTopics runs them too (:func:`run_topic_config_checks`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from kafka.protocol.api_message import ApiMessage
@@ -47,6 +53,17 @@ class TopicStore(Protocol):
     async def alter_configs(self, name: str, new_overrides: dict[str, str]) -> None: ...
 
 
+class TopicConfigCheck(Protocol):
+    """A check of a topic's new overrides beyond the config model, e.g. against the topic's Iceberg table.
+
+    ``old`` is None for a topic being created. May block (it is run in a worker thread). Raises
+    InvalidConfigError (or another KafkaApiError) to refuse the change; any other exception refuses it as
+    UNKNOWN_SERVER_ERROR.
+    """
+
+    def __call__(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None: ...
+
+
 class ConfigsBroker(Protocol):
     """The part of ``tabletopic.broker.Broker`` these handlers use."""
 
@@ -55,6 +72,24 @@ class ConfigsBroker(Protocol):
 
     @property
     def topics(self) -> TopicStore: ...
+
+    @property
+    def topic_config_checks(self) -> Sequence[TopicConfigCheck]: ...
+
+
+async def run_topic_config_checks(checks: Sequence[TopicConfigCheck], topic: str, old: Mapping[str, str] | None,
+                                  new: Mapping[str, str]) -> None:
+    """Run every registered check on a worker thread; raises KafkaApiError to refuse the change."""
+    for check in list(checks):
+        try:
+            await asyncio.to_thread(check, topic, dict(old) if old is not None else None, dict(new))
+        except KafkaApiError:
+            raise
+        except Exception as exc:
+            log.exception("checking the new configs of topic %s failed", topic)
+            raise KafkaApiError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                f"could not check the new configs of topic {topic}: {type(exc).__name__}: {exc}"
+                                ) from exc
 
 
 def _broker(ctx: RequestContext) -> ConfigsBroker:
@@ -162,7 +197,10 @@ async def _alter_one(broker: ConfigsBroker, res: Any, incremental: bool, validat
     topic = _topic(broker, res.resource_name)
     new = _new_overrides(broker, topic, res.configs, incremental)
     validate_topic_configs(new, broker.config)
-    if validate_only or new == dict(topic.configs):
+    if new == dict(topic.configs):
+        return
+    await run_topic_config_checks(broker.topic_config_checks, res.resource_name, topic.configs, new)
+    if validate_only:
         return
     await broker.topics.alter_configs(res.resource_name, new)
     log.info("[ALTER_CONFIGS] topic=%s overrides=%s", res.resource_name, new)
