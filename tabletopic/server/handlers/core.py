@@ -9,6 +9,7 @@ from typing import Any
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey
+from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import HANDLERS, RequestContext, handles
 from tabletopic.topics import TopicInfo, check_topic_name
 
@@ -109,8 +110,9 @@ async def describe_cluster(ctx: RequestContext, req: Any) -> Any:
 @handles(ApiKey.InitProducerId)
 async def init_producer_id(ctx: RequestContext, req: Any) -> Any:
     if req.transactional_id is not None:
-        # transactions are not supported yet: answer as a broker without a transaction coordinator would
-        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        # fatal at once in every client (see the transactions module); this API has no error-message field
+        transactions.refuse(ctx, "InitProducerId", req.transactional_id)
+        return ctx.response(throttle_time_ms=0, error_code=int(transactions.INIT_PRODUCER_ID_ERROR),
                             producer_id=-1, producer_epoch=-1)
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)

@@ -13,6 +13,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from tabletopic.errors import ErrorCode
 from tabletopic.groups.coordinator import CommitRequestOffset, GroupCoordinator, TopicPartition
+from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
 
 E = ErrorCode
@@ -37,25 +38,26 @@ async def find_coordinator(ctx: RequestContext, req: Any) -> ApiMessage:
     broker = ctx.broker
     key_type = req.key_type if ctx.api_version >= 1 else _COORDINATOR_GROUP
 
-    def lookup() -> tuple[ErrorCode, str | None, int, str, int]:
+    def lookup(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
         if key_type == _COORDINATOR_GROUP:
             return E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port
         if key_type == _COORDINATOR_TRANSACTION:
-            return E.COORDINATOR_NOT_AVAILABLE, "transactions are not supported", -1, "", -1
+            # fatal at once in every client, see the transactions module
+            return transactions.FIND_COORDINATOR_ERROR, transactions.refuse(ctx, "FindCoordinator", key), -1, "", -1
         return E.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
 
-    error, message, node_id, host, port = lookup()
     if ctx.api_version < 4:
+        error, message, node_id, host, port = lookup(req.key)
         return ctx.response(
             error_code=error, error_message=message, node_id=node_id, host=host, port=port
         )
     cls = ctx.response_class.Coordinator
-    return ctx.response(
-        coordinators=[
-            cls(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message)
-            for key in req.coordinator_keys
-        ]
-    )
+    coordinators = []
+    for key in req.coordinator_keys:
+        error, message, node_id, host, port = lookup(key)
+        coordinators.append(
+            cls(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message))
+    return ctx.response(coordinators=coordinators)
 
 
 # ------------------------------------------------------------------------------------------ group membership
