@@ -349,15 +349,15 @@ _topic(
     Setting("automq.table.topic.schema.type", Type.STRING, "none",
             "[DEPRECATED] none; schemaless (string key, string value, legacy key/value/timestamp columns); "
             "schema (string key, by_schema_id value, flatten). Cannot be combined with the convert/transform "
-            "settings.",
+            "settings. schema is not built yet in tabletopic (refused).",
             one_of("none", "schemaless", "schema")),
     Setting("automq.table.topic.convert.value.type", Type.STRING, "raw",
             "How record values are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
-            "automq.table.topic.schema.registry.url on the broker).",
+            "automq.table.topic.schema.registry.url on the broker, and are not built yet in tabletopic: refused).",
             one_of(*CONVERT_TYPES)),
     Setting("automq.table.topic.convert.key.type", Type.STRING, "string",
             "How record keys are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
-            "automq.table.topic.schema.registry.url on the broker).",
+            "automq.table.topic.schema.registry.url on the broker, and are not built yet in tabletopic: refused).",
             one_of(*CONVERT_TYPES)),
     Setting("automq.table.topic.convert.value.by_latest_schema.subject", Type.STRING, None,
             "Subject of the latest value schema for by_latest_schema (default: <topic>-value). "
@@ -370,7 +370,8 @@ _topic(
             "Protobuf only: fully-qualified message name of the key schema (default: the first message)."),
     Setting("automq.table.topic.transform.value.type", Type.STRING, "none",
             "Transform after conversion: none, flatten (top-level value fields become columns), "
-            "flatten_debezium (flatten + Debezium envelope unwrap; needs a schema-based value converter).",
+            "flatten_debezium (flatten + Debezium envelope unwrap; needs a schema-based value converter). "
+            "flatten and flatten_debezium are not built yet in tabletopic (refused).",
             one_of(*TRANSFORM_TYPES)),
     Setting("automq.table.topic.id.columns", Type.STRING, None,
             "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "
@@ -378,15 +379,17 @@ _topic(
             "and CDC.",
             id_columns_validator),
     Setting("automq.table.topic.partition.by", Type.STRING, None,
-            "Partition spec, e.g. [bucket(name, 16), month(ts)]: year(c), month(c), day(c), hour(c), bucket(c, N), "
-            "truncate(c, W), or a column (identity). Changing it evolves the table's partition spec.",
+            "Partition spec, e.g. [bucket(_kafka_key, 16), _kafka_metadata.partition]: year(c), month(c), day(c), "
+            "hour(c), bucket(c, N), truncate(c, W), or a column (identity), over the columns of the topic's table "
+            "(checked when set). Changing it evolves the table's partition spec.",
             partition_by_validator),
     Setting("automq.table.topic.upsert.enable", Type.BOOLEAN, False,
             "Upsert mode: a record without a CDC op replaces the row with the same id.columns "
-            "(needs automq.table.topic.id.columns)."),
+            "(needs automq.table.topic.id.columns). Not built yet in tabletopic: true is refused."),
     Setting("automq.table.topic.cdc.field", Type.STRING, None,
             "Field holding the CDC op I/U/D (first character, case-insensitive; anything else = insert); dotted "
-            "paths allowed, e.g. _cdc.op. Needs automq.table.topic.id.columns (deletes need a key).",
+            "paths allowed, e.g. _cdc.op. Needs automq.table.topic.id.columns (deletes need a key). Not built yet in "
+            "tabletopic: a value is refused.",
             field_path_validator),
     Setting("automq.table.topic.errors.tolerance", Type.STRING, "invalid_data",
             "none: a bad record blocks the partition; invalid_data: skip records whose bytes are unusable; "

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,53 @@ def test_converter_change_allowed_before_the_table_exists(broker: BrokerProcess)
     assert (str(tbl.schema().find_type("_kafka_value")), str(tbl.schema().find_type("_kafka_key"))) == (
         "string", "binary")
     assert _binary_values(broker, t) == {str}
+
+
+# ---- settings nothing implements yet ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def registry_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker with a schema registry URL: the registry converters pass the registry rule and meet the next one."""
+    b = BrokerProcess(tmp_path_factory.mktemp("registry") / "data",
+                      overrides={"automq.table.topic.schema.registry.url": "http://127.0.0.1:9"})
+    b.start()
+    yield b
+    b.stop()
+
+
+NOT_BUILT = [
+    # (key, value, settings the cross-field rules need alongside)
+    (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
+    (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
+    (P + "transform.value.type", "flatten", {}),
+    (P + "transform.value.type", "flatten_debezium", {P + "convert.value.type": "by_schema_id"}),
+    (P + "convert.value.type", "by_schema_id", {}),
+    (P + "convert.value.type", "by_latest_schema", {}),
+    (P + "convert.key.type", "by_schema_id", {}),
+    (P + "schema.type", "schema", {}),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "extra"), NOT_BUILT)
+def test_not_built_settings_are_refused(registry_broker: BrokerProcess, capsys: pytest.CaptureFixture[str],
+                                        key: str, value: str, extra: dict[str, str]) -> None:
+    b = registry_broker
+    t = unique("nyi")
+    settings = {P + "enable": "true", **extra, key: value}
+    code, text = cli(capsys, kafka_topics.main, b.bootstrap, "--create", "--topic", t,
+                     *itertools.chain.from_iterable(("--config", f"{k}={v}") for k, v in settings.items()))
+    assert code != 0, text
+    # the first not-yet-built value is named (flatten_debezium comes with a schema converter, named first)
+    named = P + "convert.value.type" if value == "flatten_debezium" else key
+    shown = "by_schema_id" if value == "flatten_debezium" else value
+    assert f"Invalid value {shown} for configuration {named}: {shown} is not supported yet" in text, text
+
+    client = AdminClient({"bootstrap.servers": b.bootstrap})
+    err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)], validate_only=True)[t])
+    assert err.code() == KafkaError.INVALID_CONFIG and "not supported yet" in err.str(), err.str()
+    client.create_topics([NewTopic(t, 1, 1)])[t].result(timeout=30)
+    err = admin_error(incremental_set(client, t, **settings))
+    assert err.code() == KafkaError.INVALID_CONFIG and named in err.str() and "not supported yet" in err.str()
+    (fut,) = client.describe_configs([ConfigResource("topic", t)]).values()
+    assert fut.result(timeout=30)[key].source != 1  # not stored (DYNAMIC_TOPIC_CONFIG)
