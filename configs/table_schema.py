@@ -20,6 +20,10 @@ column's type is pyiceberg's decision (``Transform.can_transform``), never a rul
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pyiceberg.partitioning import PartitionField as IcebergPartitionField
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import (
     BucketTransform,
@@ -43,14 +47,21 @@ from pyiceberg.types import (
 )
 
 from configs.partition_spec import IDENTITY, PARTITION_BY_KEY, TIME_TRANSFORMS, PartitionField
-from configs.table_topic import ConvertType, TableTopicConfig
 from tabletopic.errors import InvalidConfigError
+
+if TYPE_CHECKING:  # configs.table_topic imports this module (lazily): no import back at run time
+    from configs.table_topic import ConvertType, TableTopicConfig
 
 HEADER = "_kafka_header"
 KEY = "_kafka_key"
 VALUE = "_kafka_value"
 METADATA = "_kafka_metadata"
 META_PARTITION, META_OFFSET, META_TIMESTAMP = "partition", "offset", "timestamp"
+
+FIRST_PARTITION_FIELD_ID = 1000
+
+# the column type of each schemaless converter, by ConvertType value
+_CONVERTED: dict[str, IcebergType] = {"raw": BinaryType(), "string": StringType()}
 
 # what each transform needs, for the refusal message (the decision itself is can_transform's)
 _NEEDS = {
@@ -64,10 +75,9 @@ _NEEDS = {
 
 def converted_type(convert: ConvertType) -> IcebergType:
     """The column type a schemaless converter gives ``_kafka_key`` / ``_kafka_value``."""
-    if convert is ConvertType.RAW:
-        return BinaryType()
-    if convert is ConvertType.STRING:
-        return StringType()
+    typ = _CONVERTED.get(str(convert))
+    if typ is not None:
+        return typ
     raise InvalidConfigError(f"converter {convert} needs a schema registry, which this broker does not support yet")
 
 
@@ -190,3 +200,18 @@ def check_partition_by(cfg: TableTopicConfig, raw: str | None = None) -> None:
     value = raw if raw is not None else partition_by_text(cfg.partition_by)
     for pf in cfg.partition_by:
         resolve_partition_field(schema, pf, value)
+
+
+def partition_spec(schema: Schema, fields: tuple[PartitionField, ...], spec_id: int = 0) -> PartitionSpec:
+    """The spec for ``partition.by`` over ``schema`` (ids resolved by name, so it works on a table's schema).
+
+    Raises InvalidConfigError naming the setting when a column is missing or a transform does not apply to
+    its type (e.g. ``day()`` on a long: ``_kafka_metadata.timestamp`` is epoch milliseconds, not a timestamp).
+    """
+    value = partition_by_text(fields)
+    out: list[IcebergPartitionField] = []
+    for i, pf in enumerate(fields):
+        source, transform = resolve_partition_field(schema, pf, value)
+        out.append(IcebergPartitionField(source_id=source.field_id, field_id=FIRST_PARTITION_FIELD_ID + i,
+                                         transform=transform, name=pf.name))
+    return PartitionSpec(*out, spec_id=spec_id)

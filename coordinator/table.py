@@ -38,9 +38,9 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
 from configs.table_schema import partition_by_text as canonical_partition_by
+from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import TableTopicConfig
 from tabletopic.errors import InvalidConfigError
-from worker.schema import partition_spec, table_schema
 
 log = logging.getLogger(__name__)
 
