@@ -69,7 +69,6 @@ class Broker:
         # run by the config handlers on topic creation and config changes (the table topic host registers one)
         self.topic_config_checks: list[TopicConfigCheck] = []
         self.bound: list[tuple[str, int]] = []
-        self._stopped = asyncio.Event()
 
     @property
     def cluster_id(self) -> str:
@@ -115,7 +114,3 @@ class Broker:
         await self.logs.close()
         self._data_lock.release()  # last: nothing below log.dirs is written after this
         log.info("shut down cleanly in %.0f ms", (time.monotonic() - t0) * 1000)
-        self._stopped.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()

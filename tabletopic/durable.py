@@ -17,9 +17,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def temp_path(path: Path) -> Path:
+    """Where :func:`atomic_write_bytes` stages ``path``; a crash can leave it behind for its owner to remove."""
+    return path.with_name(path.name + ".tmp")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably: readers see the old or the new file, never a mix."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = temp_path(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -201,6 +201,26 @@ def test_compaction(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+
+def test_interrupted_compaction_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A crash during compaction leaves the staged copy; the next open removes it and keeps the real log."""
+
+    async def body() -> None:
+        store = OffsetStore(tmp_path)
+        store.open()
+        await store.write([OffsetCommit("g", "t1", 0, CommittedOffset(5, -1, "", 0))])
+        await store.close()
+        staged = [log_file(tmp_path).with_name(FILE_NAME + suffix) for suffix in (".tmp", ".compact")]
+        for path in staged:
+            path.write_bytes(b"half a snapshot")
+        store = OffsetStore(tmp_path)
+        store.open()
+        assert [p.name for p in staged if p.exists()] == []
+        assert store.offsets("g")[("t1", 0)].offset == 5
+        await store.close()
+
+    asyncio.run(body())
+
 _KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys

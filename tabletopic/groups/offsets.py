@@ -35,7 +35,7 @@ from pathlib import Path
 
 from crc32c import crc32c
 
-from tabletopic.durable import fsync_dir
+from tabletopic.durable import atomic_write_bytes, fsync_dir, temp_path
 
 __all__ = [
     "CommittedOffset",
@@ -288,8 +288,10 @@ class OffsetStore:
         """
         t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.dir / (FILE_NAME + ".compact"))
+        # an interrupted compaction leaves its temp file (".compact" is the name older versions used)
+        for leftover in (temp_path(self.path), self.dir / (FILE_NAME + ".compact")):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
         data = self.path.read_bytes() if self.path.exists() else b""
         good = 0
         frames = 0
@@ -339,9 +341,6 @@ class OffsetStore:
     def offsets(self, group: str) -> dict[TopicPartition, CommittedOffset]:
         """The committed offsets of ``group`` (a live view: do not mutate)."""
         return self._offsets.get(group, {})
-
-    def has_offsets(self, group: str) -> bool:
-        return bool(self._offsets.get(group))
 
     def group_meta(self, group: str) -> bytes | None:
         return self._meta.get(group)
@@ -455,17 +454,7 @@ class OffsetStore:
         return b"".join(encode_ops(ops[i : i + chunk]) for i in range(0, len(ops), chunk))
 
     def _rewrite(self, snapshot: bytes) -> None:
-        tmp = self.dir / (FILE_NAME + ".compact")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(snapshot)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        fsync_dir(self.dir)
+        atomic_write_bytes(self.path, snapshot)
         if self._fd is not None:
             os.close(self._fd)
         self._fd = os.open(self.path, os.O_RDWR)

@@ -85,10 +85,6 @@ class BatchHeader:
         return bool(self.attributes & CONTROL_MASK)
 
     @property
-    def has_producer_id(self) -> bool:
-        return self.producer_id >= 0
-
-    @property
     def last_sequence(self) -> int:
         if self.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE
