@@ -9,25 +9,82 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from enum import IntEnum
+from typing import TypeAlias
 
 import kafka.protocol.admin
 import kafka.protocol.consumer
 import kafka.protocol.metadata
 import kafka.protocol.producer  # noqa: F401  (imports register the message classes)
-from kafka.protocol.api_key import ApiKey
+from kafka.protocol.api_key import ApiKey as _KafkaApiKey
 from kafka.protocol.api_message import ApiMessage
 
 __all__ = [
+    "MIN_USABLE_PRODUCE_VERSION",
     "SUPPORTED_VERSIONS",
     "ApiKey",
     "DecodedRequest",
+    "Message",
     "RequestDecodeError",
+    "RequestHeaderInfo",
     "decode_request",
+    "decode_unsupported_request",
     "encode_response",
+    "is_supported",
+    "make_response",
+    "peek_header",
     "request_class",
     "response_class",
+    "response_has_error_code",
+    "schema_max_version",
 ]
+
+Message: TypeAlias = ApiMessage
+"""A kafka-python message or struct object: a decoded request, a response being built, or a nested struct
+(``req.topics[0]``, ``ctx.response_class.Topic(...)``). Fields are attributes with Kafka's snake_case names.
+kafka-python ships no type information, so to mypy this is ``Any``: the one place handlers stay untyped."""
+
+
+class ApiKey(IntEnum):
+    """Kafka API keys this broker serves, plus the transactional ones it deliberately does not advertise."""
+
+    Produce = 0
+    Fetch = 1
+    ListOffsets = 2
+    Metadata = 3
+    OffsetCommit = 8
+    OffsetFetch = 9
+    FindCoordinator = 10
+    JoinGroup = 11
+    Heartbeat = 12
+    LeaveGroup = 13
+    SyncGroup = 14
+    DescribeGroups = 15
+    ListGroups = 16
+    ApiVersions = 18
+    CreateTopics = 19
+    DeleteTopics = 20
+    DeleteRecords = 21
+    InitProducerId = 22
+    OffsetForLeaderEpoch = 23
+    AddPartitionsToTxn = 24
+    AddOffsetsToTxn = 25
+    EndTxn = 26
+    WriteTxnMarkers = 27
+    TxnOffsetCommit = 28
+    DescribeConfigs = 32
+    AlterConfigs = 33
+    CreatePartitions = 37
+    DeleteGroups = 42
+    IncrementalAlterConfigs = 44
+    OffsetDelete = 47
+    DescribeCluster = 60
+    DescribeTransactions = 65
+    ListTransactions = 66
+
+
+for _api in ApiKey:
+    assert _KafkaApiKey[_api.name] == _api.value, f"API key {_api.name} differs from kafka-python's"
 
 _HEADER_PREFIX = struct.Struct(">hhi")
 _SIZE = struct.Struct(">i")
@@ -35,7 +92,7 @@ _SIZE = struct.Struct(">i")
 # Version ranges advertised in ApiVersions: close to Apache Kafka 3.9, bounded by the schemas we carry (Kafka
 # 4.x baselines, which removed some very old versions). Produce keeps min 0 in the advertisement because
 # librdkafka misbehaves otherwise (KAFKA-18659); versions below 3 are refused when actually used.
-SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.Produce: (0, 11),
     ApiKey.Fetch: (4, 17),
     ApiKey.ListOffsets: (1, 9),
@@ -67,10 +124,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 MIN_USABLE_PRODUCE_VERSION = 3
 
 
-def _all_messages() -> tuple[dict[int, type[ApiMessage]], dict[int, type[ApiMessage]]]:
-    requests: dict[int, type[ApiMessage]] = {}
-    responses: dict[int, type[ApiMessage]] = {}
-    stack: list[type[ApiMessage]] = list(ApiMessage.__subclasses__())
+def _all_messages() -> tuple[dict[int, type[Message]], dict[int, type[Message]]]:
+    requests: dict[int, type[Message]] = {}
+    responses: dict[int, type[Message]] = {}
+    stack: list[type[Message]] = list(ApiMessage.__subclasses__())
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
@@ -88,12 +145,27 @@ for _key, (_lo, _hi) in SUPPORTED_VERSIONS.items():
     assert _hi <= _REQUESTS[_key].max_version, f"advertised version of API key {_key} exceeds its schema"
 
 
-def request_class(api_key: int) -> type[ApiMessage]:
+def request_class(api_key: int) -> type[Message]:
+    """The request class of ``api_key``; ``[version]`` gives the versioned class."""
     return _REQUESTS[api_key]
 
 
-def response_class(api_key: int) -> type[ApiMessage]:
+def response_class(api_key: int) -> type[Message]:
+    """The response class of ``api_key``; ``[version]`` gives the versioned class, whose nested struct classes
+    hang off it (e.g. ``.Topic``)."""
     return _RESPONSES[api_key]
+
+
+def schema_max_version(api_key: int) -> int:
+    """The highest version of ``api_key`` that the message schemas we carry describe."""
+    version: int = _REQUESTS[api_key].max_version
+    return version
+
+
+def response_has_error_code(api_key: int, api_version: int) -> bool:
+    """Whether the response of this version has a top-level ``error_code`` field."""
+    fields = _RESPONSES[api_key][api_version]._struct.fields
+    return "error_code" in fields and bool(fields["error_code"].for_version_q(api_version))
 
 
 class RequestDecodeError(Exception):
@@ -113,11 +185,11 @@ class RequestHeaderInfo:
 
 @dataclass(frozen=True, slots=True)
 class DecodedRequest:
-    api_key: int
+    api_key: ApiKey
     api_version: int
     correlation_id: int
     client_id: str | None
-    body: Any  # the kafka-python message object (fields as attributes)
+    body: Message
 
 
 def peek_header(frame: bytes | memoryview) -> RequestHeaderInfo:
@@ -133,21 +205,32 @@ def is_supported(api_key: int, api_version: int) -> bool:
     return rng is not None and rng[0] <= api_version <= rng[1]
 
 
+def _decode(frame: bytes | memoryview, info: RequestHeaderInfo) -> Message:
+    cls = _REQUESTS[info.api_key]
+    try:
+        return cls.decode(frame, version=info.api_version, header=True)
+    except Exception as exc:  # the generic decoder raises struct.error, ValueError, IndexError...
+        raise RequestDecodeError(f"malformed {cls.__name__} v{info.api_version}: {exc!r}", info) from exc
+
+
 def decode_request(frame: bytes | memoryview) -> DecodedRequest:
     """Decode one request frame (without its 4-byte size prefix). The version must be supported."""
     info = peek_header(frame)
-    cls = _REQUESTS.get(info.api_key)
-    if cls is None or not is_supported(info.api_key, info.api_version):
+    if info.api_key not in _REQUESTS or not is_supported(info.api_key, info.api_version):
         raise RequestDecodeError(f"unsupported API key {info.api_key} version {info.api_version}", info)
-    try:
-        msg = cls.decode(frame, version=info.api_version, header=True)
-    except Exception as exc:  # the generic decoder raises struct.error, ValueError, IndexError...
-        raise RequestDecodeError(f"malformed {cls.__name__} v{info.api_version}: {exc!r}", info) from exc
+    msg = _decode(frame, info)
     hdr = msg.header
-    return DecodedRequest(info.api_key, info.api_version, info.correlation_id, hdr.client_id, msg)
+    return DecodedRequest(ApiKey(info.api_key), info.api_version, info.correlation_id, hdr.client_id, msg)
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, response: ApiMessage) -> bytes:
+def decode_unsupported_request(frame: bytes | memoryview, info: RequestHeaderInfo) -> Message:
+    """Decode a request whose version we do not serve but the schemas describe (to answer it with an error)."""
+    if info.api_key not in _REQUESTS or info.api_version > schema_max_version(info.api_key):
+        raise RequestDecodeError(f"no schema for API key {info.api_key} version {info.api_version}", info)
+    return _decode(frame, info)
+
+
+def encode_response(api_key: int, api_version: int, correlation_id: int, response: Message) -> bytes:
     """Encode ``response`` with its response header, framed with the 4-byte size prefix."""
     if api_version != response.API_VERSION:
         response.API_VERSION = api_version  # set before the header: the setter trips over response headers
@@ -156,8 +239,6 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
     return data
 
 
-def make_response(api_key: int, api_version: int, **fields: Any) -> ApiMessage:
+def make_response(api_key: int, api_version: int, **fields: object) -> Message:
     """Build a response object of the right class and version from keyword fields."""
-    cls = _RESPONSES[api_key]
-    msg: ApiMessage = cls[api_version](**fields)
-    return msg
+    return _RESPONSES[api_key][api_version](**fields)

@@ -18,11 +18,12 @@ import logging
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol import codec
-from tabletopic.server.handlers.base import HANDLERS, RequestContext
+from tabletopic.protocol.codec import Message
+from tabletopic.server.handlers.base import HANDLERS, Handler, RequestContext
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
@@ -140,7 +141,7 @@ class KafkaConnection(asyncio.Protocol):
             self._reading_paused = True
             self._transport.pause_reading()
 
-    async def _run(self, slot: _Slot, ctx: RequestContext, handler: Any, body: Any) -> None:
+    async def _run(self, slot: _Slot, ctx: RequestContext, handler: Handler, body: Message) -> None:
         t0 = time.perf_counter()
         try:
             resp = await handler(ctx, body)
@@ -193,9 +194,8 @@ class KafkaConnection(asyncio.Protocol):
             resp = codec.make_response(info.api_key, 0, **api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
             self._respond_now(codec.encode_response(info.api_key, 0, info.correlation_id, resp))
             return
-        cls = codec.request_class(info.api_key)
-        if info.api_version <= cls.max_version:
-            resp = _top_level_error_response(info.api_key, info.api_version, frame)
+        if info.api_version <= codec.schema_max_version(info.api_key):
+            resp = _top_level_error_response(info, frame)
             if resp is not None:
                 self._log_once(logging.INFO, "unsupported version %d of API key %d from %s: UNSUPPORTED_VERSION",
                                info.api_version, info.api_key, self._peer)
@@ -205,7 +205,7 @@ class KafkaConnection(asyncio.Protocol):
 
     # ---- errors and closing ----
 
-    def _log_once(self, level: int, msg: str, *args: Any) -> None:
+    def _log_once(self, level: int, msg: str, *args: object) -> None:
         if not self._warned:
             self._warned = True
             log.log(level, msg, *args)
@@ -237,16 +237,16 @@ class KafkaConnection(asyncio.Protocol):
         return len(self._queue)
 
 
-def _top_level_error_response(api_key: int, api_version: int, frame: bytes) -> Any:
-    """An UNSUPPORTED_VERSION response for APIs whose response has a top-level error code."""
+def _top_level_error_response(info: codec.RequestHeaderInfo, frame: bytes) -> Message | None:
+    """An UNSUPPORTED_VERSION response for APIs whose response has a top-level error code (and Produce)."""
+    api_key, api_version = info.api_key, info.api_version
     cls = codec.response_class(api_key)[api_version]
-    fields = cls._struct.fields
-    if "error_code" in fields and fields["error_code"].for_version_q(api_version):
+    if codec.response_has_error_code(api_key, api_version):
         return cls(error_code=int(ErrorCode.UNSUPPORTED_VERSION))
     if api_key == codec.ApiKey.Produce:
         try:
-            req = codec.request_class(api_key).decode(frame, version=api_version, header=True)
-        except Exception:
+            req = codec.decode_unsupported_request(frame, info)
+        except codec.RequestDecodeError:
             return None
         if req.acks == 0:
             return None

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
 
 from configs.model import TOPIC_SETTINGS
 from tabletopic.errors import ErrorCode, KafkaApiError
-from tabletopic.protocol.codec import ApiKey
+from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 from tabletopic.server.handlers.configs import run_topic_config_checks
 
@@ -18,7 +17,7 @@ ZERO_UUID = uuid.UUID(int=0)
 SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
 
 
-def _creatable_configs(ctx: RequestContext, overrides: dict[str, str]) -> list[Any]:
+def _creatable_configs(ctx: RequestContext, overrides: dict[str, str]) -> list[Message]:
     """The v5+ CreateTopics echo of every topic setting with its value and source."""
     C = ctx.response_class.CreatableTopicResult.CreatableTopicConfigs
     broker_cfg = ctx.broker.config
@@ -37,7 +36,7 @@ def _creatable_configs(ctx: RequestContext, overrides: dict[str, str]) -> list[A
 
 
 @handles(ApiKey.CreateTopics)
-async def create_topics(ctx: RequestContext, req: Any) -> Any:
+async def create_topics(ctx: RequestContext, req: Message) -> Message:
     topics = ctx.broker.topics
     R = ctx.response_class.CreatableTopicResult
     validate_only = bool(getattr(req, "validate_only", False))
@@ -77,7 +76,7 @@ async def create_topics(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.DeleteTopics)
-async def delete_topics(ctx: RequestContext, req: Any) -> Any:
+async def delete_topics(ctx: RequestContext, req: Message) -> Message:
     topics = ctx.broker.topics
     R = ctx.response_class.DeletableTopicResult
     wanted: list[tuple[str | None, uuid.UUID | None]] = []
@@ -107,7 +106,7 @@ async def delete_topics(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.CreatePartitions)
-async def create_partitions(ctx: RequestContext, req: Any) -> Any:
+async def create_partitions(ctx: RequestContext, req: Message) -> Message:
     topics = ctx.broker.topics
     R = ctx.response_class.CreatePartitionsTopicResult
     results = []

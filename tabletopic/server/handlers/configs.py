@@ -18,14 +18,12 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
-
-from kafka.protocol.api_message import ApiMessage
+from typing import Protocol, cast
 
 from configs.admin import ConfigEntry, apply_alter_ops, describe_broker, describe_topic
 from configs.model import BrokerConfig, validate_topic_configs
 from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
-from tabletopic.protocol.codec import ApiKey
+from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -130,7 +128,7 @@ def _describe(broker: ConfigsBroker, resource_type: int, name: str, keys: list[s
 
 
 @handles(ApiKey.DescribeConfigs)
-async def handle_describe_configs(ctx: RequestContext, req: Any) -> ApiMessage:
+async def handle_describe_configs(ctx: RequestContext, req: Message) -> Message:
     broker = _broker(ctx)
     result_cls = ctx.response_class.DescribeConfigsResult
     entry_cls = result_cls.DescribeConfigsResourceResult
@@ -167,7 +165,8 @@ async def handle_describe_configs(ctx: RequestContext, req: Any) -> ApiMessage:
 # ---- AlterConfigs / IncrementalAlterConfigs ----
 
 
-def _new_overrides(broker: ConfigsBroker, topic: TopicView, configs: Any, incremental: bool) -> dict[str, str]:
+def _new_overrides(broker: ConfigsBroker, topic: TopicView, configs: list[Message], incremental: bool
+                   ) -> dict[str, str]:
     if incremental:
         ops = [(c.name, c.config_operation, c.value) for c in configs]
         return apply_alter_ops(topic.configs, ops, broker.config)
@@ -182,7 +181,7 @@ def _new_overrides(broker: ConfigsBroker, topic: TopicView, configs: Any, increm
     return new
 
 
-async def _alter_one(broker: ConfigsBroker, res: Any, incremental: bool, validate_only: bool) -> None:
+async def _alter_one(broker: ConfigsBroker, res: Message, incremental: bool, validate_only: bool) -> None:
     if res.resource_type == RESOURCE_BROKER:
         _check_broker_name(broker, res.resource_name)
         raise KafkaApiError(
@@ -206,7 +205,7 @@ async def _alter_one(broker: ConfigsBroker, res: Any, incremental: bool, validat
     log.info("[ALTER_CONFIGS] topic=%s overrides=%s", res.resource_name, new)
 
 
-async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> ApiMessage:
+async def _alter(ctx: RequestContext, req: Message, incremental: bool) -> Message:
     broker = _broker(ctx)
     response_cls = ctx.response_class.AlterConfigsResourceResponse
     counts = Counter((r.resource_type, r.resource_name) for r in req.resources)
@@ -228,10 +227,10 @@ async def _alter(ctx: RequestContext, req: Any, incremental: bool) -> ApiMessage
 
 
 @handles(ApiKey.AlterConfigs)
-async def handle_alter_configs(ctx: RequestContext, req: Any) -> ApiMessage:
+async def handle_alter_configs(ctx: RequestContext, req: Message) -> Message:
     return await _alter(ctx, req, incremental=False)
 
 
 @handles(ApiKey.IncrementalAlterConfigs)
-async def handle_incremental_alter_configs(ctx: RequestContext, req: Any) -> ApiMessage:
+async def handle_incremental_alter_configs(ctx: RequestContext, req: Message) -> Message:
     return await _alter(ctx, req, incremental=True)

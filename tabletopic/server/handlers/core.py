@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TypedDict
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol import codec
-from tabletopic.protocol.codec import ApiKey
+from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import HANDLERS, RequestContext, handles
 from tabletopic.topics import TopicInfo, check_topic_name
@@ -18,7 +18,14 @@ log = logging.getLogger(__name__)
 ZERO_UUID = uuid.UUID(int=0)
 
 
-def api_versions_body(error: ErrorCode = ErrorCode.NONE) -> dict[str, Any]:
+class ApiVersionsBody(TypedDict):
+    """The ApiVersions response fields that do not depend on the request."""
+
+    error_code: int
+    api_keys: list[Message]
+
+
+def api_versions_body(error: ErrorCode = ErrorCode.NONE) -> ApiVersionsBody:
     """ApiVersions response fields (v0 layout is a subset, so it serves the fallback too)."""
     cls = codec.response_class(ApiKey.ApiVersions)[0]
     keys = [
@@ -26,16 +33,16 @@ def api_versions_body(error: ErrorCode = ErrorCode.NONE) -> dict[str, Any]:
         for k, (lo, hi) in sorted(codec.SUPPORTED_VERSIONS.items())
         if k in HANDLERS
     ]
-    return {"error_code": int(error), "api_keys": keys}
+    return ApiVersionsBody(error_code=int(error), api_keys=keys)
 
 
 @handles(ApiKey.ApiVersions)
-async def api_versions(ctx: RequestContext, req: Any) -> Any:
+async def api_versions(ctx: RequestContext, req: Message) -> Message:
     return ctx.response(throttle_time_ms=0, **api_versions_body())
 
 
 def _metadata_topic(ctx: RequestContext, info: TopicInfo | None, name: str | None, topic_id: uuid.UUID | None,
-                    error: ErrorCode = ErrorCode.NONE) -> Any:
+                    error: ErrorCode = ErrorCode.NONE) -> Message:
     r = ctx.response_class
     T = r.MetadataResponseTopic
     P = T.MetadataResponsePartition
@@ -52,9 +59,9 @@ def _metadata_topic(ctx: RequestContext, info: TopicInfo | None, name: str | Non
 
 
 @handles(ApiKey.Metadata)
-async def metadata(ctx: RequestContext, req: Any) -> Any:
+async def metadata(ctx: RequestContext, req: Message) -> Message:
     broker = ctx.broker
-    topics_out: list[Any] = []
+    topics_out: list[Message] = []
     requested = req.topics
     if requested is None or (ctx.api_version == 0 and not requested):
         topics_out = [_metadata_topic(ctx, t, t.name, t.topic_id) for t in broker.topics.all()]
@@ -96,7 +103,7 @@ async def metadata(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.DescribeCluster)
-async def describe_cluster(ctx: RequestContext, req: Any) -> Any:
+async def describe_cluster(ctx: RequestContext, req: Message) -> Message:
     broker = ctx.broker
     r = ctx.response_class
     return ctx.response(
@@ -108,7 +115,7 @@ async def describe_cluster(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.InitProducerId)
-async def init_producer_id(ctx: RequestContext, req: Any) -> Any:
+async def init_producer_id(ctx: RequestContext, req: Message) -> Message:
     if req.transactional_id is not None:
         # fatal at once in every client (see the transactions module); this API has no error-message field
         transactions.refuse(ctx, "InitProducerId", req.transactional_id)

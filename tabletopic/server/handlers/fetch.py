@@ -11,11 +11,11 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
-from tabletopic.protocol.codec import ApiKey
+from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,18 @@ class _FetchPartition:
         self.log_start = -1
 
 
-def _read_all(topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]], max_bytes: int) -> int:
+@dataclass(slots=True)
+class _FetchTopic:
+    name: str
+    topic_id: uuid.UUID
+    partitions: list[_FetchPartition]
+
+
+def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
     """Read every partition once; returns the number of record bytes gathered."""
     total = 0
-    for _, _, parts in topics:
-        for fp in parts:
+    for topic in topics:
+        for fp in topic.partitions:
             plog = fp.plog
             if plog is None or fp.error != ErrorCode.NONE:
                 continue
@@ -70,17 +77,11 @@ def _read_all(topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]], max_by
     return total
 
 
-@handles(ApiKey.Fetch)
-async def fetch(ctx: RequestContext, req: Any) -> Any:
+def _fetch_topics(ctx: RequestContext, req: Message) -> list[_FetchTopic]:
+    """The requested partitions with their logs, or the error that keeps each from being read."""
     broker = ctx.broker
     by_id = ctx.api_version >= 13
-    session_epoch = getattr(req, "session_epoch", -1)
-    session_id = getattr(req, "session_id", 0)
-    if session_id != 0 and session_epoch > 0:
-        # we never hand out fetch sessions (session id 0 in every response), so none can be resumed
-        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND),
-                            session_id=0, responses=[])
-    topics: list[tuple[str, uuid.UUID, list[_FetchPartition]]] = []
+    topics: list[_FetchTopic] = []
     for t in req.topics:
         if by_id:
             info = broker.topics.get_by_id(t.topic_id)
@@ -100,38 +101,54 @@ async def fetch(ctx: RequestContext, req: Any) -> Any:
             elif getattr(p, "current_leader_epoch", -1) > 0:
                 err = ErrorCode.UNKNOWN_LEADER_EPOCH
             parts.append(_FetchPartition(p.partition, p.fetch_offset, p.partition_max_bytes, plog, err))
-        topics.append((name, info.topic_id if info else getattr(t, "topic_id", ZERO_UUID), parts))
+        topics.append(_FetchTopic(name, info.topic_id if info else getattr(t, "topic_id", ZERO_UUID), parts))
+    return topics
 
+
+async def _long_poll(ctx: RequestContext, req: Message, topics: list[_FetchTopic]) -> None:
+    """Read until min_bytes are gathered, a partition has an error, or max_wait_ms has passed."""
     max_bytes = int(req.max_bytes) if ctx.api_version >= 3 else 0x7FFFFFFF
     min_bytes = max(int(req.min_bytes), 0)
     deadline = time.monotonic() + max(int(req.max_wait_ms), 0) / 1000
     while True:
         total = _read_all(topics, max_bytes)
-        any_error = any(fp.error != ErrorCode.NONE for _, _, ps in topics for fp in ps)
+        any_error = any(fp.error != ErrorCode.NONE for t in topics for fp in t.partitions)
         remaining = deadline - time.monotonic()
         if total >= min_bytes or any_error or remaining <= 0:
-            break
-        waiters = [fp.plog.add_waiter() for _, _, ps in topics for fp in ps if fp.plog is not None]
+            return
+        waiters = [fp.plog.add_waiter() for t in topics for fp in t.partitions if fp.plog is not None]
         if not waiters:
-            break
+            return
         _done, pending = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         for w in pending:
             w.cancel()
+
+
+@handles(ApiKey.Fetch)
+async def fetch(ctx: RequestContext, req: Message) -> Message:
+    session_epoch = getattr(req, "session_epoch", -1)
+    session_id = getattr(req, "session_id", 0)
+    if session_id != 0 and session_epoch > 0:
+        # we never hand out fetch sessions (session id 0 in every response), so none can be resumed
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND),
+                            session_id=0, responses=[])
+    topics = _fetch_topics(ctx, req)
+    await _long_poll(ctx, req, topics)
 
     r = ctx.response_class
     T = r.FetchableTopicResponse
     P = T.PartitionData
     responses = []
-    for name, tid, parts in topics:
+    for topic in topics:
         out = []
-        for fp in parts:
+        for fp in topic.partitions:
             hw = fp.hw
             out.append(P(
                 partition_index=fp.index, error_code=int(fp.error), high_watermark=hw, last_stable_offset=hw,
                 log_start_offset=fp.log_start, aborted_transactions=None if fp.error else [],
                 preferred_read_replica=-1, records=fp.data if fp.error == ErrorCode.NONE else b"",
             ))
-        responses.append(T(topic=name, topic_id=tid, partitions=out))
+        responses.append(T(topic=topic.name, topic_id=topic.topic_id, partitions=out))
     return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
 
 
@@ -143,7 +160,7 @@ def _partition_log(ctx: RequestContext, topic: str, partition: int) -> Partition
 
 
 @handles(ApiKey.ListOffsets)
-async def list_offsets(ctx: RequestContext, req: Any) -> Any:
+async def list_offsets(ctx: RequestContext, req: Message) -> Message:
     r = ctx.response_class
     T = r.ListOffsetsTopicResponse
     P = T.ListOffsetsPartitionResponse
@@ -179,7 +196,7 @@ async def list_offsets(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.OffsetForLeaderEpoch)
-async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Any:
+async def offset_for_leader_epoch(ctx: RequestContext, req: Message) -> Message:
     r = ctx.response_class
     T = r.OffsetForLeaderTopicResult
     P = T.EpochEndOffset
@@ -200,7 +217,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Any) -> Any:
 
 
 @handles(ApiKey.DeleteRecords)
-async def delete_records(ctx: RequestContext, req: Any) -> Any:
+async def delete_records(ctx: RequestContext, req: Message) -> Message:
     r = ctx.response_class
     T = r.DeleteRecordsTopicResult
     P = T.DeleteRecordsPartitionResult

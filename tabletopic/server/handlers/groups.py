@@ -6,13 +6,11 @@ They translate between the wire messages and :class:`~tabletopic.groups.coordina
 
 from __future__ import annotations
 
-from typing import Any
-
-from kafka.protocol.api_key import ApiKey
-from kafka.protocol.api_message import ApiMessage
+from typing import NamedTuple
 
 from tabletopic.errors import ErrorCode
 from tabletopic.groups.coordinator import CommitRequestOffset, GroupCoordinator, TopicPartition
+from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -25,6 +23,16 @@ _COORDINATOR_TRANSACTION = 1
 _GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
 
 
+class _Coordinator(NamedTuple):
+    """A FindCoordinator answer for one key, fields named as in the response."""
+
+    error_code: ErrorCode
+    error_message: str | None
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
 def _groups(ctx: RequestContext) -> GroupCoordinator:
     coordinator: GroupCoordinator = ctx.broker.groups
     return coordinator
@@ -34,37 +42,29 @@ def _groups(ctx: RequestContext) -> GroupCoordinator:
 
 
 @handles(ApiKey.FindCoordinator)
-async def find_coordinator(ctx: RequestContext, req: Any) -> ApiMessage:
+async def find_coordinator(ctx: RequestContext, req: Message) -> Message:
     broker = ctx.broker
     key_type = req.key_type if ctx.api_version >= 1 else _COORDINATOR_GROUP
 
-    def lookup(key: str) -> tuple[ErrorCode, str | None, int, str, int]:
+    def lookup(key: str) -> _Coordinator:
         if key_type == _COORDINATOR_GROUP:
-            return E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port
+            return _Coordinator(E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port)
         if key_type == _COORDINATOR_TRANSACTION:
             # fatal at once in every client, see the transactions module
-            return transactions.FIND_COORDINATOR_ERROR, transactions.refuse(ctx, "FindCoordinator", key), -1, "", -1
-        return E.INVALID_REQUEST, f"unknown coordinator key type {key_type}", -1, "", -1
+            return _Coordinator(transactions.FIND_COORDINATOR_ERROR, transactions.refuse(ctx, "FindCoordinator", key))
+        return _Coordinator(E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
 
     if ctx.api_version < 4:
-        error, message, node_id, host, port = lookup(req.key)
-        return ctx.response(
-            error_code=error, error_message=message, node_id=node_id, host=host, port=port
-        )
+        return ctx.response(**lookup(req.key)._asdict())
     cls = ctx.response_class.Coordinator
-    coordinators = []
-    for key in req.coordinator_keys:
-        error, message, node_id, host, port = lookup(key)
-        coordinators.append(
-            cls(key=key, node_id=node_id, host=host, port=port, error_code=error, error_message=message))
-    return ctx.response(coordinators=coordinators)
+    return ctx.response(coordinators=[cls(key=key, **lookup(key)._asdict()) for key in req.coordinator_keys])
 
 
 # ------------------------------------------------------------------------------------------ group membership
 
 
 @handles(ApiKey.JoinGroup)
-async def join_group(ctx: RequestContext, req: Any) -> ApiMessage:
+async def join_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     result = await _groups(ctx).join_group(
         req.group_id,
@@ -100,7 +100,7 @@ async def join_group(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.SyncGroup)
-async def sync_group(ctx: RequestContext, req: Any) -> ApiMessage:
+async def sync_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     result = await _groups(ctx).sync_group(
         req.group_id,
@@ -120,7 +120,7 @@ async def sync_group(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.Heartbeat)
-async def heartbeat(ctx: RequestContext, req: Any) -> ApiMessage:
+async def heartbeat(ctx: RequestContext, req: Message) -> Message:
     error = _groups(ctx).heartbeat(
         req.group_id,
         req.member_id,
@@ -131,7 +131,7 @@ async def heartbeat(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.LeaveGroup)
-async def leave_group(ctx: RequestContext, req: Any) -> ApiMessage:
+async def leave_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     if v < 3:
         top, errors = _groups(ctx).leave_group(req.group_id, [(req.member_id, None)])
@@ -155,7 +155,7 @@ async def leave_group(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.OffsetCommit)
-async def offset_commit(ctx: RequestContext, req: Any) -> ApiMessage:
+async def offset_commit(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     offsets: dict[TopicPartition, CommitRequestOffset] = {}
     for t in req.topics:
@@ -187,77 +187,63 @@ async def offset_commit(ctx: RequestContext, req: Any) -> ApiMessage:
     )
 
 
+class _FetchedOffset(NamedTuple):
+    """One partition of an OffsetFetch answer, fields named as in the response."""
+
+    partition_index: int
+    committed_offset: int = -1
+    committed_leader_epoch: int = -1
+    metadata: str = ""
+
+
 def _fetch_group(
-    coordinator: GroupCoordinator, group_id: str, topics: Any
-) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, int, int, str]]]]]:
-    """Committed offsets of one group as [(topic, [(partition, offset, leader_epoch, metadata)])]."""
+    coordinator: GroupCoordinator, group_id: str, topics: list[Message] | None
+) -> tuple[ErrorCode, dict[str, list[_FetchedOffset]]]:
+    """Committed offsets of one group by topic (the requested topics first, in request order)."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     error, found = coordinator.fetch_offsets(group_id, wanted)
-    by_topic: dict[str, list[tuple[int, int, int, str]]] = {}
+    by_topic: dict[str, list[_FetchedOffset]] = {}
     if topics is not None:
         for t in topics:
             by_topic.setdefault(t.name, [])
     for (topic, partition), c in found.items():
-        row = (partition, -1, -1, "") if c is None else (partition, c.offset, c.leader_epoch, c.metadata)
+        row = _FetchedOffset(partition) if c is None else _FetchedOffset(
+            partition, c.offset, c.leader_epoch, c.metadata)
         by_topic.setdefault(topic, []).append(row)
-    return error, list(by_topic.items())
+    return error, by_topic
+
+
+def _offset_topics(topic_cls: type[Message], part_cls: type[Message], by_topic: dict[str, list[_FetchedOffset]],
+                   part_error: ErrorCode) -> list[Message]:
+    return [
+        topic_cls(name=name, partitions=[part_cls(**p._asdict(), error_code=part_error) for p in parts])
+        for name, parts in by_topic.items()
+    ]
 
 
 @handles(ApiKey.OffsetFetch)
-async def offset_fetch(ctx: RequestContext, req: Any) -> ApiMessage:
+async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     coordinator = _groups(ctx)
     if v < 8:
-        error, topics = _fetch_group(coordinator, req.group_id, req.topics)
+        error, by_topic = _fetch_group(coordinator, req.group_id, req.topics)
         topic_cls = ctx.response_class.OffsetFetchResponseTopic
         part_cls = topic_cls.OffsetFetchResponsePartition
         part_error = error if v < 2 else E.NONE
-        return ctx.response(
-            error_code=error,
-            topics=[
-                topic_cls(
-                    name=name,
-                    partitions=[
-                        part_cls(
-                            partition_index=p, committed_offset=o, committed_leader_epoch=ep, metadata=m,
-                            error_code=part_error,
-                        )
-                        for p, o, ep, m in parts
-                    ],
-                )
-                for name, parts in topics
-            ],
-        )
+        return ctx.response(error_code=error, topics=_offset_topics(topic_cls, part_cls, by_topic, part_error))
     group_cls = ctx.response_class.OffsetFetchResponseGroup
     topic_cls = group_cls.OffsetFetchResponseTopics
     part_cls = topic_cls.OffsetFetchResponsePartitions
     groups = []
     for g in req.groups:
-        error, topics = _fetch_group(coordinator, g.group_id, g.topics)
-        groups.append(
-            group_cls(
-                group_id=g.group_id,
-                error_code=error,
-                topics=[
-                    topic_cls(
-                        name=name,
-                        partitions=[
-                            part_cls(
-                                partition_index=p, committed_offset=o, committed_leader_epoch=ep, metadata=m,
-                                error_code=E.NONE,
-                            )
-                            for p, o, ep, m in parts
-                        ],
-                    )
-                    for name, parts in topics
-                ],
-            )
-        )
+        error, by_topic = _fetch_group(coordinator, g.group_id, g.topics)
+        groups.append(group_cls(group_id=g.group_id, error_code=error,
+                                topics=_offset_topics(topic_cls, part_cls, by_topic, E.NONE)))
     return ctx.response(groups=groups)
 
 
 @handles(ApiKey.OffsetDelete)
-async def offset_delete(ctx: RequestContext, req: Any) -> ApiMessage:
+async def offset_delete(ctx: RequestContext, req: Message) -> Message:
     wanted = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
     error, per_partition = await _groups(ctx).delete_offsets(req.group_id, wanted)
     if error != E.NONE:
@@ -283,7 +269,7 @@ async def offset_delete(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.ListGroups)
-async def list_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+async def list_groups(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     error, listings = _groups(ctx).list_groups(
         req.states_filter if v >= 4 else None, req.types_filter if v >= 5 else None
@@ -299,7 +285,7 @@ async def list_groups(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.DescribeGroups)
-async def describe_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+async def describe_groups(ctx: RequestContext, req: Message) -> Message:
     coordinator = _groups(ctx)
     include_ops = ctx.api_version >= 3 and bool(req.include_authorized_operations)
     group_cls = ctx.response_class.DescribedGroup
@@ -332,7 +318,7 @@ async def describe_groups(ctx: RequestContext, req: Any) -> ApiMessage:
 
 
 @handles(ApiKey.DeleteGroups)
-async def delete_groups(ctx: RequestContext, req: Any) -> ApiMessage:
+async def delete_groups(ctx: RequestContext, req: Message) -> Message:
     names = list(req.groups_names)
     results = await _groups(ctx).delete_groups(names)
     cls = ctx.response_class.DeletableGroupResult

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import AppendResult, PartitionLog
 from tabletopic.protocol import records as rb
-from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey
+from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -36,63 +36,81 @@ class _PartitionOutcome:
         self.plog: PartitionLog | None = None
 
 
-@handles(ApiKey.Produce)
-async def produce(ctx: RequestContext, req: Any) -> Any:
+@dataclass(slots=True)
+class _TopicOutcome:
+    name: str
+    partitions: list[_PartitionOutcome]
+
+
+def _refusal(ctx: RequestContext, req: Message, acks: int) -> tuple[ErrorCode, str | None]:
+    """The error every partition of the request is answered with before any append, if there is one."""
+    if ctx.api_version < MIN_USABLE_PRODUCE_VERSION:
+        return ErrorCode.UNSUPPORTED_VERSION, None
+    if acks not in (-1, 0, 1):
+        return ErrorCode.INVALID_REQUIRED_ACKS, None
+    if req.transactional_id is not None:
+        return ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, "transactions are not supported by this broker yet"
+    return ErrorCode.NONE, None
+
+
+def _append(ctx: RequestContext, out: _PartitionOutcome, topic: str, plog: PartitionLog, *,
+            records: bytes | None, now_ms: int) -> None:
+    """Validate one partition's batches (header + CRC32C) and append them; failures go into ``out``."""
+    try:
+        if records is None:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "Produce request contained no record batch")
+        buf = bytearray(records)
+        headers = rb.validate_produce_records(buf)
+        if any(h.is_transactional or h.is_control for h in headers):
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "transactional and control batches are not supported yet")
+        out.result = plog.append(buf, headers, now_ms)
+        out.plog = plog
+    except KafkaApiError as exc:
+        out.error = exc.code
+        out.message = exc.message
+        log.info("produce to %s-%d from %s (client %s) refused: %s %s", topic, out.index,
+                 ctx.client_host, ctx.client_id, exc.code.name, exc.message or "")
+    except OSError as exc:
+        out.error = ErrorCode.KAFKA_STORAGE_ERROR
+        out.message = str(exc)
+        log.error("append to %s-%d failed: %s", topic, out.index, exc)
+
+
+def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutcome]:
+    """Append every partition of the request, synchronously (no await: pipelined requests keep their order)."""
     broker = ctx.broker
-    acks = int(req.acks)
     now_ms = int(time.time() * 1000)
-    outcomes: list[tuple[str, list[_PartitionOutcome]]] = []
-    version_ok = ctx.api_version >= MIN_USABLE_PRODUCE_VERSION
+    refusal, refusal_message = _refusal(ctx, req, acks)
+    outcomes: list[_TopicOutcome] = []
     for topic in req.topic_data:
         name = topic.name
+        # No auto-creation here (as in Kafka: producers create topics through Metadata).
         info = broker.topics.get(name)
-        # No auto-creation here (as in Kafka: producers create topics through Metadata), and no await before
-        # the last append, so that pipelined requests are appended in the order they arrived.
         parts: list[_PartitionOutcome] = []
         for pdata in topic.partition_data:
             out = _PartitionOutcome(pdata.index)
             parts.append(out)
-            if not version_ok:
-                out.error = ErrorCode.UNSUPPORTED_VERSION
-                continue
-            if acks not in (-1, 0, 1):
-                out.error = ErrorCode.INVALID_REQUIRED_ACKS
-                continue
-            if req.transactional_id is not None:
-                out.error = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
-                out.message = "transactions are not supported by this broker yet"
+            if refusal != ErrorCode.NONE:
+                out.error, out.message = refusal, refusal_message
                 continue
             plog = broker.logs.get(name, pdata.index) if info is not None else None
             if plog is None:
                 out.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                continue
-            try:
-                records = pdata.records
-                if records is None:
-                    raise KafkaApiError(ErrorCode.INVALID_RECORD, "Produce request contained no record batch")
-                buf = bytearray(records)
-                headers = rb.validate_produce_records(buf)
-                if any(h.is_transactional or h.is_control for h in headers):
-                    raise KafkaApiError(ErrorCode.INVALID_RECORD,
-                                        "transactional and control batches are not supported yet")
-                out.result = plog.append(buf, headers, now_ms)
-                out.plog = plog
-            except KafkaApiError as exc:
-                out.error = exc.code
-                out.message = exc.message
-                log.info("produce to %s-%d from %s (client %s) refused: %s %s", name, pdata.index,
-                         ctx.client_host, ctx.client_id, exc.code.name, exc.message or "")
-            except OSError as exc:
-                out.error = ErrorCode.KAFKA_STORAGE_ERROR
-                out.message = str(exc)
-                log.error("append to %s-%d failed: %s", name, pdata.index, exc)
-        outcomes.append((name, parts))
+            else:
+                _append(ctx, out, name, plog, records=pdata.records, now_ms=now_ms)
+        outcomes.append(_TopicOutcome(name, parts))
+    return outcomes
 
+
+@handles(ApiKey.Produce)
+async def produce(ctx: RequestContext, req: Message) -> Message | None:
+    acks = int(req.acks)
+    outcomes = _append_all(ctx, req, acks)
     if acks == 0:
         return None
 
     # a retried duplicate waits too: its original may still be on its way to disk
-    waiting = [(o, o.plog, o.result) for _, parts in outcomes for o in parts
+    waiting = [(o, o.plog, o.result) for t in outcomes for o in t.partitions
                if o.plog is not None and o.result is not None]
     if waiting:
         await _wait_durable(ctx, req, waiting)
@@ -101,7 +119,7 @@ async def produce(ctx: RequestContext, req: Any) -> Any:
 
 
 async def _wait_durable(
-    ctx: RequestContext, req: Any, waiting: list[tuple[_PartitionOutcome, PartitionLog, AppendResult]]
+    ctx: RequestContext, req: Message, waiting: list[tuple[_PartitionOutcome, PartitionLog, AppendResult]]
 ) -> None:
     """Wait until every appended batch is durable; a partition whose wait fails or times out gets the error."""
     # the request's timeout bounds the wait, but never below 30 s: an fsync is not a replica that may lag
@@ -126,14 +144,14 @@ async def _wait_durable(
                     res.base_offset, res.last_offset, ctx.client_host, ctx.client_id, o.error.name, o.message or "")
 
 
-def _response(ctx: RequestContext, outcomes: list[tuple[str, list[_PartitionOutcome]]]) -> Any:
+def _response(ctx: RequestContext, outcomes: list[_TopicOutcome]) -> Message:
     r = ctx.response_class
     T = r.TopicProduceResponse
     P = T.PartitionProduceResponse
     responses = []
-    for name, parts in outcomes:
+    for topic in outcomes:
         presp = []
-        for o in parts:
+        for o in topic.partitions:
             res = o.result
             ok = o.error == ErrorCode.NONE and res is not None
             assert res is not None or not ok
@@ -146,5 +164,5 @@ def _response(ctx: RequestContext, outcomes: list[tuple[str, list[_PartitionOutc
                 record_errors=[],
                 error_message=o.message,
             ))
-        responses.append(T(name=name, partition_responses=presp))
+        responses.append(T(name=topic.name, partition_responses=presp))
     return ctx.response(responses=responses, throttle_time_ms=0)
