@@ -15,7 +15,7 @@ import time
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
 from tabletopic.datadir import DataDirLock
-from tabletopic.groups.coordinator import GroupConfig, GroupCoordinator
+from tabletopic.groups import GroupConfig, GroupCoordinator
 from tabletopic.log.manager import LogManager
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
 from tabletopic.plugin_host import TableTopicHost

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tabletopic.errors import ErrorCode as E
-from tabletopic.groups.coordinator import CommitRequestOffset, GroupConfig, GroupCoordinator, JoinResult
+from tabletopic.groups import CommitRequestOffset, GroupConfig, GroupCoordinator, JoinResult
 
 TOPICS = {"t1": 3, "t2": 1}
 FAST = GroupConfig(initial_rebalance_delay_ms=100, min_session_timeout_ms=10)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tabletopic.errors import ErrorCode as E
-from tabletopic.groups.coordinator import GroupConfig, GroupCoordinator
+from tabletopic.groups import GroupConfig, GroupCoordinator
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey
 from tabletopic.server.handlers import groups as _groups_handlers  # noqa: F401  (registers the handlers)

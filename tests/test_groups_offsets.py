@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tabletopic.errors import ErrorCode as E
-from tabletopic.groups.coordinator import CommitRequestOffset, GroupConfig, GroupCoordinator
+from tabletopic.groups import CommitRequestOffset, GroupConfig, GroupCoordinator
 from tabletopic.groups.offsets import DIR_NAME, FILE_NAME, CommittedOffset, OffsetCommit, OffsetStore
 
 from .test_groups_coordinator import FAST, TOPICS, join, join_new, run, stable_group, subscription, sync
@@ -224,7 +224,7 @@ def test_interrupted_compaction_leaves_nothing_behind(tmp_path: Path) -> None:
 _KILL_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    from tabletopic.groups.coordinator import CommitRequestOffset, GroupConfig, GroupCoordinator
+    from tabletopic.groups import CommitRequestOffset, GroupConfig, GroupCoordinator
 
     async def main():
         coord = GroupCoordinator(GroupConfig(), sys.argv[1], {"t1": 3}.get)

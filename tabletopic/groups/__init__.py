@@ -1,16 +1,17 @@
 """Classic consumer groups and durable committed offsets.
 
-:class:`GroupCoordinator` runs the group protocol (JoinGroup/SyncGroup/Heartbeat/LeaveGroup), the group admin
-APIs and offset commits/fetches; :class:`~tabletopic.groups.offsets.OffsetStore` keeps offsets and group
-metadata durable under ``<data_dir>/__consumer_offsets/``.
+:class:`GroupCoordinator` (:mod:`~tabletopic.groups.group_coordinator`) runs the group protocol
+(JoinGroup/SyncGroup/Heartbeat/LeaveGroup), the group admin APIs and offset commits/fetches;
+:class:`~tabletopic.groups.offsets.OffsetStore` keeps offsets and group metadata durable under
+``<data_dir>/__consumer_offsets/``.
 """
 
 from __future__ import annotations
 
-from tabletopic.groups.coordinator import (
+from tabletopic.groups.group_coordinator import GroupCoordinator
+from tabletopic.groups.model import (
     CommitRequestOffset,
     GroupConfig,
-    GroupCoordinator,
     GroupDescription,
     GroupListing,
     GroupState,
@@ -18,6 +19,7 @@ from tabletopic.groups.coordinator import (
     JoinResult,
     MemberDescription,
     SyncResult,
+    TopicPartition,
 )
 from tabletopic.groups.offsets import CommittedOffset, OffsetStore, OffsetStoreError
 
@@ -35,4 +37,5 @@ __all__ = [
     "OffsetStore",
     "OffsetStoreError",
     "SyncResult",
+    "TopicPartition",
 ]

@@ -9,7 +9,7 @@ Storage format (``<data_dir>/__consumer_offsets/offsets.log``), all integers big
                          commit_ts_ms:int64 metadata:str32
       DELETE_OFFSET (2): group:str16 topic:str16 partition:int32
       DELETE_GROUP  (3): group:str16                 (offsets and group metadata)
-      GROUP_META    (4): group:str16 blob:bytes32    (opaque to the store; see coordinator)
+      GROUP_META    (4): group:str16 blob:bytes32    (opaque to the store; see groups/state.py)
     str16 := len:int16 utf8 (len -1 = null);  str32/bytes32 := len:int32 data
 
 One frame holds the ops of one request, so a request is applied all-or-nothing. On open the file is replayed;

@@ -1,6 +1,6 @@
 """Handlers of the group APIs: FindCoordinator, the classic group protocol, offsets and group admin.
 
-They translate between the wire messages and :class:`~tabletopic.groups.coordinator.GroupCoordinator`
+They translate between the wire messages and :class:`~tabletopic.groups.group_coordinator.GroupCoordinator`
 (``ctx.broker.groups``), which holds all the logic. JoinGroup and SyncGroup await the rebalance.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tabletopic.errors import ErrorCode
-from tabletopic.groups.coordinator import CommitRequestOffset, GroupCoordinator, TopicPartition
+from tabletopic.groups import CommitRequestOffset, GroupCoordinator, TopicPartition
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
