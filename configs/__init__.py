@@ -1,15 +1,16 @@
 """The configuration model (declared settings, parsing, validation) and the shipped config files."""
 
+from configs.errors import ConfigError, InvalidConfigError, InvalidRequestError
 from configs.model import (
     BROKER_SETTINGS,
     TOPIC_SETTINGS,
     BrokerConfig,
     Setting,
     Type,
+    Value,
     effective_topic_config,
     load_properties,
     parse_overrides,
-    validate_topic_configs,
 )
 from configs.partition_spec import PartitionField, parse_id_columns, parse_partition_by
 from configs.table_topic import (
@@ -20,19 +21,24 @@ from configs.table_topic import (
     TransformType,
     check_table_topic_rules,
 )
+from configs.validation import validate_topic_configs
 
 __all__ = [
     "BROKER_SETTINGS",
     "TOPIC_SETTINGS",
     "BrokerConfig",
+    "ConfigError",
     "ConvertType",
     "ErrorsTolerance",
+    "InvalidConfigError",
+    "InvalidRequestError",
     "PartitionField",
     "SchemaType",
     "Setting",
     "TableTopicConfig",
     "TransformType",
     "Type",
+    "Value",
     "check_table_topic_rules",
     "effective_topic_config",
     "load_properties",

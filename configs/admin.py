@@ -1,6 +1,8 @@
 """What DescribeConfigs shows and what IncrementalAlterConfigs does, computed from the model. Pure: no I/O.
 
-The request handlers (``tabletopic.server.handlers.configs``) only translate these to and from the wire.
+The request handlers (``tabletopic.server.handlers.configs``) only translate these to and from the wire, errors
+included (:class:`~configs.errors.InvalidConfigError` → INVALID_CONFIG, :class:`~configs.errors.InvalidRequestError`
+→ INVALID_REQUEST).
 Kafka's semantics: a topic setting's value comes from the topic override (DYNAMIC_TOPIC_CONFIG), else from its
 broker synonym set in server.properties (STATIC_BROKER_CONFIG), else from the default (DEFAULT_CONFIG).
 """
@@ -10,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
+from configs.errors import InvalidConfigError, InvalidRequestError
 from configs.model import (
     BROKER_SETTINGS,
     CATALOG_PREFIX,
@@ -19,9 +21,9 @@ from configs.model import (
     BrokerConfig,
     Setting,
     Type,
+    Value,
     is_sensitive_name,
 )
-from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
 
 
 class ConfigSource(IntEnum):
@@ -91,7 +93,7 @@ class ConfigEntry:
     synonyms: tuple[ConfigSynonym, ...]
 
 
-def _render(setting: Setting, value: Any) -> str | None:
+def _render(setting: Setting, value: Value) -> str | None:
     return setting.render(value)
 
 
@@ -211,35 +213,35 @@ def apply_alter_ops(
     SET replaces, DELETE reverts to the default, APPEND / SUBTRACT add / remove items of a LIST setting (starting
     from its effective value). The result still has to pass ``validate_topic_configs``. Raises
     InvalidConfigError for an unknown name, a null value or APPEND/SUBTRACT on a non-list setting, and
-    KafkaApiError(INVALID_REQUEST) for an unknown operation or a name given twice.
+    InvalidRequestError for an unknown operation or a name given twice.
     """
     new = dict(current)
     seen: set[str] = set()
     for name, op, value in ops:
         if name in seen:
-            raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"Error due to duplicate config keys: {name}")
+            raise InvalidRequestError(f"Error due to duplicate config keys: {name}")
         seen.add(name)
         setting = TOPIC_SETTINGS.get(name)
         if setting is None:
-            raise InvalidConfigError(f"Unknown topic config name: {name}")
+            raise InvalidConfigError(f"Unknown topic config name: {name}", key=name)
         try:
             alter = AlterOp(op)
         except ValueError:
-            raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"Unknown config operation {op} for {name}") from None
+            raise InvalidRequestError(f"Unknown config operation {op} for {name}") from None
         if alter is AlterOp.DELETE:
             new.pop(name, None)
             continue
         if value is None:
-            raise InvalidConfigError(f"Null value not supported for topic config {name}")
+            raise InvalidConfigError(f"Null value not supported for topic config {name}", key=name)
         if alter is AlterOp.SET:
             new[name] = value
             continue
         if setting.type is not Type.LIST:
-            raise InvalidConfigError(
-                f"Invalid value {value} for configuration {name}: can't {alter.name} to {name} because its type "
-                f"is {setting.type.value}, not list"
+            raise InvalidConfigError.invalid_value(
+                name, value, f"can't {alter.name} to {name} because its type is {setting.type.value}, not list"
             )
-        base = list(setting.parse(new[name]) if name in new else broker.topic_default(name) or ())
+        effective = setting.parse(new[name]) if name in new else broker.topic_default(name)
+        base = list(effective) if isinstance(effective, tuple) else []
         items = [i.strip() for i in value.split(",") if i.strip()]
         if alter is AlterOp.APPEND:
             base += [i for i in items if i not in base]

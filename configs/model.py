@@ -1,21 +1,24 @@
 """The configuration model: every broker and topic setting tabletopic honours, declared once as data.
 
 Each :class:`Setting` has Kafka's (or AutoMQ's) name, a type, a default, a validator and a doc. Properties are
-parsed once into frozen typed objects (:class:`BrokerConfig`); topic overrides are validated against the same
-table, so a bad key or value is refused with INVALID_CONFIG naming both, wherever it comes from.
+parsed once into a frozen :class:`BrokerConfig` with a typed attribute per setting the broker reads; topic
+overrides are parsed against the same tables, so a bad key or value is refused with an
+:class:`~configs.errors.InvalidConfigError` naming both, wherever it comes from. The rules between several topic
+settings are in :mod:`configs.table_topic`; :func:`configs.validation.validate_topic_configs` runs them all.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeAlias, TypeVar, overload
 
+from configs.errors import InvalidConfigError
 from configs.partition_spec import check_field_path, parse_id_columns, parse_partition_by
-from tabletopic.errors import InvalidConfigError
 
 
 class Type(Enum):
@@ -28,7 +31,11 @@ class Type(Enum):
     PASSWORD = "password"  # noqa: S105  (a type name)
 
 
-Validator = Callable[[str, Any], None]
+Value: TypeAlias = bool | int | float | str | tuple[str, ...] | None
+"""A parsed setting value: bool, int (INT and LONG), float, str (STRING and PASSWORD), tuple of str (LIST);
+None when unset."""
+
+Validator = Callable[[str, Value], None]
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
@@ -40,7 +47,7 @@ class Setting:
 
     name: str
     type: Type
-    default: Any
+    default: Value
     doc: str
     validator: Validator | None = None
     dynamic: bool = True  # may change at runtime (topic settings: via AlterConfigs)
@@ -48,7 +55,7 @@ class Setting:
     # the broker-level setting a topic setting falls back to (Kafka's "synonym"), e.g. retention.ms → log.retention.ms
     broker_synonym: str | None = None
 
-    def parse(self, raw: str | None) -> Any:
+    def parse(self, raw: str | None) -> Value:
         """Parse a string value; raises InvalidConfigError naming the key and value."""
         if raw is None:
             return None
@@ -57,24 +64,22 @@ class Setting:
             parsed = _PARSERS[self.type](value)
         except ValueError:
             article = "an" if self.type.value[0] in "aeiou" else "a"
-            raise InvalidConfigError(
-                f"Invalid value {raw} for configuration {self.name}: expected {article} {self.type.value}"
-            ) from None
-        if self.type is Type.INT and not INT_MIN <= parsed <= INT_MAX:
-            raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: not an int32")
-        if self.type is Type.LONG and not LONG_MIN <= parsed <= LONG_MAX:
-            raise InvalidConfigError(f"Invalid value {raw} for configuration {self.name}: not an int64")
+            raise InvalidConfigError.invalid_value(self.name, raw, f"expected {article} {self.type.value}") from None
+        if self.type is Type.INT and not INT_MIN <= _number(self.name, parsed) <= INT_MAX:
+            raise InvalidConfigError.invalid_value(self.name, raw, "not an int32")
+        if self.type is Type.LONG and not LONG_MIN <= _number(self.name, parsed) <= LONG_MAX:
+            raise InvalidConfigError.invalid_value(self.name, raw, "not an int64")
         if self.validator is not None:
             self.validator(self.name, parsed)
         return parsed
 
-    def render(self, value: Any) -> str | None:
+    def render(self, value: Value) -> str | None:
         """The string form Kafka shows for a parsed value."""
         if value is None:
             return None
         if self.type is Type.BOOLEAN:
             return "true" if value else "false"
-        if self.type is Type.LIST:
+        if isinstance(value, tuple):
             return ",".join(value)
         return str(value)
 
@@ -90,7 +95,7 @@ def _parse_list(v: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in v.split(",") if p.strip())
 
 
-_PARSERS: dict[Type, Callable[[str], Any]] = {
+_PARSERS: dict[Type, Callable[[str], Value]] = {
     Type.BOOLEAN: _parse_bool,
     Type.INT: int,
     Type.LONG: int,
@@ -104,20 +109,36 @@ _PARSERS: dict[Type, Callable[[str], Any]] = {
 # ---- validators (each raises InvalidConfigError with Kafka's wording) ----
 
 
+def _number(name: str, v: Value) -> int | float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TypeError(f"{name}: a numeric rule applied to {v!r}")
+    return v
+
+
+def _items(name: str, v: Value) -> tuple[str, ...]:
+    if not isinstance(v, tuple):
+        raise TypeError(f"{name}: a list rule applied to {v!r}")
+    return v
+
+
+def _text(name: str, v: Value) -> str:
+    if not isinstance(v, str):
+        raise TypeError(f"{name}: a string rule applied to {v!r}")
+    return v
+
+
 def at_least(lo: float) -> Validator:
-    def check(name: str, v: Any) -> None:
-        if v < lo:
-            raise InvalidConfigError(f"Invalid value {v} for configuration {name}: Value must be at least {lo}")
+    def check(name: str, v: Value) -> None:
+        if _number(name, v) < lo:
+            raise InvalidConfigError.invalid_value(name, v, f"Value must be at least {lo}")
 
     return check
 
 
 def between(lo: float, hi: float) -> Validator:
-    def check(name: str, v: Any) -> None:
-        if not lo <= v <= hi:
-            raise InvalidConfigError(
-                f"Invalid value {v} for configuration {name}: Value must be in the range [{lo}, {hi}]"
-            )
+    def check(name: str, v: Value) -> None:
+        if not lo <= _number(name, v) <= hi:
+            raise InvalidConfigError.invalid_value(name, v, f"Value must be in the range [{lo}, {hi}]")
 
     return check
 
@@ -125,61 +146,56 @@ def between(lo: float, hi: float) -> Validator:
 def one_of(*values: str, case_insensitive: bool = False) -> Validator:
     allowed = tuple(v.lower() for v in values) if case_insensitive else values
 
-    def check(name: str, v: Any) -> None:
+    def check(name: str, v: Value) -> None:
         probe = v.lower() if case_insensitive and isinstance(v, str) else v
         if probe not in allowed:
-            raise InvalidConfigError(
-                f"Invalid value {v} for configuration {name}: String must be one of: {', '.join(values)}"
-            )
+            raise InvalidConfigError.invalid_value(name, v, f"String must be one of: {', '.join(values)}")
 
     return check
 
 
 def list_of(*values: str) -> Validator:
-    def check(name: str, v: Any) -> None:
-        bad = [x for x in v if x not in values]
-        if bad or not v:
-            raise InvalidConfigError(
-                f"Invalid value {','.join(v)} for configuration {name}: "
-                f"each item must be one of: {', '.join(values)}"
-            )
+    def check(name: str, v: Value) -> None:
+        items = _items(name, v)
+        if not items or any(x not in values for x in items):
+            raise InvalidConfigError.invalid_value(name, ",".join(items),
+                                                   f"each item must be one of: {', '.join(values)}")
 
     return check
 
 
-def partition_by_validator(name: str, v: Any) -> None:
-    parse_partition_by(v, name)
+def partition_by_validator(name: str, v: Value) -> None:
+    parse_partition_by(_text(name, v), name)
 
 
-def id_columns_validator(name: str, v: Any) -> None:
-    parse_id_columns(v, name)
+def id_columns_validator(name: str, v: Value) -> None:
+    parse_id_columns(_text(name, v), name)
 
 
-def field_path_validator(name: str, v: Any) -> None:
-    check_field_path(name, v)
+def field_path_validator(name: str, v: Value) -> None:
+    check_field_path(name, _text(name, v))
 
 
-def key_value_list_validator(name: str, v: Any) -> None:
+def key_value_list_validator(name: str, v: Value) -> None:
     """Each item ``key=value`` with a non-blank key; no key twice (AutoMQ's auto-create properties rule)."""
+    items = _items(name, v)
     seen: set[str] = set()
-    for item in v:
+    for item in items:
         key = item.split("=", 1)[0].strip() if "=" in item else ""
         if not key:
-            raise InvalidConfigError(
-                f"Invalid value {','.join(v)} for configuration {name}: each item must be key=value, got {item!r}"
-            )
+            raise InvalidConfigError.invalid_value(name, ",".join(items), f"each item must be key=value, got {item!r}")
         if key in seen:
-            raise InvalidConfigError(f"Invalid value {','.join(v)} for configuration {name}: duplicate key {key}")
+            raise InvalidConfigError.invalid_value(name, ",".join(items), f"duplicate key {key}")
         seen.add(key)
 
 
 _LISTENER = re.compile(r"^(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+)$")
 
 
-def listeners_validator(name: str, v: Any) -> None:
-    for item in v:
+def listeners_validator(name: str, v: Value) -> None:
+    for item in _items(name, v):
         if not _LISTENER.match(item):
-            raise InvalidConfigError(f"Invalid value {item} for configuration {name}: expected NAME://host:port")
+            raise InvalidConfigError.invalid_value(name, item, "expected NAME://host:port")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +303,11 @@ _broker(
             "Port of the Prometheus /metrics HTTP endpoint (table topic delay, fields, busy ratio); "
             "unset: no endpoint; 0: any free port.",
             between(0, 65535), dynamic=False),
+    # tabletopic's own (not an AutoMQ name: AutoMQ converts inside the broker's JVM)
+    Setting("table.topic.conversion.pool.size", Type.INT, os.cpu_count() or 1,
+            "Processes that convert table topic records into Parquet files, shared by all table topics "
+            "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
+            at_least(1), dynamic=False),
 )
 
 _topic(
@@ -334,7 +355,7 @@ _topic(
     Setting("preallocate", Type.BOOLEAN, False, "Accepted for compatibility.", broker_synonym="log.preallocate"),
 )
 
-# ---- Table Topic settings: AutoMQ's names, types, defaults and ranges (docs/automq-table-topic.md §1).
+# ---- Table Topic settings: AutoMQ's names, types, defaults and ranges (AutoMQ's documented topic settings).
 # Cross-field rules live in configs.table_topic; each value here is checked on its own.
 _topic(
     Setting("automq.table.topic.enable", Type.BOOLEAN, False,
@@ -467,7 +488,7 @@ def _resolve_placeholders(props: Mapping[str, str]) -> dict[str, str]:
     This lets the shipped server.properties point the embedded catalog at ``${log.dirs}/...`` wherever the data
     lives. An unknown name is refused; a value referring to a value with placeholders is not expanded twice.
     """
-    log_dirs = props.get("log.dirs", BROKER_SETTINGS["log.dirs"].default)
+    log_dirs = props["log.dirs"] if "log.dirs" in props else _text("log.dirs", BROKER_SETTINGS["log.dirs"].default)
     absolute_log_dirs = str(Path(log_dirs).expanduser().resolve())
 
     def lookup(key: str, raw: str, ref: str) -> str:
@@ -478,7 +499,7 @@ def _resolve_placeholders(props: Mapping[str, str]) -> dict[str, str]:
         setting = BROKER_SETTINGS.get(ref)
         if ref not in props and setting is not None and setting.default is not None:
             return setting.render(setting.default) or ""
-        raise InvalidConfigError(f"Invalid value {raw} for configuration {key}: cannot resolve placeholder ${{{ref}}}")
+        raise InvalidConfigError.invalid_value(key, raw, f"cannot resolve placeholder ${{{ref}}}")
 
     out: dict[str, str] = {}
     for key, raw in props.items():
@@ -493,19 +514,117 @@ def _resolve_placeholders(props: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+# ---- typed reads ----
+
+T = TypeVar("T", bool, int, float, str)
+
+# the Python type each declared type parses to
+_KINDS: dict[Type, type] = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.DOUBLE: float, Type.STRING: str,
+                            Type.PASSWORD: str, Type.LIST: tuple}
+
+
+def typed(values: Mapping[str, Value], key: str, kind: type[T]) -> T:
+    """``values[key]`` as ``kind``; TypeError if it is anything else (a setting read as the wrong type)."""
+    value = values[key]
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    raise TypeError(f"setting {key} is {value!r}, not {kind.__name__}")
+
+
+def typed_or_none(values: Mapping[str, Value], key: str, kind: type[T]) -> T | None:
+    """``values[key]`` as ``kind``, or None when unset."""
+    return None if values[key] is None else typed(values, key, kind)
+
+
+def typed_list(values: Mapping[str, Value], key: str) -> tuple[str, ...]:
+    """A LIST setting's items (empty when unset)."""
+    value = values[key]
+    return () if value is None else _items(key, value)
+
+
+R = TypeVar("R")
+
+
+class _Read(Generic[R]):
+    """A typed attribute of :class:`BrokerConfig` reading one declared broker setting (see :func:`_setting`)."""
+
+    def __init__(self, key: str, read: Callable[[Mapping[str, Value], str], R]) -> None:
+        self.key = key
+        self._read = read
+
+    @overload
+    def __get__(self, obj: None, owner: type[BrokerConfig]) -> _Read[R]: ...
+
+    @overload
+    def __get__(self, obj: BrokerConfig, owner: type[BrokerConfig]) -> R: ...
+
+    def __get__(self, obj: BrokerConfig | None, owner: type[BrokerConfig]) -> R | _Read[R]:
+        return self if obj is None else self._read(obj.values, self.key)
+
+
+def _declared(key: str, kind: type, optional: bool) -> None:
+    """Refuse, when the class is built, a typed attribute that does not match its setting's declaration."""
+    setting = BROKER_SETTINGS[key]
+    if _KINDS[setting.type] is not kind or (setting.default is None) is not optional:
+        raise TypeError(f"typed attribute for {key} ({kind.__name__}, optional={optional}) does not match its "
+                        f"declaration ({setting.type.value}, default {setting.default!r})")
+
+
+def _setting(key: str, kind: type[T]) -> _Read[T]:
+    """The attribute for a setting with a default."""
+    _declared(key, kind, optional=False)
+    return _Read(key, lambda values, k: typed(values, k, kind))
+
+
+def _optional_setting(key: str, kind: type[T]) -> _Read[T | None]:
+    """The attribute for a setting without a default: None when unset."""
+    _declared(key, kind, optional=True)
+    return _Read(key, lambda values, k: typed_or_none(values, k, kind))
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
-    """The broker's settings, parsed and validated. ``values`` holds every declared setting's value."""
+    """The broker's settings, parsed and validated. ``values`` holds every declared setting's value.
 
-    values: Mapping[str, Any]
+    The broker reads its settings through the typed attributes below (one per setting it uses); ``config[key]``
+    and :meth:`get` remain for code that walks every setting (DescribeConfigs).
+    """
+
+    values: Mapping[str, Value]
     # keys explicitly set in the properties file or overrides (for DescribeConfigs sources)
     explicit: frozenset[str] = field(default_factory=frozenset)
     passthrough: Mapping[str, str] = field(default_factory=dict)
 
+    node_id = _setting("node.id", int)
+    cluster_id = _optional_setting("cluster.id", str)
+    num_partitions = _setting("num.partitions", int)
+    auto_create_topics_enable = _setting("auto.create.topics.enable", bool)
+    delete_topic_enable = _setting("delete.topic.enable", bool)
+    log_retention_check_interval_ms = _setting("log.retention.check.interval.ms", int)
+    log_flush_threads = _setting("log.flush.threads", int)
+    log_flush_interval_ms = _optional_setting("log.flush.interval.ms", int)
+    socket_request_max_bytes = _setting("socket.request.max.bytes", int)
+    connections_max_idle_ms = _setting("connections.max.idle.ms", int)
+    group_initial_rebalance_delay_ms = _setting("group.initial.rebalance.delay.ms", int)
+    group_min_session_timeout_ms = _setting("group.min.session.timeout.ms", int)
+    group_max_session_timeout_ms = _setting("group.max.session.timeout.ms", int)
+    group_max_size = _setting("group.max.size", int)
+    offset_metadata_max_bytes = _setting("offset.metadata.max.bytes", int)
+    offsets_retention_minutes = _setting("offsets.retention.minutes", int)
+    shutdown_timeout_ms = _setting("shutdown.timeout.ms", int)
+    # table topics
+    catalog_type = _optional_setting("automq.table.topic.catalog.type", str)
+    """None means the table topic feature is off on this broker."""
+    catalog_name = _setting("automq.table.topic.catalog.name", str)
+    table_namespace = _setting("automq.table.topic.namespace", str)
+    """The default Iceberg namespace of table topics."""
+    metrics_port = _optional_setting("automq.table.topic.metrics.port", int)
+    conversion_pool_size = _setting("table.topic.conversion.pool.size", int)
+
     @classmethod
     def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:
         """Parse properties (file + overrides). ``${name}`` placeholders in values are resolved first."""
-        values: dict[str, Any] = {name: s.default for name, s in BROKER_SETTINGS.items()}
+        values: dict[str, Value] = {name: s.default for name, s in BROKER_SETTINGS.items()}
         passthrough: dict[str, str] = {}
         explicit: set[str] = set()
         for key, raw in _resolve_placeholders(props).items():
@@ -515,7 +634,7 @@ class BrokerConfig:
                     passthrough[key] = raw
                     continue
                 if strict:
-                    raise InvalidConfigError(f"Unknown broker config name: {key}")
+                    raise InvalidConfigError(f"Unknown broker config name: {key}", key=key)
                 continue
             if setting.default is None and not raw.strip():
                 # a blank value unsets a setting that has no default (e.g. `--override
@@ -526,44 +645,30 @@ class BrokerConfig:
             explicit.add(key)
         return cls(values=values, explicit=frozenset(explicit), passthrough=passthrough)
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> Value:
         return self.values[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: Value = None) -> Value:
         return self.values.get(key, default)
 
     @property
-    def node_id(self) -> int:
-        return int(self.values["node.id"])
-
-    @property
     def log_dir(self) -> Path:
-        return Path(self.values["log.dirs"]).expanduser()
+        return Path(typed(self.values, "log.dirs", str)).expanduser()
 
     @property
     def listeners(self) -> list[Listener]:
-        return [parse_listener(s) for s in self.values["listeners"]]
+        return [parse_listener(s) for s in typed_list(self.values, "listeners")]
 
     @property
     def advertised_listeners(self) -> list[Listener]:
-        adv = self.values["advertised.listeners"]
+        adv = typed_list(self.values, "advertised.listeners")
         return [parse_listener(s) for s in adv] if adv else self.listeners
 
     # ---- table topic ----
 
     @property
-    def catalog_type(self) -> str | None:
-        """``automq.table.topic.catalog.type``; None means the table topic feature is off on this broker."""
-        value: str | None = self.values["automq.table.topic.catalog.type"]
-        return value
-
-    @property
     def table_topic_enabled(self) -> bool:
         return self.catalog_type is not None
-
-    @property
-    def catalog_name(self) -> str:
-        return str(self.values["automq.table.topic.catalog.name"])
 
     @property
     def catalog_properties(self) -> dict[str, str]:
@@ -575,7 +680,8 @@ class BrokerConfig:
 
     @property
     def schema_registry_url(self) -> str | None:
-        url: str | None = self.values["automq.table.topic.schema.registry.url"]
+        """``automq.table.topic.schema.registry.url``; None when unset or blank."""
+        url = typed_or_none(self.values, "automq.table.topic.schema.registry.url", str)
         return url if url and url.strip() else None
 
     @property
@@ -584,12 +690,7 @@ class BrokerConfig:
         n = len(SCHEMA_REGISTRY_CONFIG_PREFIX)
         return {k[n:]: v for k, v in self.passthrough.items() if k.startswith(SCHEMA_REGISTRY_CONFIG_PREFIX)}
 
-    @property
-    def metrics_port(self) -> int | None:
-        port: int | None = self.values["automq.table.topic.metrics.port"]
-        return port
-
-    def topic_default(self, topic_key: str) -> Any:
+    def topic_default(self, topic_key: str) -> Value:
         """The effective default of a topic setting: its broker synonym's value when the broker declares it
         (set explicitly or by the broker's own default), else the topic setting's declared default."""
         setting = TOPIC_SETTINGS[topic_key]
@@ -604,30 +705,24 @@ class BrokerConfig:
 # ---- topic settings ----
 
 
-def validate_topic_configs(
-    configs: Mapping[str, str | None], broker: BrokerConfig | None = None
-) -> dict[str, Any]:
-    """Validate a topic's complete override set; returns the parsed values. Raises InvalidConfigError.
+def parse_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Value]:
+    """Parse a topic's override set, each setting on its own (name, type, range); raises InvalidConfigError.
 
-    Checks each name (unknown: "Unknown topic config name: X"), type and range, then the cross-field rules of the
-    table topic settings (configs.table_topic). Rules that depend on broker settings (a schema registry URL for
-    the schema converters) are checked only when ``broker`` is given.
+    The rules between settings are :func:`configs.table_topic.check_table_topic_rules`;
+    :func:`configs.validation.validate_topic_configs` runs both.
     """
-    parsed: dict[str, Any] = {}
+    parsed: dict[str, Value] = {}
     for key, raw in configs.items():
         setting = TOPIC_SETTINGS.get(key)
         if setting is None:
-            raise InvalidConfigError(f"Unknown topic config name: {key}")
+            raise InvalidConfigError(f"Unknown topic config name: {key}", key=key)
         if raw is None:
-            raise InvalidConfigError(f"Null value not supported for topic config {key}")
+            raise InvalidConfigError(f"Null value not supported for topic config {key}", key=key)
         parsed[key] = setting.parse(raw)
-    from configs.table_topic import check_table_topic_rules  # configs.table_topic imports this module
-
-    check_table_topic_rules(parsed, broker)
     return parsed
 
 
-def effective_topic_config(overrides: Mapping[str, str], broker: BrokerConfig) -> dict[str, Any]:
+def effective_topic_config(overrides: Mapping[str, str], broker: BrokerConfig) -> dict[str, Value]:
     """Every topic setting's effective value: override, else broker synonym, else default."""
     out = {name: broker.topic_default(name) for name in TOPIC_SETTINGS}
     for key, raw in overrides.items():

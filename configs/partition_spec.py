@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tabletopic.errors import InvalidConfigError
+from configs.errors import InvalidConfigError
 
 PARTITION_BY_KEY = "automq.table.topic.partition.by"
 ID_COLUMNS_KEY = "automq.table.topic.id.columns"
@@ -65,8 +65,7 @@ class PartitionField:
         return f"{self.transform}({self.source}, {self.param})"
 
 
-def _error(key: str, raw: str, problem: str) -> InvalidConfigError:
-    return InvalidConfigError(f"Invalid value {raw} for configuration {key}: {problem}")
+_error = InvalidConfigError.invalid_value
 
 
 def split_list(key: str, raw: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The columns a table topic's converters produce (its table's Iceberg schema) and ``partition.by`` checked on them.
 
-AutoMQ's fixed columns (names are part of the contract, docs/automq-table-topic.md §3):
+AutoMQ's fixed columns (their names and types are part of AutoMQ's table topic contract; see the README, "Use it
+with any Kafka client"):
 
 - ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
 - ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``
@@ -13,14 +14,13 @@ The legacy ``schema.type=schemaless`` layout is ``key`` string, ``value`` string
 Field ids given here are provisional: catalogs assign fresh ids on table creation, so writers must always
 take the schema from the table's metadata, never from this module.
 
-Pure (no catalog). Used by the config checks (:func:`check_partition_by`, at CreateTopics / AlterConfigs) and by
-the worker and coordinator (:mod:`worker.schema`), so both see the same columns. Whether a transform applies to a
+Pure (no catalog). Used by the config checks (:func:`check_partition_by`, from
+:func:`configs.validation.validate_topic_configs` at CreateTopics / AlterConfigs) and by the worker and coordinator
+(:mod:`worker.schema`), so both see the same columns. Whether a transform applies to a
 column's type is pyiceberg's decision (``Transform.can_transform``), never a rule of ours.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from pyiceberg.partitioning import PartitionField as IcebergPartitionField
 from pyiceberg.partitioning import PartitionSpec
@@ -46,11 +46,9 @@ from pyiceberg.types import (
     StructType,
 )
 
+from configs.errors import InvalidConfigError
 from configs.partition_spec import IDENTITY, PARTITION_BY_KEY, TIME_TRANSFORMS, PartitionField
-from tabletopic.errors import InvalidConfigError
-
-if TYPE_CHECKING:  # configs.table_topic imports this module (lazily): no import back at run time
-    from configs.table_topic import ConvertType, TableTopicConfig
+from configs.table_topic import ConvertType, TableTopicConfig
 
 HEADER = "_kafka_header"
 KEY = "_kafka_key"
@@ -156,7 +154,7 @@ def partition_transform(pf: PartitionField) -> Transform:  # type: ignore[type-a
         return BucketTransform(pf.param)
     if pf.transform == "truncate" and pf.param is not None:
         return TruncateTransform(pf.param)
-    raise InvalidConfigError(f"Invalid value {pf} for configuration {PARTITION_BY_KEY}: unknown transform")
+    raise InvalidConfigError.invalid_value(PARTITION_BY_KEY, pf, "unknown transform")
 
 
 def partition_by_text(fields: tuple[PartitionField, ...]) -> str:
@@ -174,16 +172,17 @@ def resolve_partition_field(schema: Schema, pf: PartitionField, raw: str | None 
     value = raw if raw is not None else str(pf)
     source = _find_column(schema, pf.source_path)
     if source is None:
-        raise InvalidConfigError(
-            f"Invalid value {value} for configuration {PARTITION_BY_KEY}: unknown column {pf.source} in {pf}; "
-            f"the columns of this topic's table are {column_list(schema)}"
+        raise InvalidConfigError.invalid_value(
+            PARTITION_BY_KEY, value,
+            f"unknown column {pf.source} in {pf}; the columns of this topic's table are {column_list(schema)}",
         )
     transform = partition_transform(pf)
     if not transform.can_transform(source.field_type):
         what = "identity partitioning" if pf.transform == IDENTITY else f"{pf.transform}()"
-        raise InvalidConfigError(
-            f"Invalid value {value} for configuration {PARTITION_BY_KEY}: {what} cannot be applied to column "
-            f"{pf.source} of type {_type_name(source.field_type)} in {pf}; it needs {_NEEDS[pf.transform]}"
+        raise InvalidConfigError.invalid_value(
+            PARTITION_BY_KEY, value,
+            f"{what} cannot be applied to column {pf.source} of type {_type_name(source.field_type)} in {pf}; "
+            f"it needs {_NEEDS[pf.transform]}",
         )
     return source, transform
 

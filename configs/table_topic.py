@@ -1,7 +1,7 @@
 """A topic's Table Topic settings, parsed once into a frozen typed object, and their cross-field rules.
 
 Names, types, defaults and ranges are declared with the other topic settings in :mod:`configs.model`; this module
-adds what involves several settings at once (docs/automq-table-topic.md §1):
+adds what involves several settings at once (AutoMQ's rules between its table topic settings, and ours):
 
 - ``by_schema_id`` / ``by_latest_schema`` (key or value) need ``automq.table.topic.schema.registry.url`` on the
   broker;
@@ -12,14 +12,15 @@ adds what involves several settings at once (docs/automq-table-topic.md §1):
 - the deprecated ``schema.type`` (``schemaless`` / ``schema``) cannot be combined with the ``convert.*`` /
   ``transform.*`` settings it stands for (AutoMQ's rule); ``schema`` implies ``by_schema_id`` and so needs a
   schema registry too;
-- every ``partition.by`` column exists among the columns the converters produce, and its transform applies to
-  the column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it
-  creates the table).
+- (checked by :func:`configs.validation.validate_topic_configs`, as it needs the table's columns) every
+  ``partition.by`` column exists among the columns the converters produce, and its transform applies to the
+  column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it creates
+  the table).
 
 Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC, the flatten transforms, the schema
 registry converters) are refused after the rules above, so a combination the rules refuse is still named as such.
 
-Every violation is an :class:`InvalidConfigError` (INVALID_CONFIG) naming the key and the value.
+Every violation is an :class:`InvalidConfigError` naming the key and the value.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from configs.model import TOPIC_SETTINGS, BrokerConfig
+from configs.errors import InvalidConfigError
+from configs.model import TOPIC_SETTINGS, BrokerConfig, Value, typed, typed_list, typed_or_none
 from configs.partition_spec import FROM_DEBEZIUM_KEY, PartitionField, parse_id_columns, parse_partition_by
-from tabletopic.errors import InvalidConfigError
 
 PREFIX = "automq.table.topic."
 ENABLE = "automq.table.topic.enable"
@@ -119,11 +119,11 @@ NOT_BUILT_YET: tuple[NotBuilt, ...] = (
 remove an entry when its feature lands (the parsing and the cross-field rules above already cover it)."""
 
 
-def _shown(value: Any) -> str:
+def _shown(value: Value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def check_built(values: Mapping[str, Any]) -> None:
+def check_built(values: Mapping[str, Value]) -> None:
     """Refuse any effective value listed in :data:`NOT_BUILT_YET` (InvalidConfigError naming key and value)."""
     for entry in NOT_BUILT_YET:
         value = values.get(entry.key)
@@ -135,12 +135,12 @@ def check_built(values: Mapping[str, Any]) -> None:
                                              f"not built yet)")
 
 
-def _invalid(key: str, value: Any, problem: str) -> InvalidConfigError:
-    return InvalidConfigError(f"Invalid value {value} for configuration {key}: {problem}")
+_invalid = InvalidConfigError.invalid_value
 
 
-def _effective(parsed_overrides: Mapping[str, Any], broker: BrokerConfig | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _effective(parsed_overrides: Mapping[str, Value], broker: BrokerConfig | None) -> dict[str, Value]:
+    """Every ``automq.table.topic.*`` topic setting's value: override, else the broker's default, else declared."""
+    out: dict[str, Value] = {}
     for name in TOPIC_SETTINGS:
         if not name.startswith(PREFIX):
             continue
@@ -153,24 +153,26 @@ def _effective(parsed_overrides: Mapping[str, Any], broker: BrokerConfig | None)
     return out
 
 
-def _converters(values: Mapping[str, Any]) -> tuple[ConvertType, ConvertType, TransformType]:
+def _converters(values: Mapping[str, Value]) -> tuple[ConvertType, ConvertType, TransformType]:
     """The (value converter, key converter, value transform) after the legacy ``schema.type`` mapping."""
-    schema_type = SchemaType(values[SCHEMA_TYPE])
+    schema_type = SchemaType(typed(values, SCHEMA_TYPE, str))
     if schema_type is SchemaType.SCHEMALESS:
         return ConvertType.STRING, ConvertType.STRING, TransformType.NONE
     if schema_type is SchemaType.SCHEMA:
         return ConvertType.BY_SCHEMA_ID, ConvertType.STRING, TransformType.FLATTEN
-    return (ConvertType(values[CONVERT_VALUE_TYPE]), ConvertType(values[CONVERT_KEY_TYPE]),
-            TransformType(values[TRANSFORM_VALUE_TYPE]))
+    return (ConvertType(typed(values, CONVERT_VALUE_TYPE, str)), ConvertType(typed(values, CONVERT_KEY_TYPE, str)),
+            TransformType(typed(values, TRANSFORM_VALUE_TYPE, str)))
 
 
-def check_table_topic_rules(parsed_overrides: Mapping[str, Any], broker: BrokerConfig | None = None) -> None:
-    """Check the cross-field rules (module doc) on a topic's parsed overrides over the defaults.
+def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: BrokerConfig | None = None
+                            ) -> dict[str, Value]:
+    """Check the rules between settings (module doc; not ``partition.by`` against the columns) on a topic's parsed
+    overrides over the defaults; returns the effective ``automq.table.topic.*`` values checked.
 
     Broker-dependent rules are skipped when ``broker`` is None. Raises InvalidConfigError naming key and value.
     """
     values = _effective(parsed_overrides, broker)
-    schema_type = SchemaType(values[SCHEMA_TYPE])
+    schema_type = SchemaType(typed(values, SCHEMA_TYPE, str))
     if schema_type is not SchemaType.NONE:
         clash = [k for k in _LEGACY_OWNED if k in parsed_overrides]
         if clash:
@@ -194,23 +196,19 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Any], broker: BrokerC
                        f"needs a schema-based value converter ({CONVERT_VALUE_TYPE}=by_schema_id or "
                        f"by_latest_schema), not {value_type}")
 
-    id_columns = parse_id_columns(values[ID_COLUMNS])
+    id_columns_raw = typed_or_none(values, ID_COLUMNS, str)
+    id_columns = parse_id_columns(id_columns_raw)
     if id_columns == (FROM_DEBEZIUM_KEY,) and key_type is not ConvertType.BY_SCHEMA_ID:
-        raise _invalid(ID_COLUMNS, values[ID_COLUMNS],
+        raise _invalid(ID_COLUMNS, id_columns_raw,
                        f"{FROM_DEBEZIUM_KEY} needs {CONVERT_KEY_TYPE}=by_schema_id, not {key_type}")
-    if values[UPSERT_ENABLE] and not id_columns:
+    if typed(values, UPSERT_ENABLE, bool) and not id_columns:
         raise _invalid(UPSERT_ENABLE, "true", f"upsert needs identifier columns: set {ID_COLUMNS}")
-    cdc_field = values[CDC_FIELD]
+    cdc_field = typed_or_none(values, CDC_FIELD, str)
     if cdc_field is not None and cdc_field.strip() and not id_columns:
         raise _invalid(CDC_FIELD, cdc_field, f"CDC needs identifier columns to apply updates and deletes: "
                                              f"set {ID_COLUMNS}")
     check_built(values)
-    partition_by = parse_partition_by(values[PARTITION_BY])
-    if partition_by:
-        # pyiceberg is imported only here: the admin CLIs import this module and must start fast
-        from configs.table_schema import check_partition_by  # configs.table_schema imports this module
-
-        check_partition_by(TableTopicConfig.from_values(values), values[PARTITION_BY])
+    return values
 
 
 def _blank_to_none(value: str | None) -> str | None:
@@ -254,47 +252,46 @@ class TableTopicConfig:
                    ) -> TableTopicConfig:
         """Build from a topic's raw overrides and the broker's defaults.
 
-        With ``validate`` (the default) the cross-field rules are checked too and a violation raises
-        InvalidConfigError; a broker loading topics stored before a broker setting changed may pass False
-        to get the parsed settings anyway. Overrides that are not table topic settings are ignored.
+        With ``validate`` (the default) the rules between settings are checked too
+        (:func:`check_table_topic_rules`) and a violation raises InvalidConfigError; a broker loading topics stored
+        before a broker setting changed may pass False to get the parsed settings anyway. Overrides that are not
+        table topic settings are ignored.
         """
-        parsed: dict[str, Any] = {}
+        parsed: dict[str, Value] = {}
         for key, raw in overrides.items():
             setting = TOPIC_SETTINGS.get(key)
             if setting is not None and key.startswith(PREFIX):
                 parsed[key] = setting.parse(raw)
-        if validate:
-            check_table_topic_rules(parsed, broker)
-        return cls.from_values(_effective(parsed, broker))
+        return cls.from_values(check_table_topic_rules(parsed, broker) if validate else _effective(parsed, broker))
 
     @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> TableTopicConfig:
+    def from_values(cls, values: Mapping[str, Value]) -> TableTopicConfig:
         """Build from parsed effective values of every ``automq.table.topic.*`` topic setting (no rule checks)."""
         value_type, key_type, transform = _converters(values)
         props: list[tuple[str, str]] = []
-        for item in values[ICEBERG_AUTO_CREATE_PROPERTIES]:
+        for item in typed_list(values, ICEBERG_AUTO_CREATE_PROPERTIES):
             k, _, v = item.partition("=")
             props.append((k.strip(), v.strip()))
         return cls(
-            enable=bool(values[ENABLE]),
-            commit_interval_ms=int(values[COMMIT_INTERVAL_MS]),
-            namespace=values[NAMESPACE],
-            schema_type=SchemaType(values[SCHEMA_TYPE]),
+            enable=typed(values, ENABLE, bool),
+            commit_interval_ms=typed(values, COMMIT_INTERVAL_MS, int),
+            namespace=typed_or_none(values, NAMESPACE, str),
+            schema_type=SchemaType(typed(values, SCHEMA_TYPE, str)),
             convert_value_type=value_type,
             convert_key_type=key_type,
-            value_subject_override=_blank_to_none(values[CONVERT_VALUE_SUBJECT]),
-            value_message_full_name=_blank_to_none(values[CONVERT_VALUE_MESSAGE_FULL_NAME]),
-            key_subject_override=_blank_to_none(values[CONVERT_KEY_SUBJECT]),
-            key_message_full_name=_blank_to_none(values[CONVERT_KEY_MESSAGE_FULL_NAME]),
+            value_subject_override=_blank_to_none(typed_or_none(values, CONVERT_VALUE_SUBJECT, str)),
+            value_message_full_name=_blank_to_none(typed_or_none(values, CONVERT_VALUE_MESSAGE_FULL_NAME, str)),
+            key_subject_override=_blank_to_none(typed_or_none(values, CONVERT_KEY_SUBJECT, str)),
+            key_message_full_name=_blank_to_none(typed_or_none(values, CONVERT_KEY_MESSAGE_FULL_NAME, str)),
             transform_value_type=transform,
-            id_columns=parse_id_columns(values[ID_COLUMNS]),
-            partition_by=parse_partition_by(values[PARTITION_BY]),
-            upsert_enable=bool(values[UPSERT_ENABLE]),
-            cdc_field=_blank_to_none(values[CDC_FIELD]),
-            errors_tolerance=ErrorsTolerance(values[ERRORS_TOLERANCE]),
-            expire_snapshot_enabled=bool(values[EXPIRE_SNAPSHOT_ENABLED]),
-            expire_snapshot_older_than_hours=int(values[EXPIRE_SNAPSHOT_OLDER_THAN_HOURS]),
-            expire_snapshot_retain_last=int(values[EXPIRE_SNAPSHOT_RETAIN_LAST]),
+            id_columns=parse_id_columns(typed_or_none(values, ID_COLUMNS, str)),
+            partition_by=parse_partition_by(typed_or_none(values, PARTITION_BY, str)),
+            upsert_enable=typed(values, UPSERT_ENABLE, bool),
+            cdc_field=_blank_to_none(typed_or_none(values, CDC_FIELD, str)),
+            errors_tolerance=ErrorsTolerance(typed(values, ERRORS_TOLERANCE, str)),
+            expire_snapshot_enabled=typed(values, EXPIRE_SNAPSHOT_ENABLED, bool),
+            expire_snapshot_older_than_hours=typed(values, EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, int),
+            expire_snapshot_retain_last=typed(values, EXPIRE_SNAPSHOT_RETAIN_LAST, int),
             iceberg_auto_create_properties=tuple(props),
         )
 

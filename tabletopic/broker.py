@@ -45,19 +45,19 @@ class Broker:
         self.data_dir = data_dir
         self.logs = LogManager(
             data_dir,
-            retention_check_interval_ms=int(config["log.retention.check.interval.ms"]),
-            flusher_threads=int(config["log.flush.threads"]),
+            retention_check_interval_ms=config.log_retention_check_interval_ms,
+            flusher_threads=config.log_flush_threads,
         )
         self.topics = TopicManager(config, self.logs)
         self.producer_ids = ProducerIdManager(data_dir / "__meta")
         self.groups = GroupCoordinator(
             GroupConfig(
-                initial_rebalance_delay_ms=int(config["group.initial.rebalance.delay.ms"]),
-                min_session_timeout_ms=int(config["group.min.session.timeout.ms"]),
-                max_session_timeout_ms=int(config["group.max.session.timeout.ms"]),
-                max_size=int(config["group.max.size"]),
-                offset_metadata_max_bytes=int(config["offset.metadata.max.bytes"]),
-                offsets_retention_minutes=int(config["offsets.retention.minutes"]),
+                initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+                min_session_timeout_ms=config.group_min_session_timeout_ms,
+                max_session_timeout_ms=config.group_max_session_timeout_ms,
+                max_size=config.group_max_size,
+                offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+                offsets_retention_minutes=config.offsets_retention_minutes,
             ),
             data_dir,
             self.topics.partition_count,
@@ -83,7 +83,7 @@ class Broker:
         # the broker is the one process that creates the catalog (readers only open it)
         catalog = await asyncio.to_thread(load_catalog, self.config, create=True)
         if catalog is not None:
-            self.tables = TableTopicHost(self, catalog, self.metrics)
+            self.tables = TableTopicHost(self, catalog, self.metrics, pool_size=self.config.conversion_pool_size)
             await self.tables.start()
         else:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
@@ -103,7 +103,7 @@ class Broker:
         t0 = time.monotonic()
         log.info("shutting down: no new connections, finishing in-flight requests")
         self.server.stop_accepting()
-        await self.server.drain(grace_s=min(10.0, int(self.config["shutdown.timeout.ms"]) / 1000))
+        await self.server.drain(grace_s=min(10.0, self.config.shutdown_timeout_ms / 1000))
         log.info("connections closed after %.0f ms", (time.monotonic() - t0) * 1000)
         if self.tables is not None:
             await self.tables.stop()

@@ -8,6 +8,20 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+# The configuration model's errors are the broker's too (one class each): InvalidConfigError is raised for bad
+# settings everywhere, and mapped to INVALID_CONFIG by config_error() where a Kafka error code is answered.
+from configs.errors import ConfigError, InvalidConfigError, InvalidRequestError
+
+__all__ = [
+    "ConfigError",
+    "CorruptRecordError",
+    "ErrorCode",
+    "InvalidConfigError",
+    "InvalidRequestError",
+    "KafkaApiError",
+    "config_error",
+]
+
 
 class ErrorCode(IntEnum):
     """Kafka protocol error codes (``org.apache.kafka.common.protocol.Errors``)."""
@@ -124,8 +138,8 @@ class CorruptRecordError(KafkaApiError):
         super().__init__(ErrorCode.CORRUPT_MESSAGE, message)
 
 
-class InvalidConfigError(KafkaApiError):
-    """A setting has an unknown name, a bad type or an out-of-range value; the message names key and value."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.INVALID_CONFIG, message)
+def config_error(exc: ConfigError) -> KafkaApiError:
+    """The Kafka error a refused setting answers with: INVALID_CONFIG, or INVALID_REQUEST for a malformed change
+    (:class:`configs.errors.InvalidRequestError`), with the configuration model's message."""
+    code = ErrorCode.INVALID_REQUEST if isinstance(exc, InvalidRequestError) else ErrorCode.INVALID_CONFIG
+    return KafkaApiError(code, exc.message)

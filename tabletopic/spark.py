@@ -174,7 +174,7 @@ def catalog_conf(config: BrokerConfig) -> tuple[dict[str, str], list[Path]]:
                                     "Spark runtime")
     conf[f"{prefix}.cache-enabled"] = "false"
     # unqualified names resolve in the namespace the broker creates tables in: SELECT ... FROM orders
-    conf.setdefault(f"{prefix}.default-namespace", str(config["automq.table.topic.namespace"]))
+    conf.setdefault(f"{prefix}.default-namespace", config.table_namespace)
     return conf, jars
 
 

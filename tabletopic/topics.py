@@ -22,9 +22,10 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from configs.model import BrokerConfig, effective_topic_config, validate_topic_configs
+from configs.model import BrokerConfig, Value, effective_topic_config, typed
+from configs.validation import validate_topic_configs
 from tabletopic.durable import atomic_write_json
-from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.errors import ConfigError, ErrorCode, KafkaApiError, config_error
 from tabletopic.log.log import LogConfig
 from tabletopic.log.manager import LogManager
 
@@ -100,7 +101,7 @@ class TopicManager:
         if self._path.exists():
             doc = json.loads(self._path.read_text())
         else:
-            doc = {"cluster_id": self._config.get("cluster.id") or _new_cluster_id(), "topics": {}}
+            doc = {"cluster_id": self._config.cluster_id or _new_cluster_id(), "topics": {}}
             atomic_write_json(self._path, doc)
         self.cluster_id = doc["cluster_id"]
         for name, t in doc["topics"].items():
@@ -181,21 +182,20 @@ class TopicManager:
         t = self._topics.get(name)
         return t.partitions if t else None
 
-    def effective_configs(self, info: TopicInfo) -> dict[str, Any]:
+    def effective_configs(self, info: TopicInfo) -> dict[str, Value]:
         return effective_topic_config(info.configs, self._config)
 
     def log_config(self, info: TopicInfo) -> LogConfig:
         eff = self.effective_configs(info)
-        flush = self._config.get("log.flush.interval.ms")
         return LogConfig(
-            segment_bytes=int(eff["segment.bytes"]),
-            segment_ms=int(eff["segment.ms"]),
-            retention_ms=int(eff["retention.ms"]),
-            retention_bytes=int(eff["retention.bytes"]),
-            max_message_bytes=int(eff["max.message.bytes"]),
-            index_interval_bytes=int(eff["index.interval.bytes"]),
-            message_timestamp_type=str(eff["message.timestamp.type"]),
-            flush_interval_ms=None if flush is None else int(flush),
+            segment_bytes=typed(eff, "segment.bytes", int),
+            segment_ms=typed(eff, "segment.ms", int),
+            retention_ms=typed(eff, "retention.ms", int),
+            retention_bytes=typed(eff, "retention.bytes", int),
+            max_message_bytes=typed(eff, "max.message.bytes", int),
+            index_interval_bytes=typed(eff, "index.interval.bytes", int),
+            message_timestamp_type=typed(eff, "message.timestamp.type", str),
+            flush_interval_ms=self._config.log_flush_interval_ms,
         )
 
     # ---- changes ----
@@ -207,7 +207,7 @@ class TopicManager:
         if name in self._topics:
             raise KafkaApiError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
         if partitions == -1:
-            partitions = int(self._config["num.partitions"])
+            partitions = self._config.num_partitions
         if partitions <= 0 or partitions > MAX_PARTITIONS:
             raise KafkaApiError(ErrorCode.INVALID_PARTITIONS, f"Number of partitions must be in [1, "
                                 f"{MAX_PARTITIONS}], got {partitions}.")
@@ -216,15 +216,22 @@ class TopicManager:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"Replication factor: {replication_factor} larger than available brokers: 1.",
             )
-        validate_topic_configs(configs, self._config)
+        self._validate_configs(configs)
         return {k: v for k, v in configs.items() if v is not None}
+
+    def _validate_configs(self, configs: Mapping[str, str | None]) -> None:
+        """The configuration model's checks; a refusal is a KafkaApiError (INVALID_CONFIG) like every other here."""
+        try:
+            validate_topic_configs(configs, self._config)
+        except ConfigError as exc:
+            raise config_error(exc) from exc
 
     async def create(self, name: str, partitions: int = -1, replication_factor: int = -1,
                      configs: Mapping[str, str | None] | None = None) -> TopicInfo:
         async with self._lock:
             overrides = self.validate_new_topic(name, partitions, replication_factor, configs or {})
             if partitions == -1:
-                partitions = int(self._config["num.partitions"])
+                partitions = self._config.num_partitions
             info = TopicInfo(name, uuid.uuid4(), partitions, overrides, int(time.time() * 1000))
             lc = self.log_config(info)
             for p in range(partitions):
@@ -283,7 +290,7 @@ class TopicManager:
             if old is None:
                 raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                     "This server does not host this topic-partition.")
-            validate_topic_configs(new_overrides, self._config)
+            self._validate_configs(new_overrides)
             new = replace(old, configs=dict(new_overrides))
             await self._commit(name, new)
             lc = self.log_config(new)

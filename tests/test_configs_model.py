@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from configs import errors, model
 from configs import table_topic as tt
 from configs.model import (
     BROKER_SETTINGS,
@@ -15,7 +19,6 @@ from configs.model import (
     Type,
     effective_topic_config,
     load_properties,
-    validate_topic_configs,
 )
 from configs.partition_spec import PartitionField
 from configs.table_topic import (
@@ -26,7 +29,8 @@ from configs.table_topic import (
     TableTopicConfig,
     TransformType,
 )
-from tabletopic.errors import ErrorCode, InvalidConfigError
+from configs.validation import validate_topic_configs
+from tabletopic.errors import ErrorCode, InvalidConfigError, config_error
 
 REGISTRY = BrokerConfig.from_properties({"automq.table.topic.schema.registry.url": "http://127.0.0.1:8081"})
 NO_REGISTRY = BrokerConfig.from_properties({})
@@ -106,7 +110,8 @@ def test_invalid_value_names_key_and_value(name: str) -> None:
     _, _, _, invalid = SPEC[name]
     with pytest.raises(InvalidConfigError) as ei:
         validate_topic_configs({name: invalid}, REGISTRY)
-    assert ei.value.code is ErrorCode.INVALID_CONFIG
+    assert ei.value.key == name
+    assert config_error(ei.value).code is ErrorCode.INVALID_CONFIG
     assert name in str(ei.value)
     assert invalid in str(ei.value)
 
@@ -424,3 +429,66 @@ def test_blank_broker_value_unsets_a_setting_without_default() -> None:
     # a blank value for a setting with a default is still refused, naming it
     with pytest.raises(InvalidConfigError, match=r"num\.partitions"):
         BrokerConfig.from_properties({"num.partitions": " "})
+
+
+def test_broker_settings_are_typed_attributes() -> None:
+    b = BrokerConfig.from_properties({"num.partitions": "3", "auto.create.topics.enable": "false",
+                                      "log.flush.interval.ms": "5", "shutdown.timeout.ms": "2500"})
+    assert (b.num_partitions, b.auto_create_topics_enable, b.log_flush_interval_ms, b.shutdown_timeout_ms) == (
+        3, False, 5, 2500)
+    assert b.cluster_id is None and b.delete_topic_enable and b.table_namespace == "default"
+    assert BrokerConfig.from_properties({}).log_flush_interval_ms is None
+    # every typed attribute gives its declared setting's value, with the type the declaration parses to
+    kinds = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.STRING: str}
+    attributes = {name: a for name, a in vars(BrokerConfig).items() if isinstance(a, model._Read)}
+    assert len(attributes) >= 20
+    for name, attribute in attributes.items():
+        value = getattr(b, name)
+        setting = BROKER_SETTINGS[attribute.key]
+        assert value == b[attribute.key], name
+        assert value is None or type(value) is kinds[setting.type], name
+    # the mapping interface stays for code that walks every setting (DescribeConfigs)
+    assert b["num.partitions"] == 3 and b.get("nope") is None
+
+
+def test_typed_attribute_must_match_its_declaration() -> None:
+    with pytest.raises(TypeError, match=r"num\.partitions"):
+        model._setting("num.partitions", str)  # an INT read as a string
+    with pytest.raises(TypeError, match=r"cluster\.id"):
+        model._setting("cluster.id", str)  # no default: needs the optional form
+    with pytest.raises(TypeError, match=r"num\.partitions"):
+        model._optional_setting("num.partitions", int)
+    with pytest.raises(KeyError):
+        model._setting("num.partition", int)  # not declared
+    with pytest.raises(TypeError, match=r"auto\.create\.topics\.enable"):
+        model.typed({"auto.create.topics.enable": True}, "auto.create.topics.enable", int)  # a bool is not an int
+
+
+def test_conversion_pool_size_setting() -> None:
+    key = "table.topic.conversion.pool.size"
+    setting = BROKER_SETTINGS[key]
+    assert setting.type is Type.INT and not setting.dynamic and "tabletopic's own" in setting.doc
+    assert BrokerConfig.from_properties({}).conversion_pool_size == (os.cpu_count() or 1)
+    assert BrokerConfig.from_properties({key: "3"}).conversion_pool_size == 3
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(InvalidConfigError, match=key) as ei:
+            BrokerConfig.from_properties({key: bad})
+        assert ei.value.key == key
+
+
+def test_configs_is_the_bottom_layer() -> None:
+    """Importing and using every configs module loads nothing of the broker, the workers or the coordinator."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import configs\n"
+        "for m in pkgutil.iter_modules(configs.__path__):\n"
+        "    importlib.import_module('configs.' + m.name)\n"
+        "from configs.validation import validate_topic_configs\n"
+        "validate_topic_configs({'automq.table.topic.partition.by': '[_kafka_key]'})\n"  # the lazy table_schema import
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tabletopic', 'worker', 'coordinator')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
+                         text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+    # the broker raises and maps the same class
+    assert errors.InvalidConfigError is InvalidConfigError

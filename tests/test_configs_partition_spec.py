@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from configs.model import validate_topic_configs
 from configs.partition_spec import (
     FROM_DEBEZIUM_KEY,
     PartitionField,
@@ -12,7 +11,8 @@ from configs.partition_spec import (
     parse_partition_by,
     split_list,
 )
-from tabletopic.errors import ErrorCode, InvalidConfigError
+from configs.validation import validate_topic_configs
+from tabletopic.errors import ErrorCode, InvalidConfigError, config_error
 
 PB = "automq.table.topic.partition.by"
 IDC = "automq.table.topic.id.columns"
@@ -101,7 +101,7 @@ def test_partition_by_invalid(raw: str, problem: str) -> None:
     with pytest.raises(InvalidConfigError) as ei:
         validate_topic_configs({PB: raw})
     err = ei.value
-    assert err.code is ErrorCode.INVALID_CONFIG
+    assert err.key == PB and config_error(err).code is ErrorCode.INVALID_CONFIG
     assert str(err).startswith(f"Invalid value {raw} for configuration {PB}: ")
     assert problem in str(err)
 

@@ -51,7 +51,7 @@ class KafkaConnection(asyncio.Protocol):
     def __init__(self, server: KafkaServer) -> None:
         self._server = server
         self._broker = server.broker
-        self._max_frame = int(server.broker.config["socket.request.max.bytes"])
+        self._max_frame = server.broker.config.socket_request_max_bytes
         self._buf = bytearray()
         self._queue: deque[_Slot] = deque()
         self._transport: asyncio.Transport | None = None
@@ -282,7 +282,7 @@ class KafkaServer:
         return bound
 
     async def _close_idle(self) -> None:
-        max_idle = int(self.broker.config["connections.max.idle.ms"]) / 1000
+        max_idle = self.broker.config.connections_max_idle_ms / 1000
         while True:
             await asyncio.sleep(min(max_idle, 30))
             for conn in list(self.connections):

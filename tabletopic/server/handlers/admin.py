@@ -62,7 +62,7 @@ async def create_topics(ctx: RequestContext, req: Message) -> Message:
             overrides = topics.validate_new_topic(t.name, partitions, rf, configs)
             await run_topic_config_checks(ctx.broker.topic_config_checks, t.name, None, overrides)
             if partitions == -1:
-                partitions = int(ctx.broker.config["num.partitions"])
+                partitions = ctx.broker.config.num_partitions
             if not validate_only:
                 info = await topics.create(t.name, partitions, rf, configs)
             results.append(R(name=t.name, topic_id=info.topic_id if info else ZERO_UUID, error_code=0,
@@ -88,7 +88,7 @@ async def delete_topics(ctx: RequestContext, req: Message) -> Message:
     for requested_name, tid in wanted:
         name = requested_name
         try:
-            if not ctx.broker.config["delete.topic.enable"]:
+            if not ctx.broker.config.delete_topic_enable:
                 raise KafkaApiError(ErrorCode.TOPIC_DELETION_DISABLED, "Topic deletion is disabled.")
             if name is None and tid is not None and tid != ZERO_UUID:
                 info = topics.get_by_id(tid)

@@ -1,7 +1,7 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs.
 
 Topics (resource type 2) are described, altered and validated through the configuration model
-(:mod:`configs.admin`, :func:`configs.model.validate_topic_configs`); changes are persisted through
+(:mod:`configs.admin`, :func:`configs.validation.validate_topic_configs`); changes are persisted through
 ``broker.topics.alter_configs``, which replaces a topic's overrides durably. The broker (resource type 4, name =
 node id or empty) can be described; its settings are static (server.properties), so altering them is refused
 with INVALID_REQUEST. Per-resource errors travel in the response with Kafka's codes and a message.
@@ -21,8 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, cast
 
 from configs.admin import ConfigEntry, apply_alter_ops, describe_broker, describe_topic
-from configs.model import BrokerConfig, validate_topic_configs
-from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
+from configs.model import BrokerConfig
+from configs.validation import validate_topic_configs
+from tabletopic.errors import ConfigError, ErrorCode, InvalidConfigError, KafkaApiError, config_error
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -83,6 +84,8 @@ async def run_topic_config_checks(checks: Sequence[TopicConfigCheck], topic: str
             await asyncio.to_thread(check, topic, dict(old) if old is not None else None, dict(new))
         except KafkaApiError:
             raise
+        except ConfigError as exc:
+            raise config_error(exc) from exc
         except Exception as exc:
             log.exception("checking the new configs of topic %s failed", topic)
             raise KafkaApiError(ErrorCode.UNKNOWN_SERVER_ERROR,
@@ -218,6 +221,8 @@ async def _alter(ctx: RequestContext, req: Message, incremental: bool) -> Messag
             await _alter_one(broker, res, incremental, bool(req.validate_only))
         except KafkaApiError as exc:
             code, message = exc.code, exc.message
+        except ConfigError as exc:
+            code, message = config_error(exc).code, exc.message
         except Exception as exc:  # a storage failure must not take the connection down with it
             log.exception("altering the configs of %s failed", res.resource_name)
             code, message = ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"

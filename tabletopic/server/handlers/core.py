@@ -66,7 +66,7 @@ async def metadata(ctx: RequestContext, req: Message) -> Message:
     if requested is None or (ctx.api_version == 0 and not requested):
         topics_out = [_metadata_topic(ctx, t, t.name, t.topic_id) for t in broker.topics.all()]
     else:
-        allow_auto = bool(broker.config["auto.create.topics.enable"]) and (
+        allow_auto = broker.config.auto_create_topics_enable and (
             ctx.api_version < 4 or bool(req.allow_auto_topic_creation)
         )
         for t in requested:
