@@ -13,10 +13,11 @@ A round (every ``automq.table.topic.commit.interval.ms``):
    (:func:`coordinator.committer.commit_round`), then checkpoint COMMITTED (or ABORTED).
 
 Nothing new (no files, no offset moved) ⇒ no snapshot. Partitions answering EPOCH_MISMATCH keep their
-offsets; BLOCKED ones commit what precedes the bad record and stop at it (BLOCKED errors are logged once per
-round); responses of other rounds are dropped and their files deleted (never files a committed round
-included). A failing round never escapes the loop: it is
-logged and retried after an exponential back-off that starts at the commit interval.
+offsets; BLOCKED ones commit what precedes the bad record and stop at it; responses of other rounds are dropped
+and their files deleted (never files a committed round included). A failing round never escapes the loop: it is
+logged and retried after an exponential back-off that starts at the commit interval. Repeated conditions (blocked
+partitions, failing rounds, time-outs) are logged when they start or change, then rate-limited
+(:class:`tabletopic.logs.ConditionLog`).
 
 Blocking work (catalog, Parquet metadata, file deletes, checkpoint fsyncs) runs in worker threads.
 """
@@ -65,6 +66,7 @@ from coordinator.table import (
     same_path,
 )
 from tabletopic.faults import crash_point
+from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,7 @@ class TableTopicCoordinator:
         self._clock = clock
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
+        self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
         self._table: Table | None = None
@@ -199,8 +202,10 @@ class TableTopicCoordinator:
         self._stop_event.clear()
         try:
             await self._initialize()
-        except Exception:
-            log.exception("table topic %s: coordinator start-up failed; retrying every interval", self.topic)
+        except Exception as e:
+            self._conditions.log("round-failed", logging.ERROR, "table topic %s: coordinator start-up failed; "
+                                 "retrying every interval: %s: %s", self.topic, type(e).__name__, e,
+                                 state=(type(e), str(e)), exc_info=e)
         # the first round starts at once: a topic just enabled (backfill) or a broker just restarted has data
         # waiting, and the workers only learn where to start from a request
         now = asyncio.get_running_loop().time()
@@ -317,9 +322,14 @@ class TableTopicCoordinator:
         except Exception as e:
             self._failures += 1
             self.failed_rounds += 1
-            log.error("table topic %s: commit round failed (%d in a row), retrying with back-off: %s: %s",
-                      self.topic, self._failures, type(e).__name__, e, exc_info=True)
+            self._conditions.log(
+                "round-failed", logging.ERROR, "table topic %s: commit round failed (%d in a row), retrying with "
+                "back-off: %s: %s", self.topic, self._failures, type(e).__name__, e, state=(type(e), str(e)),
+                exc_info=e)
             return RoundReport(RoundOutcome.FAILED, error=f"{type(e).__name__}: {e}")
+        if self._failures:
+            self._conditions.clear("round-failed", logging.INFO, "table topic %s: commit rounds succeed again "
+                                   "after %d failure(s)", self.topic, self._failures)
         self._failures = 0
         return report
 
@@ -439,8 +449,12 @@ class TableTopicCoordinator:
             await asyncio.to_thread(delete_files, tbl, rejected_paths)
         timed_out = tuple(sorted(set(partitions) - collected.responses.keys()))
         if timed_out:
-            log.warning("table topic %s: round %s timed out after %.1f s waiting for partitions %s; committing "
-                        "what arrived", self.topic, commit_id, self.round_timeout_s, list(timed_out))
+            self._conditions.log("timed-out", logging.WARNING, "table topic %s: round %s timed out after %.1f s "
+                                 "waiting for partitions %s; committing what arrived", self.topic, commit_id,
+                                 self.round_timeout_s, list(timed_out), state=timed_out)
+        else:
+            self._conditions.clear("timed-out", logging.INFO, "table topic %s: every partition answers in time "
+                                   "again", self.topic)
 
         new_offsets = {p: r.next_offset for p, r in accepted.items()}
         data_files = tuple(f for r in accepted.values() for f in r.data_files)
@@ -607,8 +621,12 @@ class TableTopicCoordinator:
                 epoch_mismatch.append(p)
             rejected.extend(_paths([r]))
         if blocked:
-            log.error("table topic %s: round %s: partitions blocked, their offsets stay: %s", self.topic,
-                      request.commit_id, "; ".join(f"partition {p}: {err}" for p, err in blocked))
+            self._conditions.log("blocked", logging.ERROR, "table topic %s: round %s: partitions blocked, their "
+                                 "offsets stay: %s", self.topic, request.commit_id,
+                                 "; ".join(f"partition {p}: {err}" for p, err in blocked), state=tuple(blocked))
+        else:
+            self._conditions.clear("blocked", logging.INFO, "table topic %s: no partition is blocked any more",
+                                   self.topic)
         if epoch_mismatch:
             log.info("table topic %s: round %s: leader epoch mismatch on partitions %s; their offsets stay",
                      self.topic, request.commit_id, epoch_mismatch)

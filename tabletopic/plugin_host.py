@@ -78,13 +78,15 @@ class TableTopicHost:
     # ---- lifecycle ----
 
     async def start(self) -> None:
+        t0 = time.monotonic()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
         for info in self._broker.topics.all():
             if self._config_of(info).enable:
-                await self._start_topic(info)
-        log.info("table-topic host started: %d table topic(s)", len(self._running))
+                await self._start_topic(info, at_start=True)
+        log.info("table-topic host started: %d table topic(s) in %.0f ms", len(self._running),
+                 (time.monotonic() - t0) * 1000)
 
     async def stop(self) -> None:
         if self.check_config_change in self._broker.topic_config_checks:
@@ -170,11 +172,11 @@ class TableTopicHost:
             self._executor = new_pool(self._pool_size)
         return self._executor
 
-    async def _start_topic(self, info: TopicInfo) -> None:
+    async def _start_topic(self, info: TopicInfo, *, at_start: bool = False) -> None:
         async with self._lock:
-            await self._start_topic_locked(info)
+            await self._start_topic_locked(info, at_start=at_start)
 
-    async def _start_topic_locked(self, info: TopicInfo) -> None:
+    async def _start_topic_locked(self, info: TopicInfo, *, at_start: bool = False) -> None:
         t0 = time.monotonic()
         topic = info.name
         channel = InProcessChannel()
@@ -215,8 +217,10 @@ class TableTopicHost:
         for p in range(info.partitions):
             await self._start_worker(tt, p)
         self._running[topic] = tt
-        log.info("table topic %s started: %d partition worker(s), table %s, in %.0f ms", topic, info.partitions,
-                 ".".join(tt.config.table_identifier(topic)), (time.monotonic() - t0) * 1000)
+        # one line per topic enabled at runtime; the broker's start-up sums them up in one line
+        log.log(logging.DEBUG if at_start else logging.INFO,
+                "table topic %s started: %d partition worker(s), table %s, in %.0f ms", topic, info.partitions,
+                ".".join(tt.config.table_identifier(topic)), (time.monotonic() - t0) * 1000)
 
     async def _start_worker(self, tt: _TableTopic, partition: int) -> None:
         plog = self._broker.logs.get(tt.topic, partition)
@@ -279,7 +283,7 @@ class TableTopicHost:
         for w in tt.workers.values():
             await w.stop()
         self._metrics.remove_topic(topic)
-        log.info("table topic %s stopped", topic)
+        log.debug("table topic %s stopped", topic)
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:

@@ -183,20 +183,28 @@ def test_empty_directory_and_empty_files(tmp_path: Path) -> None:
 
 
 def test_clean_open_scans_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="tabletopic.log.log")
     log = open_log(tmp_path)
+    # a new log had no shutdown at all: not reported as an unclean one (and only at DEBUG)
+    assert [(r.levelno, r.getMessage().split(" (")[0]) for r in caplog.records] == [
+        (logging.DEBUG, f"created log {log.name}")]
     spans = fill(log, 60)
     log.close()
-    caplog.set_level(logging.INFO, logger="tabletopic.log.log")
+    caplog.clear()
     log = open_log(tmp_path)
-    msg = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("opened log"))
+    rec = next(r for r in caplog.records if r.getMessage().startswith("opened log"))
+    msg = rec.getMessage()
     assert "clean shutdown" in msg and "unclean" not in msg
     assert " 0 segment(s) recovered" in msg and " 0 batch(es) replayed" in msg
+    assert rec.levelno == logging.DEBUG  # a normal start: the manager's one line sums it up
     check_consistent(log, spans)
     crash(log)
     caplog.clear()
     log = open_log(tmp_path)
-    msg = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("opened log"))
+    rec = next(r for r in caplog.records if r.getMessage().startswith("opened log"))
+    msg = rec.getMessage()
     assert "unclean shutdown" in msg and " 1 segment(s) recovered" in msg  # only from the recovery point
+    assert rec.levelno == logging.INFO
     check_consistent(log, spans)
     log.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from pathlib import Path
@@ -345,6 +346,25 @@ def test_log_manager(tmp_path: Path) -> None:
             break
         time.sleep(0.02)
     assert not any(p.name.startswith("gone") for p in tmp_path.iterdir())
+
+
+def test_start_up_ignores_the_brokers_own_directories_quietly(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    for name in ("__consumer_offsets", "__meta", "__tables", "iceberg", ".hidden", "notes", "orders-0"):
+        (tmp_path / name).mkdir()
+    caplog.set_level(logging.DEBUG, logger="tabletopic.log")
+
+    async def main() -> None:
+        mgr = LogManager(tmp_path)
+        await mgr.start()
+        assert [(lg.topic, lg.partition) for lg in mgr.logs()] == [("orders", 0)]
+        await mgr.close()
+
+    asyncio.run(main())
+    # one line names what the broker does not know; its own directories and a new partition are no warning
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        f"ignoring directories in {tmp_path} that are not <topic>-<partition>: notes"]
+    assert not any("unclean" in r.getMessage() for r in caplog.records)
 
 
 def test_time_based_roll(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from coordinator.messages import CommitCode, CommitRequest, CommitResponse, Part
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
 from tabletopic.log.log import PartitionLog
+from tabletopic.logs import ConditionLog
 from worker.task import TaskResult, convert_and_write, delete_uncommitted
 from worker.writer import WriteTarget
 
@@ -116,6 +117,7 @@ class PartitionWorker:
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._stopping = False
+        self._conditions = ConditionLog(log)  # blocked, no table, failing writes: logged on change, rate-limited
         # -- metrics --
         self.records_written = 0
         self.files_written = 0
@@ -157,7 +159,7 @@ class PartitionWorker:
         ]
         for t in self._tasks:
             t.add_done_callback(self._task_done)
-        log.info("[WORKER_START] %s: table topic worker started (prewrite %d bytes, chunk reads %d bytes)",
+        log.debug("[WORKER_START] %s: table topic worker started (prewrite %d bytes, chunk reads %d bytes)",
                  self.name, self.prewrite_bytes, self.read_chunk_bytes)
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
@@ -177,7 +179,7 @@ class PartitionWorker:
         chunks, self._chunks = self._chunks, []
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._discard(chunks, "worker stopped"), drain_timeout_s)
-        log.info("[WORKER_STOP] %s: stopped at position %s", self.name, self._position)
+        log.debug("[WORKER_STOP] %s: stopped at position %s", self.name, self._position)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None and not self._stopping:
@@ -228,7 +230,8 @@ class PartitionWorker:
         try:
             target = self._target(req)
         except Exception as e:  # no table: answer "nothing written" rather than let the round time out
-            log.exception("%s: commit %s: cannot load the table", self.name, req.commit_id)
+            self._conditions.log("no-table", logging.ERROR, "%s: commit %s: cannot load the table: %s: %s",
+                                 self.name, req.commit_id, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
             return self._respond(CommitResponse(
                 code=CommitCode.NONE, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
                 leader_epoch=mine.leader_epoch, start_offset=x, next_offset=x, error=f"{type(e).__name__}: {e}"))
@@ -271,7 +274,8 @@ class PartitionWorker:
         except Exception as e:
             # a system error (I/O, broken pool): hand nothing over, start the range again next round
             error = f"{type(e).__name__}: {e}"
-            log.exception("%s: writing offsets %d.. for commit %s failed", self.name, x, req.commit_id)
+            self._conditions.log("write-failed", logging.ERROR, "%s: writing offsets %d.. for commit %s failed: %s",
+                                 self.name, x, req.commit_id, error, state=(x, error), exc_info=e)
             rest, self._chunks = self._chunks, []
             await self._discard([*taken, *rest], "round failed")
             taken = []
@@ -320,7 +324,13 @@ class PartitionWorker:
                 "skipped %s in %.1f ms", self.name, req.commit_id, code.name, x, next_offset, hw, records,
                 len(files), file_bytes, skipped or "{}", self.last_round_ms)
         if blocked is not None:
-            log.error("[BLOCKED] %s", error)
+            self._conditions.log("blocked", logging.ERROR, "[BLOCKED] %s", error,
+                                 state=(blocked.stats.blocked_offset, blocked.stats.blocked_reason))
+        elif error is None:
+            self._conditions.clear("blocked", logging.INFO, "[UNBLOCKED] %s: continues at offset %d", self.name,
+                                   next_offset)
+            self._conditions.clear("no-table")
+            self._conditions.clear("write-failed")
         self._wake.set()
         return self._respond(response)
 
@@ -456,8 +466,9 @@ class PartitionWorker:
                 submitted = await self.prewrite()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("%s: pre-write failed", self.name)
+            except Exception as e:
+                self._conditions.log("prewrite-failed", logging.ERROR, "%s: pre-write failed: %s: %s", self.name,
+                                     type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
                 await asyncio.sleep(1.0)
                 continue
             if not submitted:
@@ -477,8 +488,9 @@ class PartitionWorker:
                 try:
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
                         self._table_provider())
-                except Exception:
-                    log.exception("%s: no table to pre-write into", self.name)
+                except Exception as e:
+                    self._conditions.log("prewrite-failed", logging.ERROR, "%s: no table to pre-write into: %s: %s",
+                                         self.name, type(e).__name__, e, state=(type(e), str(e)))
                     break
                 if not await self._submit(self.plog.high_watermark, target, self.prewrite_bytes):
                     break

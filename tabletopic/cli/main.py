@@ -15,16 +15,15 @@ from tabletopic import __version__
 from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.datadir import DataDirError, DataDirInUseError, DataDirLock
 from tabletopic.errors import InvalidConfigError
+from tabletopic.logs import quiet_third_party
 
 log = logging.getLogger("tabletopic")
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s [%(name)s] %(message)s",
-        stream=sys.stderr,
-    )
+    numeric = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s [%(name)s] %(message)s", stream=sys.stderr)
+    quiet_third_party(numeric)  # e.g. pyiceberg's "Loaded FileIO" on every table load
 
 
 async def _serve(config: BrokerConfig, data_lock: DataDirLock) -> int:

@@ -403,7 +403,12 @@ class PartitionLog:
         )
         self._parent_dir_dirty = created
         self._dir_dirty = fresh
-        log.info(
+        if fresh and not clean and not truncated_bytes:  # a new log: there was no previous shutdown
+            log.debug("created log %s (log start %d) in %.1f ms", name, log_start, (time.monotonic() - t0) * 1000)
+            return self
+        # the manager sums up a start-up; one line per log only where a crash left something to recover
+        log.log(
+            logging.DEBUG if clean else logging.INFO,
             "opened log %s in %.1f ms: %s shutdown, %d segment(s), log start %d, log end %d, "
             "%d segment(s) recovered, %d byte(s) truncated, %d producer(s) (snapshot %s, %d batch(es) replayed)",
             name, (time.monotonic() - t0) * 1000, "clean" if clean else "unclean", len(segments), log_start, leo,

@@ -29,6 +29,16 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
     return m["topic"], int(m["partition"])
 
 
+# the embedded catalog's default home (configs/server.properties puts it under log.dirs)
+CATALOG_DIR = "iceberg"
+
+
+def _is_broker_dir(name: str) -> bool:
+    """A directory the broker itself keeps beside the partition logs (``__consumer_offsets``, ``__meta``,
+    ``__tables``, the catalog) or a hidden one: not reported as unknown."""
+    return name.startswith(("__", ".")) or name == CATALOG_DIR
+
+
 class LogManager:
     """Owns the ``PartitionLog`` objects of ``log_dir`` (``<log_dir>/<topic>-<partition>/``) and the flusher.
 
@@ -61,6 +71,7 @@ class LogManager:
         t0 = time.monotonic()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         found = []
+        foreign = []
         for entry in sorted(self.log_dir.iterdir()):
             if not entry.is_dir():
                 continue
@@ -69,9 +80,13 @@ class LogManager:
                 continue
             parsed = parse_partition_dir(entry.name)
             if parsed is None:
-                log.warning("ignoring %s: not a <topic>-<partition> directory", entry)
+                if not _is_broker_dir(entry.name):
+                    foreign.append(entry.name)
                 continue
             found.append((parsed, entry))
+        if foreign:
+            log.warning("ignoring directories in %s that are not <topic>-<partition>: %s", self.log_dir,
+                        ", ".join(foreign))
         for (topic, partition), path in found:
             if (topic, partition) in self._logs:
                 continue

@@ -1,0 +1,64 @@
+"""tabletopic.logs: repeated conditions are logged on start and change, then at most once per period."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tabletopic.logs import ConditionLog, quiet_third_party
+
+
+def test_condition_log_rate_limits_per_key_and_state(caplog: pytest.LogCaptureFixture) -> None:
+    now = [100.0]
+    cl = ConditionLog(logging.getLogger("tt.test.cond"), every_s=60.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="tt.test.cond")
+
+    def lines() -> list[str]:
+        out = [r.getMessage() for r in caplog.records]
+        caplog.clear()
+        return out
+
+    assert cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 6, state=6)
+    for _ in range(5):  # every round: the same condition
+        now[0] += 1
+        assert not cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 6, state=6)
+    assert lines() == ["p0 blocked at 6"]
+    assert cl.log("other", logging.WARNING, "another condition")  # keys are independent
+    assert cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 9, state=9)  # changed: at once
+    assert lines() == ["another condition", "p0 blocked at 9"]
+    now[0] += 30
+    assert not cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 9, state=9)
+    now[0] += 31  # a period after the last line: one reminder with the count
+    assert cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 9, state=9)
+    assert lines() == ["p0 blocked at 9 (still so; 1 repeat(s) not logged in the last 61 s)"]
+    # cleared: said once, and the next occurrence is logged at once
+    assert cl.clear("blocked", logging.INFO, "p%d unblocked", 0)
+    assert not cl.clear("blocked", logging.INFO, "p%d unblocked", 0)
+    assert cl.log("blocked", logging.ERROR, "p%d blocked at %d", 0, 9, state=9)
+    assert lines() == ["p0 unblocked", "p0 blocked at 9"]
+
+
+def test_condition_log_attaches_the_traceback_only_when_it_changes(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    cl = ConditionLog(logging.getLogger("tt.test.exc"), every_s=10.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="tt.test.exc")
+    err = OSError("catalog down")
+    for _ in range(3):
+        cl.log("failed", logging.ERROR, "round failed: %s", err, state=str(err), exc_info=err)
+        now[0] += 11
+    assert [r.exc_info is not None for r in caplog.records] == [True, False, False]
+
+
+def test_third_party_loggers_quiet_unless_debug() -> None:
+    pyiceberg = logging.getLogger("pyiceberg")
+    before = pyiceberg.level
+    try:
+        pyiceberg.setLevel(logging.NOTSET)
+        quiet_third_party(logging.DEBUG)
+        assert pyiceberg.level == logging.NOTSET  # a broker at DEBUG shows everything
+        quiet_third_party(logging.INFO)
+        assert pyiceberg.level == logging.WARNING
+        assert not logging.getLogger("pyiceberg.io").isEnabledFor(logging.INFO)
+    finally:
+        pyiceberg.setLevel(before)
