@@ -519,8 +519,8 @@ def _resolve_placeholders(props: Mapping[str, str]) -> dict[str, str]:
 T = TypeVar("T", bool, int, float, str)
 
 # the Python type each declared type parses to
-_KINDS: dict[Type, type] = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.DOUBLE: float, Type.STRING: str,
-                            Type.PASSWORD: str, Type.LIST: tuple}
+_KINDS: dict[Type, type[object]] = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.DOUBLE: float,
+                                     Type.STRING: str, Type.PASSWORD: str, Type.LIST: tuple}
 
 
 def typed(values: Mapping[str, Value], key: str, kind: type[T]) -> T:
@@ -562,7 +562,7 @@ class _Read(Generic[R]):
         return self if obj is None else self._read(obj.values, self.key)
 
 
-def _declared(key: str, kind: type, optional: bool) -> None:
+def _declared(key: str, kind: type[object], optional: bool) -> None:
     """Refuse, when the class is built, a typed attribute that does not match its setting's declaration."""
     setting = BROKER_SETTINGS[key]
     if _KINDS[setting.type] is not kind or (setting.default is None) is not optional:
