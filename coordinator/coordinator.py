@@ -19,6 +19,13 @@ logged and retried after an exponential back-off that starts at the commit inter
 partitions, failing rounds, time-outs) are logged when they start or change, then rate-limited
 (:class:`tabletopic.logs.ConditionLog`).
 
+Idle topics cost next to nothing at any interval: once a round has brought every partition up to the high
+watermark it saw (a *settled* round), no round runs until a high watermark moves, a round is triggered or the
+settings or partitions change; the coordinator sleeps on the logs' high-watermark waiters instead (no catalog
+access, no request to the workers, no thread). Rounds start at least ``MIN_ROUND_PAUSE_S`` after the previous
+one ended, so ``commit.interval.ms=1`` cannot spin; while idle the round observer still hears an IDLE report
+(the table is as fresh as the log) every interval, at most once per ``IDLE_REPORT_S``.
+
 Blocking work (catalog, Parquet metadata, file deletes, checkpoint fsyncs) runs in worker threads.
 """
 
@@ -34,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -72,6 +79,19 @@ log = logging.getLogger(__name__)
 
 RECENT_ROUNDS = 64  # rounds whose included files we remember, to tell late answers from committed files
 MAX_BACKOFF_S = 300.0
+MIN_ROUND_PAUSE_S = 0.02  # between the end of a round and the start of the next (commit.interval.ms may be 1)
+IDLE_REPORT_S = 1.0  # an idle coordinator reports IDLE every interval, but at most this often
+
+
+class HighWatermarkSource(Protocol):
+    """What the coordinator reads of a partition's log to skip idle rounds (PartitionLog provides it)."""
+
+    @property
+    def high_watermark(self) -> int: ...
+
+    def add_waiter(self) -> asyncio.Future[None]: ...
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None: ...
 
 
 class RoundOutcome(StrEnum):
@@ -121,7 +141,9 @@ class TableTopicCoordinator:
 
     ``partitions()`` lists the topic's partitions (asked every round); ``log_start_offset(p)`` is where a
     partition the table has never seen starts; ``leader_epoch(p)`` (optional, else 0) goes into the request
-    for the workers' fencing. ``clock`` (wall seconds) is for snapshot expiry, delay and request times.
+    for the workers' fencing; ``partition_log(p)`` (optional) gives the partition's log, whose high watermark
+    lets idle rounds be skipped (without it every interval runs a round). ``clock`` (wall seconds) is for
+    snapshot expiry, delay and request times.
     """
 
     def __init__(
@@ -140,6 +162,7 @@ class TableTopicCoordinator:
         clock: Callable[[], float] = time.time,
         on_round: Callable[[RoundReport], None] | None = None,
         topic_id: str | None = None,
+        partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -154,6 +177,7 @@ class TableTopicCoordinator:
         self._clock = clock
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
+        self._partition_log = partition_log
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
@@ -172,6 +196,11 @@ class TableTopicCoordinator:
         self._last_round_end = 0.0
         self._last_round_start = 0.0
         self._next_due = 0.0
+        # (partitions, high watermarks) of the last settled round: while they are unchanged there is nothing to do
+        self._settled: tuple[tuple[int, ...], dict[int, int]] | None = None
+        self._force_round = True  # settings or partitions changed: the next round runs even if nothing is new
+        self._last_report_at = 0.0  # loop time of the last report to on_round
+        self._last_offsets: dict[int, int] = {}
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
 
@@ -242,10 +271,12 @@ class TableTopicCoordinator:
         evolved at the start of the next round."""
         if not self._quick_next:
             self._schedule(quick=False)
+        self._force_round = True
         self._wake.set()
 
     def partitions_changed(self) -> None:
         """The partition count changed: the next round asks ``partitions()`` again (nothing else to do)."""
+        self._force_round = True
         self._wake.set()
 
     def trigger_round(self) -> asyncio.Future[RoundReport]:
@@ -266,14 +297,16 @@ class TableTopicCoordinator:
 
     def _schedule(self, *, quick: bool, backoff_s: float | None = None) -> None:
         """Set when the next round is due: rounds start one interval after the previous one STARTED (so commits
-        land every interval, not every interval + round time); quick rounds and back-offs count from its end."""
+        land every interval, not every interval + round time); quick rounds and back-offs count from its end;
+        never sooner than ``MIN_ROUND_PAUSE_S`` after it ended."""
         self._quick_next = quick
         if backoff_s is not None:
-            self._next_due = self._last_round_end + backoff_s
+            due = self._last_round_end + backoff_s
         elif quick:
-            self._next_due = self._last_round_end
+            due = self._last_round_end
         else:
-            self._next_due = self._last_round_start + self._interval_s()
+            due = self._last_round_start + self._interval_s()
+        self._next_due = max(due, self._last_round_end + MIN_ROUND_PAUSE_S)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -287,16 +320,17 @@ class TableTopicCoordinator:
                     await asyncio.wait_for(self._wake.wait(), delay)
             if self._stopping:
                 break
+            self._wake.clear()  # the flags below say why it was set; a later set() ends the idle wait
+            if not self._triggered and self._nothing_new():
+                await self._idle(loop)
+                continue
             waiters, self._waiters = self._waiters, []
             self._triggered = False
+            self._force_round = False
             self._last_round_start = loop.time()
             report = await self._safe_round()
             self._last_round_end = loop.time()
-            if self._on_round is not None:
-                try:
-                    self._on_round(report)
-                except Exception:
-                    log.exception("table topic %s: round observer failed", self.topic)
+            self._report(report, loop.time())
             if report.outcome is RoundOutcome.FAILED:
                 interval = self._interval_s()
                 self._schedule(quick=False, backoff_s=min(interval * 2 ** (self._failures - 1),
@@ -308,6 +342,52 @@ class TableTopicCoordinator:
                 if not w.done():
                     w.set_result(report)
 
+    def _report(self, report: RoundReport, now: float) -> None:
+        self._last_report_at = now
+        if report.outcome is not RoundOutcome.FAILED:
+            self._last_offsets = report.offsets
+        if self._on_round is not None:
+            try:
+                self._on_round(report)
+            except Exception:
+                log.exception("table topic %s: round observer failed", self.topic)
+
+    def _nothing_new(self) -> bool:
+        """True when the last round settled and no partition's high watermark (nor the partition set) changed
+        since: a round would find nothing to write. Reads only in-memory state (no catalog, no thread)."""
+        settled, partition_log = self._settled, self._partition_log
+        if settled is None or partition_log is None or self._force_round or not self._ready:
+            return False
+        partitions, watermarks = settled
+        if tuple(sorted(set(self._partitions()))) != partitions:
+            return False
+        for p, hw in watermarks.items():
+            plog = partition_log(p)
+            if plog is None or plog.high_watermark != hw:
+                return False
+        return True
+
+    async def _idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait for a high watermark to move, a wake-up (trigger, settings, partitions, stop) or the next IDLE
+        report, whichever comes first; report IDLE when it is due."""
+        period = max(self._interval_s(), IDLE_REPORT_S)
+        now = loop.time()
+        if now - self._last_report_at >= period:
+            self.delay_ms = 0  # everything up to the high watermarks is in the table
+            self._report(RoundReport(RoundOutcome.IDLE, offsets=self._last_offsets), now)
+        timeout = self._last_report_at + period - now
+        assert self._settled is not None and self._partition_log is not None
+        logs = [plog for p in self._settled[0] if (plog := self._partition_log(p)) is not None]
+        waiters = [(plog, plog.add_waiter()) for plog in logs]
+        wake: asyncio.Future[Any] = loop.create_task(self._wake.wait())
+        try:
+            await asyncio.wait([wake, *(f for _, f in waiters)], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+            for plog, fut in waiters:
+                plog.remove_waiter(fut)
+
     def _fail_waiters(self, error: str) -> None:
         waiters, self._waiters = self._waiters, []
         for w in waiters:
@@ -315,6 +395,7 @@ class TableTopicCoordinator:
                 w.set_result(RoundReport(RoundOutcome.FAILED, error=error))
 
     async def _safe_round(self) -> RoundReport:
+        self._settled = None  # set again by a round that brings every partition up to its high watermark
         try:
             if not self._ready:
                 await self._initialize()
@@ -431,6 +512,8 @@ class TableTopicCoordinator:
             offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0) for p in partitions),
             sent_ms=self._now_ms(),
         )
+        # the high watermarks before the request: each worker writes up to at least these
+        watermarks_before = self._high_watermarks(partitions)
         self._channel.broadcast(request)
         log.debug("table topic %s: round %s requested %s", self.topic, commit_id, base)
 
@@ -455,6 +538,12 @@ class TableTopicCoordinator:
         else:
             self._conditions.clear("timed-out", logging.INFO, "table topic %s: every partition answers in time "
                                    "again", self.topic)
+        if watermarks_before is not None and not timed_out and all(
+                p in accepted and (accepted[p].code is CommitCode.BLOCKED
+                                   or accepted[p].next_offset >= watermarks_before[p]) for p in partitions):
+            settled: tuple[tuple[int, ...], dict[int, int]] | None = (tuple(partitions), watermarks_before)
+        else:
+            settled = None
 
         new_offsets = {p: r.next_offset for p, r in accepted.items()}
         data_files = tuple(f for r in accepted.values() for f in r.data_files)
@@ -466,6 +555,7 @@ class TableTopicCoordinator:
             if not timed_out:
                 self.delay_ms = 0  # everything up to the high watermarks is in the table
             self.last_round_duration_ms = (time.perf_counter() - t0) * 1000
+            self._settled = settled
             return RoundReport(RoundOutcome.IDLE, commit_id, offsets=table_offsets, **common)
 
         watermarks = [r.watermark for r in accepted.values() if r.record_count > 0 and r.watermark >= 0]
@@ -499,6 +589,7 @@ class TableTopicCoordinator:
 
         await self._save(cp.advance(Phase.COMMITTED, self._now_ms()))
         self._remember(commit_id, paths)
+        self._settled = settled
         records = sum(r.record_count for r in accepted.values())
         nbytes = sum(r.byte_count for r in accepted.values())
         self.commits += 1
@@ -519,6 +610,18 @@ class TableTopicCoordinator:
                            fields=sum(r.field_count for r in accepted.values()),
                            watermark=-1 if timed_out else watermark, commit_ms=result.commit_ms,
                            skipped=_sum_skipped(accepted.values()), **common)
+
+    def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
+        """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
+        if self._partition_log is None:
+            return None
+        out: dict[int, int] = {}
+        for p in partitions:
+            plog = self._partition_log(p)
+            if plog is None:
+                return None
+            out[p] = plog.high_watermark
+        return out
 
     def _refresh_and_evolve(self, tbl: Table, cfg: TableTopicConfig) -> Table:
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one

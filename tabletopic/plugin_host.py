@@ -48,6 +48,7 @@ from worker.pool import new_pool
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
+    from tabletopic.log.log import PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,9 @@ class TableTopicHost:
             plog = self._broker.logs.get(topic, partition)
             return plog.leader_epoch if plog is not None else 0
 
+        def partition_log(partition: int) -> PartitionLog | None:
+            return self._broker.logs.get(topic, partition)
+
         coord = TableTopicCoordinator(
             topic,
             catalog=self._catalog,
@@ -210,6 +214,7 @@ class TableTopicHost:
             leader_epoch=leader_epoch,
             on_round=lambda report: self._observe(topic, report),
             topic_id=str(info.topic_id),
+            partition_log=partition_log,
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt

@@ -215,3 +215,31 @@ def test_commit_interval_drives_rounds_and_changes_take_effect(tmp_path: Path) -
             assert h.coord.rounds >= 3
             assert rows_of(h.table()) == expected_rows({0: 6})
     asyncio.run(main())
+
+
+def test_idle_rounds_are_skipped_until_a_high_watermark_moves(tmp_path: Path) -> None:
+    """At commit.interval.ms=1 an idle topic runs no rounds (no catalog access, no requests) until a high
+    watermark moves, its settings change or a round is triggered; a round with data follows promptly."""
+    reports: list[RoundOutcome] = []
+
+    async def main() -> None:
+        logs = [PartitionLog(0, end=2), PartitionLog(1)]
+        h = Harness(tmp_path, logs=logs, cfg=make_config(commit_interval_ms=1), watermarks=True,
+                    on_round=lambda report: reports.append(report.outcome))
+        async with h:
+            await wait_until(lambda: committed_offsets(h.table()).get(0) == 2)
+            await asyncio.sleep(1.5)  # ~1500 intervals
+            assert h.coord.rounds == 1 and sum(len(w.requests) for w in h.workers) == 2
+            # the observer still hears that the table is current, about once a second
+            assert reports[0] is RoundOutcome.COMMITTED and 1 <= reports.count(RoundOutcome.IDLE) <= 2
+            logs[1].append(3)
+            await wait_until(lambda: committed_offsets(h.table()).get(1) == 3, limit_s=2.0)
+            await asyncio.sleep(0.3)
+            assert h.coord.rounds == 2
+            h.coord.config_changed()  # e.g. partition.by or errors.tolerance: applied by a round
+            await wait_until(lambda: h.coord.rounds == 3)
+            assert (await h.coord.trigger_round()).outcome is RoundOutcome.IDLE
+            await asyncio.sleep(0.3)
+            assert h.coord.rounds == 4
+            assert rows_of(h.table()) == expected_rows({0: 2, 1: 3})
+    asyncio.run(main())

@@ -36,7 +36,7 @@ from pyiceberg.typedef import Record
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import TableTopicConfig
 from coordinator.channel import InProcessChannel
-from coordinator.coordinator import TableTopicCoordinator
+from coordinator.coordinator import RoundReport, TableTopicCoordinator
 from coordinator.messages import CommitCode, CommitRequest, CommitResponse
 
 TOPIC = "orders"
@@ -79,9 +79,28 @@ class PartitionLog:
     partition: int
     end: int = 0
     log_start: int = 0
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     def append(self, n: int) -> None:
         self.end += n
+        waiters, self.waiters = self.waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    # the coordinator's view of a log (coordinator.HighWatermarkSource), as PartitionLog has it
+    @property
+    def high_watermark(self) -> int:
+        return self.end
+
+    def add_waiter(self) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        return fut
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None:
+        if fut in self.waiters:
+            self.waiters.remove(fut)
 
     def row(self, offset: int) -> dict[str, Any]:
         p = self.partition
@@ -202,13 +221,18 @@ class Harness:
 
     def __init__(self, tmp: Path, n: int = 2, *, cfg: TableTopicConfig | None = None,
                  catalog: SqlCatalog | None = None, round_timeout_s: float = 5.0,
-                 clock: Callable[[], float] | None = None, logs: list[PartitionLog] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, logs: list[PartitionLog] | None = None,
+                 watermarks: bool = False, on_round: Callable[[RoundReport], None] | None = None) -> None:
         self.tmp = tmp
         self.catalog = catalog if catalog is not None else make_catalog(tmp)
         self.cfg = cfg or make_config()
         self.channel = InProcessChannel()
         self.logs = logs if logs is not None else [PartitionLog(p) for p in range(n)]
         extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        if watermarks:  # the coordinator sees high watermarks: idle rounds are skipped
+            extra["partition_log"] = lambda p: self.logs[p]
+        if on_round is not None:
+            extra["on_round"] = on_round
         self.coord = TableTopicCoordinator(
             TOPIC, catalog=self.catalog, config_provider=lambda: self.cfg,
             partitions=lambda: [lg.partition for lg in self.logs],
