@@ -52,12 +52,6 @@ class OffsetIndex:
             return None
         return self.offsets[i], self.positions[i]
 
-    def truncate_to_position(self, position: int) -> None:
-        """Drop entries pointing at or past ``position`` (recovery truncation)."""
-        i = bisect.bisect_left(self.positions, position)
-        del self.offsets[i:]
-        del self.positions[i:]
-
     def to_bytes(self) -> bytes:
         out = bytearray(len(self.offsets) * _OFFSET_ENTRY.size)
         for i, (o, p) in enumerate(zip(self.offsets, self.positions, strict=True)):
@@ -106,14 +100,6 @@ class TimeIndex:
         """Relative offset to start scanning from for the first batch with max timestamp ``>= timestamp``."""
         i = bisect.bisect_right(self.timestamps, timestamp) - 1
         return self.offsets[i] if i >= 0 else 0
-
-    def truncate_to_offset(self, relative_offset: int) -> None:
-        """Drop entries naming batches at or past ``relative_offset``."""
-        keep = 0
-        while keep < len(self.offsets) and self.offsets[keep] < relative_offset:
-            keep += 1
-        del self.timestamps[keep:]
-        del self.offsets[keep:]
 
     def to_bytes(self) -> bytes:
         out = bytearray(len(self.timestamps) * _TIME_ENTRY.size)

@@ -1,4 +1,4 @@
-"""The log of one topic-partition: segments, offsets, durability, retention and crash recovery.
+"""The log of one topic-partition: appends, reads, offsets, durability, retention, closing.
 
 Threading model: every public method runs on the asyncio event loop thread and only does page-cache I/O
 (``os.pwrite``/``os.pread``, renames). fsync happens on the shared ``Flusher`` threads: ``append`` records what
@@ -10,14 +10,8 @@ Durability model: with ``flush_interval_ms=None`` the high watermark is the end 
 never go past it, so nothing a crash could take away is ever served or acknowledged. With a number, the high
 watermark follows the log end and fsync happens at least every ``flush_interval_ms``.
 
-On-disk files of a partition directory, besides segments and their indexes:
-
-* ``log-start-offset-checkpoint``: the log start offset raised by DeleteRecords / retention;
-* ``recovery-point-checkpoint``: base offset of the segment that was active at the last persisted roll; every
-  segment below it is fsynced and has trustworthy index files, so unclean recovery only rescans from there;
-* ``<offset>.snapshot``: producer state at a roll or clean shutdown (``producer_state``);
-* ``.clean-shutdown``: written last by ``close``, removed by ``open`` before any write: when present, all
-  persisted indexes are trusted and opening does no scan.
+Files: segments and their indexes (``segment``), the directory's checkpoints, producer snapshots and the
+clean-shutdown marker (``checkpoints``); what opening a directory does after a crash is ``recovery``.
 
 Offline: a failed write or fsync (disk full, I/O error) takes the log offline until the broker restarts. Appends
 are refused with KAFKA_STORAGE_ERROR, reads below the high watermark go on. The log is first cut back, on a flusher
@@ -34,7 +28,6 @@ import bisect
 import contextlib
 import heapq
 import itertools
-import json
 import logging
 import os
 import shutil
@@ -44,26 +37,21 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from tabletopic.durable import fsync_dir
 from tabletopic.errors import ErrorCode, InvalidConfigError, KafkaApiError
-from tabletopic.log.flusher import Flusher
-from tabletopic.log.producer_state import ProducerStateManager
-from tabletopic.log.segment import (
-    DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    INT32_MAX,
-    LOG_SUFFIX,
-    NO_TIMESTAMP,
-    SNAPSHOT_SUFFIX,
-    TIMEINDEX_SUFFIX,
-    TMP_SUFFIX,
-    LogSegment,
-    fdatasync,
-    file_name,
-    write_file_atomic,
+from tabletopic.log.checkpoints import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    write_clean_shutdown,
+    write_offset,
+    write_snapshot,
 )
+from tabletopic.log.flusher import Flusher
+from tabletopic.log.producer_state import PendingProducerUpdate, ProducerStateManager
+from tabletopic.log.recovery import RecoveredLog, recover
+from tabletopic.log.segment import INT32_MAX, NO_TIMESTAMP, LogSegment, fdatasync
 from tabletopic.protocol.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -74,11 +62,8 @@ from tabletopic.protocol.records import (
 
 log = logging.getLogger(__name__)
 
-LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
-RECOVERY_POINT_FILE = "recovery-point-checkpoint"
-CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
-SNAPSHOTS_TO_KEEP = 2
 DELETE_DIR_SUFFIX = "-delete"
+_T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class LogConfig:
@@ -144,18 +129,20 @@ class _FlushResult:
     syncs: int
 
 
-def _read_int_file(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
+_Placed = tuple[BatchHeader, int, int]  # (header, assigned base offset, max timestamp as stored)
 
 
-def _parse_offset_name(name: str, suffix: str) -> int | None:
-    stem = name[: -len(suffix)]
-    if name.endswith(suffix) and len(stem) == 20 and stem.isdigit():
-        return int(stem)
-    return None
+def _place(headers: list[BatchHeader], base: int, log_append_time: int | None) -> tuple[list[_Placed], bool]:
+    """Each batch with the base offset it gets from ``base`` on and the max timestamp it is stored with
+    (``log_append_time`` if set); and whether any batch comes from an idempotent producer."""
+    placed: list[_Placed] = []
+    offset = base
+    idempotent = False
+    for h in headers:
+        placed.append((h, offset, h.max_timestamp if log_append_time is None else log_append_time))
+        offset += h.last_offset_delta + 1
+        idempotent = idempotent or h.producer_id >= 0
+    return placed, idempotent
 
 
 class PartitionLog:
@@ -266,189 +253,42 @@ class PartitionLog:
         from the recovery point on is read and CRC-checked, a torn tail is truncated (with every later segment)
         and indexes are rebuilt; segments below the recovery point are trusted unless their indexes are missing
         or fail sanity checks. Producer state is loaded from the newest snapshot and the headers after it.
+        See ``tabletopic.log.recovery``.
         """
         t0 = time.monotonic()
         config = config or LogConfig()
         flusher = flusher or default_flusher()
+        name = f"{topic}-{partition}"
         created = not directory.exists()
         directory.mkdir(parents=True, exist_ok=True)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            return cls._open(
-                directory, topic=topic, partition=partition, config=config, flusher=flusher, dir_fd=dir_fd,
-                created=created, t0=t0,
-            )
+            r = recover(directory, name, config.index_interval_bytes, dir_fd)
         except BaseException:
             os.close(dir_fd)
             raise
-
-    @classmethod
-    def _open(
-        cls,
-        directory: Path,
-        *,
-        topic: str,
-        partition: int,
-        config: LogConfig,
-        flusher: Flusher,
-        dir_fd: int,
-        created: bool,
-        t0: float,
-    ) -> PartitionLog:
-        name = f"{topic}-{partition}"
-        interval = config.index_interval_bytes
-        bases: list[int] = []
-        snapshots: list[int] = []
-        for entry in os.scandir(directory):
-            n = entry.name
-            if n.endswith((DELETED_SUFFIX, TMP_SUFFIX)):
-                os.unlink(entry.path)  # leftovers of an interrupted delete or atomic write
-            elif (b := _parse_offset_name(n, LOG_SUFFIX)) is not None:
-                bases.append(b)
-            elif (b := _parse_offset_name(n, SNAPSHOT_SUFFIX)) is not None:
-                snapshots.append(b)
-        bases.sort()
-        base_set = set(bases)
-        for entry in os.scandir(directory):  # indexes whose segment is gone
-            for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-                b = _parse_offset_name(entry.name, suffix)
-                if b is not None and b not in base_set:
-                    os.unlink(entry.path)
-
-        marker = directory / CLEAN_SHUTDOWN_FILE
-        clean_leo: int | None = None
-        if marker.exists():
-            try:
-                clean_leo = int(json.loads(marker.read_text())["log_end_offset"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("%s: unreadable clean-shutdown marker, recovering as after a crash", name)
-        clean = clean_leo is not None
-        lso_checkpoint = _read_int_file(directory / LOG_START_OFFSET_FILE) or 0
-        recovery_point = _read_int_file(directory / RECOVERY_POINT_FILE) or 0
-
-        segments: list[LogSegment] = []
-        recovered: list[LogSegment] = []
-        truncated_bytes = 0
-        try:
-            for i, base in enumerate(bases):
-                seg = LogSegment.open_existing(directory, base)
-                if segments and base != segments[-1].next_offset:
-                    # a gap (an unflushed tail was lost before a roll) or an overlap: nothing from here on
-                    # was acknowledged, so drop it rather than serve offsets out of order
-                    log.warning(
-                        "%s: segment %d does not follow offset %d; deleting it and %d later segment(s)",
-                        name, base, segments[-1].next_offset, len(bases) - i - 1,
-                    )
-                    seg.close_fd()
-                    cls._unlink_segments(directory, bases[i:])
-                    break
-                if (clean or base < recovery_point) and seg.load_trusted(interval):
-                    segments.append(seg)
-                    continue
-                cut = seg.recover(interval)
-                recovered.append(seg)
-                segments.append(seg)
-                if cut:
-                    truncated_bytes += cut
-                    log.warning("%s: truncated %d torn byte(s) at the end of segment %d", name, cut, base)
-                    if i + 1 < len(bases):
-                        log.warning("%s: deleting %d segment(s) after the torn one", name, len(bases) - i - 1)
-                        cls._unlink_segments(directory, bases[i + 1 :])
-                        break
-            if clean and segments and segments[-1].next_offset != clean_leo:
-                log.warning(
-                    "%s: log end %d differs from the clean-shutdown marker's %d; recovering the last segment",
-                    name, segments[-1].next_offset, clean_leo,
-                )
-                last = segments[-1]
-                truncated_bytes += last.recover(interval)
-                recovered.append(last)
-
-            log_start = max(lso_checkpoint, segments[0].base_offset) if segments else lso_checkpoint
-            if segments and log_start > segments[-1].next_offset:
-                # data below a persisted log start offset was lost (flush.ms mode): start afresh there
-                log.warning("%s: log start offset %d is past the log end; truncating fully", name, log_start)
-                for s in segments:
-                    s.close_fd()
-                cls._unlink_segments(directory, [s.base_offset for s in segments])
-                segments, recovered = [], []
-            fresh = not segments
-            if fresh:  # a new log: the flusher makes the directory entries durable before the first ack
-                segments.append(LogSegment.create(directory, log_start))
-
-            # make what recovery kept durable (after kill -9 it may only be in the page cache) and its indexes
-            # trustworthy, then move the recovery point to the active segment
-            if recovered:
-                for s in recovered:
-                    fdatasync(s.fd)
-                for s in segments[:-1]:
-                    if s in recovered:
-                        s.write_indexes(None)
-                os.fsync(dir_fd)
-                write_file_atomic(directory / RECOVERY_POINT_FILE, b"%d\n" % segments[-1].base_offset, dir_fd)
-
-            leo = segments[-1].next_offset
-            producers, snap_offset, replayed = cls._load_producers(directory, segments, snapshots, log_start, leo)
-            if clean:
-                marker.unlink()  # from now on this log is "dirty" until the next clean close
-                os.fsync(dir_fd)
-        except BaseException:
-            for s in segments:
-                s.close_fd()
-            raise
-
         self = cls(
-            directory, topic=topic, partition=partition, config=config, flusher=flusher, segments=segments,
-            log_start_offset=log_start, producers=producers, dir_fd=dir_fd,
+            directory, topic=topic, partition=partition, config=config, flusher=flusher, segments=r.segments,
+            log_start_offset=r.log_start_offset, producers=r.producers, dir_fd=dir_fd,
         )
         self._parent_dir_dirty = created
-        self._dir_dirty = fresh
-        if fresh and not clean and not truncated_bytes:  # a new log: there was no previous shutdown
-            log.debug("created log %s (log start %d) in %.1f ms", name, log_start, (time.monotonic() - t0) * 1000)
-            return self
-        # the manager sums up a start-up; one line per log only where a crash left something to recover
-        log.log(
-            logging.DEBUG if clean else logging.INFO,
-            "opened log %s in %.1f ms: %s shutdown, %d segment(s), log start %d, log end %d, "
-            "%d segment(s) recovered, %d byte(s) truncated, %d producer(s) (snapshot %s, %d batch(es) replayed)",
-            name, (time.monotonic() - t0) * 1000, "clean" if clean else "unclean", len(segments), log_start, leo,
-            len(recovered), truncated_bytes, len(producers), snap_offset, replayed,
-        )
+        self._dir_dirty = r.fresh
+        self._log_opened(r, time.monotonic() - t0)
         return self
 
-    @staticmethod
-    def _unlink_segments(directory: Path, bases: list[int]) -> None:
-        for b in bases:
-            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-                with contextlib.suppress(FileNotFoundError):
-                    (directory / file_name(b, suffix)).unlink()
-
-    @staticmethod
-    def _load_producers(
-        directory: Path, segments: list[LogSegment], snapshots: list[int], log_start: int, leo: int
-    ) -> tuple[ProducerStateManager, int | None, int]:
-        producers = ProducerStateManager()
-        snap_offset: int | None = None
-        for off in sorted(snapshots, reverse=True):
-            path = directory / file_name(off, SNAPSHOT_SUFFIX)
-            if off > leo:  # state of data that did not survive
-                path.unlink()
-                continue
-            if snap_offset is not None:
-                continue
-            try:
-                producers, snap_offset = ProducerStateManager.from_snapshot(path.read_bytes(), log_start)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("ignoring unreadable producer snapshot %s: %s", path, e)
-                producers = ProducerStateManager()
-        start = max(snap_offset or 0, segments[0].base_offset)
-        replayed = 0
-        i = max(0, bisect.bisect_right([s.base_offset for s in segments], start) - 1)
-        for seg in segments[i:]:
-            for _, h in seg.iter_headers_from(start, seg.size):
-                producers.replay(h)
-                replayed += 1
-        return producers, snap_offset, replayed
+    def _log_opened(self, r: RecoveredLog, seconds: float) -> None:
+        if r.fresh and not r.clean and not r.truncated_bytes:  # a new log: there was no previous shutdown
+            log.debug("created log %s (log start %d) in %.1f ms", self.name, r.log_start_offset, seconds * 1000)
+            return
+        # the manager sums up a start-up; one line per log only where a crash left something to recover
+        log.log(
+            logging.DEBUG if r.clean else logging.INFO,
+            "opened log %s in %.1f ms: %s shutdown, %d segment(s), log start %d, log end %d, "
+            "%d segment(s) recovered, %d byte(s) truncated, %d producer(s) (snapshot %s, %d batch(es) replayed)",
+            self.name, seconds * 1000, "clean" if r.clean else "unclean", len(r.segments), r.log_start_offset,
+            self.log_end_offset, r.recovered_segments, r.truncated_bytes, len(r.producers), r.snapshot_offset,
+            r.replayed_batches,
+        )
 
     # ------------------------------------------------------------------------------------------------------
     # append
@@ -463,6 +303,32 @@ class PartitionLog:
         comes back with its original offsets and ``duplicate=True``.
         """
         self._check_writable()
+        self._check_sizes(records, headers)
+        log_append_time = self.config.message_timestamp_type == "LogAppendTime"
+        base = self.log_end_offset
+        placed, idempotent = _place(headers, base, now_ms if log_append_time else None)
+        pending: PendingProducerUpdate = []
+        if idempotent:
+            dup, pending = self._producers.validate(placed)
+            if dup is not None:
+                return AppendResult(
+                    dup.first_offset, dup.last_offset, dup.timestamp if log_append_time else -1,
+                    self.log_start_offset, True,
+                )
+        self._capture_loop()
+        next_offset = assign_offsets(records, headers, base, self.leader_epoch)
+        if log_append_time:
+            for h in headers:
+                set_log_append_time(records, h, now_ms)
+        seg = self._write(records, placed, now_ms, next_offset - 1)
+        if pending:
+            self._producers.commit(pending)
+        self.log_end_offset = next_offset
+        self._hand_to_flusher(next_offset, seg)
+        return AppendResult(base, next_offset - 1, now_ms if log_append_time else -1, self.log_start_offset)
+
+    def _check_sizes(self, records: bytearray, headers: list[BatchHeader]) -> None:
+        """Refuse an append with no batch, a batch over max.message.bytes or more bytes than a segment holds."""
         if not headers:
             raise KafkaApiError(ErrorCode.INVALID_RECORD, "no record batch to append")
         cfg = self.config
@@ -472,55 +338,38 @@ class PartitionLog:
                     ErrorCode.MESSAGE_TOO_LARGE,
                     f"record batch of {h.size} bytes exceeds max.message.bytes {cfg.max_message_bytes}",
                 )
-        size = len(records)
-        if size > cfg.segment_bytes:
+        if len(records) > cfg.segment_bytes:
             raise KafkaApiError(
-                ErrorCode.RECORD_LIST_TOO_LARGE, f"{size} bytes of records exceed segment.bytes {cfg.segment_bytes}"
+                ErrorCode.RECORD_LIST_TOO_LARGE,
+                f"{len(records)} bytes of records exceed segment.bytes {cfg.segment_bytes}",
             )
-        log_append_time = cfg.message_timestamp_type == "LogAppendTime"
-        base = self.log_end_offset
-        placed: list[tuple[BatchHeader, int, int]] = []
-        offset = base
-        idempotent = False
-        for h in headers:
-            placed.append((h, offset, now_ms if log_append_time else h.max_timestamp))
-            offset += h.last_offset_delta + 1
-            idempotent = idempotent or h.producer_id >= 0
-        pending = None
-        if idempotent:
-            dup, pending = self._producers.validate(placed)
-            if dup is not None:
-                return AppendResult(
-                    dup.first_offset, dup.last_offset, dup.timestamp if log_append_time else -1,
-                    self.log_start_offset, True,
-                )
-        self._capture_loop()
 
-        next_offset = assign_offsets(records, headers, base, self.leader_epoch)
-        if log_append_time:
-            for h in headers:
-                set_log_append_time(records, h, now_ms)
+    def _write(self, records: bytearray, placed: list[_Placed], now_ms: int, last_offset: int) -> LogSegment:
+        """Write the (offset-assigned) records to the active segment, rolling first if it is due; returns the
+        segment written to. A failed write takes the log offline (KAFKA_STORAGE_ERROR)."""
         seg = self._active
         try:
-            if self._should_roll(seg, size, now_ms, next_offset - 1):
+            if self._should_roll(seg, len(records), now_ms, last_offset):
                 seg = self._roll(now_ms)
             if seg.size == 0:
                 seg.created_ms = now_ms
             seg.append(
                 records,
                 [(h.position, o, o + h.last_offset_delta, ts, h.size) for h, o, ts in placed],
-                cfg.index_interval_bytes,
+                self.config.index_interval_bytes,
             )
         except OSError as e:
             log.error("%s: write failed, the log is now offline: %s", self.name, e)
             self._fail(e)
             raise KafkaApiError(ErrorCode.KAFKA_STORAGE_ERROR, f"write to {self.name} failed: {e}") from e
-        if pending:
-            self._producers.commit(pending)
-        self.log_end_offset = next_offset
-        interval = cfg.flush_interval_ms
+        return seg
+
+    def _hand_to_flusher(self, end: int, seg: LogSegment) -> None:
+        """Record what was written for the flusher; ask it for an fsync now (acks after fsync) or schedule one
+        and move the high watermark at once (``flush.ms`` set)."""
+        interval = self.config.flush_interval_ms
         with self._lock:
-            self._written_end = next_offset
+            self._written_end = end
             self._written_segment = seg
             self._written_position = seg.size
             self._generation += 1
@@ -530,10 +379,9 @@ class PartitionLog:
         if interval is None:
             self._flusher.request(self)
         else:
-            self._set_high_watermark(next_offset, seg, seg.size)
+            self._set_high_watermark(end, seg, seg.size)
             if schedule:
                 self._flusher.schedule(self, interval / 1000)
-        return AppendResult(base, next_offset - 1, now_ms if log_append_time else -1, self.log_start_offset)
 
     @property
     def _active(self) -> LogSegment:
@@ -651,7 +499,7 @@ class PartitionLog:
                 fdatasync(r.segment.fd)
                 syncs += 1
             if not r.segment.deleted:
-                r.segment.write_indexes(None)
+                r.segment.write_indexes()
         if not seg.fd_closed and (seg is not self._synced_segment or pos > self._synced_position):
             fdatasync(seg.fd)
             syncs += 1
@@ -662,10 +510,10 @@ class PartitionLog:
             os.fsync(self._dir_fd)  # new segment files and the index renames are durable from here
         if rolled:
             for r in rolled:
-                self._write_snapshot(r.offset, r.snapshot)
-            write_file_atomic(self.directory / RECOVERY_POINT_FILE, b"%d\n" % rolled[-1].offset, None)
+                write_snapshot(self.directory, r.offset, r.snapshot)
+            write_offset(self.directory / RECOVERY_POINT_FILE, rolled[-1].offset)
         if lso is not None:
-            write_file_atomic(self.directory / LOG_START_OFFSET_FILE, b"%d\n" % lso, None)
+            write_offset(self.directory / LOG_START_OFFSET_FILE, lso)
         if rolled or lso is not None:
             os.fsync(self._dir_fd)
         # deleted segments: their files were renamed on the loop; close and unlink here, after any fsync
@@ -677,17 +525,8 @@ class PartitionLog:
         self._durable = (end, seg, pos)
         return _FlushResult(end, seg, pos, generation, syncs)
 
-    def _write_snapshot(self, offset: int, data: bytes) -> None:
-        write_file_atomic(self.directory / file_name(offset, SNAPSHOT_SUFFIX), data, None)
-        snaps = sorted(
-            b for e in os.scandir(self.directory) if (b := _parse_offset_name(e.name, SNAPSHOT_SUFFIX)) is not None
-        )
-        for b in snaps[:-SNAPSHOTS_TO_KEEP]:
-            with contextlib.suppress(FileNotFoundError):
-                (self.directory / file_name(b, SNAPSHOT_SUFFIX)).unlink()
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn`` on the event loop (directly if already there or if there is no live loop)."""
+    def _post(self, fn: Callable[[_T], None], arg: _T) -> None:
+        """Run ``fn(arg)`` on the event loop (directly if already there or if there is no live loop)."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -696,12 +535,12 @@ class PartitionLog:
                 running = None
             if running is not loop:
                 try:
-                    loop.call_soon_threadsafe(fn, *args)
+                    loop.call_soon_threadsafe(fn, arg)
                     return
                 except RuntimeError:
                     pass  # loop closed meanwhile
         with self._direct_lock:  # without a loop, flusher threads and callers may race here
-            fn(*args)
+            fn(arg)
 
     def _capture_loop(self) -> None:
         try:
@@ -781,7 +620,7 @@ class PartitionLog:
                 fdatasync(seg.fd)
             # the next start rescans from the cut segment on (its persisted indexes may point past the cut)
             try:
-                write_file_atomic(self.directory / RECOVERY_POINT_FILE, b"%d\n" % seg.base_offset, None)
+                write_offset(self.directory / RECOVERY_POINT_FILE, seg.base_offset)
             except OSError:
                 with contextlib.suppress(FileNotFoundError):
                     (self.directory / RECOVERY_POINT_FILE).unlink()  # no checkpoint: everything is rescanned
@@ -1129,12 +968,12 @@ class PartitionLog:
             result = self._flush_locked()
             active = self._active
             leo = self.log_end_offset
-            active.write_indexes(None)
-            self._write_snapshot(leo, self._producers.snapshot_bytes(leo))
-            write_file_atomic(self.directory / LOG_START_OFFSET_FILE, b"%d\n" % self.log_start_offset, None)
+            active.write_indexes()
+            write_snapshot(self.directory, leo, self._producers.snapshot_bytes(leo))
+            write_offset(self.directory / LOG_START_OFFSET_FILE, self.log_start_offset)
             os.fsync(self._dir_fd)  # everything above is durable before the marker says so
-            marker = json.dumps({"log_end_offset": leo}).encode()
-            write_file_atomic(self.directory / CLEAN_SHUTDOWN_FILE, marker, self._dir_fd)
+            write_clean_shutdown(self.directory, leo)
+            os.fsync(self._dir_fd)
             for s in self._segments:
                 s.close_fd()
             os.close(self._dir_fd)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol.records import BatchHeader
@@ -187,22 +186,11 @@ class ProducerStateManager:
             BatchMetadata(h.base_sequence, h.last_sequence, h.base_offset, h.last_offset, h.max_timestamp),
         )
 
-    def truncate_after(self, offset: int) -> None:
-        """Forget batches at or past ``offset`` (unused by the single-node log; kept for completeness)."""
-        for pid in list(self.entries):
-            e = self.entries[pid]
-            kept = [b for b in e.batches if b.last_offset < offset]
-            if not kept:
-                del self.entries[pid]
-            else:
-                e.batches.clear()
-                e.batches.extend(kept)
-
     # -- snapshots --------------------------------------------------------------------------------------------
 
     def snapshot_bytes(self, offset: int) -> bytes:
         """Serialize the state as of ``offset`` (every batch below it applied)."""
-        producers: list[Any] = [
+        producers = [
             [e.producer_id, e.epoch, [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp]
                                       for b in e.batches]]
             for e in self.entries.values()
@@ -225,9 +213,3 @@ class ProducerStateManager:
                 psm.entries[entry.producer_id] = entry
         return psm, int(doc["offset"])
 
-    def replay_all(self, headers: Iterable[BatchHeader]) -> int:
-        n = 0
-        for h in headers:
-            self.replay(h)
-            n += 1
-        return n

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from tabletopic.durable import atomic_write_bytes
 from tabletopic.log.index import OffsetIndex, TimeIndex
 from tabletopic.protocol.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, crc_of, parse_header
 
@@ -24,7 +25,6 @@ INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
 SNAPSHOT_SUFFIX = ".snapshot"
 DELETED_SUFFIX = ".deleted"
-TMP_SUFFIX = ".tmp"
 INT32_MAX = 0x7FFFFFFF
 NO_TIMESTAMP = -1
 READ_CHUNK = 1 << 20
@@ -38,21 +38,23 @@ def fdatasync(fd: int) -> None:
 
 
 def file_name(base_offset: int, suffix: str) -> str:
+    """The name of a segment's file (``.log``, ``.index``, ...) or of a snapshot: the offset in 20 digits."""
     return f"{base_offset:020d}{suffix}"
 
 
-def write_file_atomic(path: Path, data: bytes, dir_fd: int | None) -> None:
-    """Write ``path`` so that after a crash it holds either its old content or all of ``data``."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        _write_all(fd, data, 0)
-        fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if dir_fd is not None:
-        os.fsync(dir_fd)
+def parse_file_name(name: str, suffix: str) -> int | None:
+    """The offset in a name made by :func:`file_name` with ``suffix``; None for any other name."""
+    stem = name[: -len(suffix)]
+    if name.endswith(suffix) and len(stem) == 20 and stem.isdigit():
+        return int(stem)
+    return None
+
+
+def remove_segment_files(directory: Path, base_offset: int) -> None:
+    """Unlink a segment's ``.log`` and index files (those that exist)."""
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        with contextlib.suppress(FileNotFoundError):
+            (directory / file_name(base_offset, suffix)).unlink()
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
@@ -172,9 +174,10 @@ class LogSegment:
             out.append(target)
         return out
 
-    def write_indexes(self, dir_fd: int | None) -> None:
-        write_file_atomic(self.index_path, self.offset_index.to_bytes(), None)
-        write_file_atomic(self.timeindex_path, self.time_index.to_bytes(), dir_fd)
+    def write_indexes(self) -> None:
+        """Persist both indexes atomically; the caller fsyncs the directory to make the renames durable."""
+        atomic_write_bytes(self.index_path, self.offset_index.to_bytes(), sync_dir=False)
+        atomic_write_bytes(self.timeindex_path, self.time_index.to_bytes(), sync_dir=False)
 
     def read(self, position: int, size: int) -> bytes:
         return os.pread(self.fd, size, position)
