@@ -114,6 +114,8 @@ NOT_BUILT_YET: tuple[NotBuilt, ...] = (
              "value transforms"),
     NotBuilt(UPSERT_ENABLE, frozenset({"true"}), "upsert tables"),
     NotBuilt(CDC_FIELD, None, "CDC tables"),
+    # a key serves only upserts and CDC; accepted alone it would be a setting that does nothing
+    NotBuilt(ID_COLUMNS, None, "upsert and CDC tables"),
 )
 """The one list of accepted-but-unimplemented values, refused at CreateTopics / AlterConfigs until they are built:
 remove an entry when its feature lands (the parsing and the cross-field rules above already cover it)."""

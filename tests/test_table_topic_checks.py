@@ -308,6 +308,7 @@ NOT_BUILT = [
     (P + "convert.value.type", "by_latest_schema", {}),
     (P + "convert.key.type", "by_schema_id", {}),
     (P + "schema.type", "schema", {}),
+    (P + "id.columns", "[id]", {}),
 ]
 
 

@@ -81,10 +81,26 @@ class _OncePerMessage(logging.Filter):
         return True
 
 
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (commands run in-process may swap it between runs)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+# the log-serving threads of the clients this process made: stopped when a command ends (run())
+_LOG_THREADS: list[tuple[threading.Event, threading.Thread]] = []
+
+
 def _client_logger() -> logging.Logger:
     logger = logging.getLogger("tabletopic.cli.librdkafka")
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         handler.addFilter(_OncePerMessage())
         logger.addHandler(handler)
@@ -101,13 +117,25 @@ def admin_client(conf: Mapping[str, str]) -> Any:
     except Exception as exc:
         raise CommandError(f"invalid client configuration: {exc}") from None
 
+    stop = threading.Event()
+
     def serve_log() -> None:
         # with a logger, librdkafka queues its log lines until polled; the commands block in other calls
-        while True:
+        while not stop.is_set():
             client.poll(0.2)
 
-    threading.Thread(target=serve_log, name="librdkafka-log", daemon=True).start()
+    thread = threading.Thread(target=serve_log, name="librdkafka-log", daemon=True)
+    thread.start()
+    _LOG_THREADS.append((stop, thread))
     return client
+
+
+def close_clients() -> None:
+    """Stop serving the logs of the clients made so far, so none keeps polling (and retrying) after a command."""
+    while _LOG_THREADS:
+        stop, thread = _LOG_THREADS.pop()
+        stop.set()
+        thread.join()
 
 
 def error_text(exc: BaseException) -> str:
@@ -132,6 +160,13 @@ def wait(future: Any) -> Any:
 
 def run(main: Any, argv: Sequence[str] | None, what: str) -> int:
     """Run ``main(argv)`` and turn failures into Kafka's "Error while executing ..." line and exit code 1."""
+    try:
+        return _run(main, argv, what)
+    finally:
+        close_clients()
+
+
+def _run(main: Any, argv: Sequence[str] | None, what: str) -> int:
     try:
         result: int = main(argv)
     except CommandError as exc:
