@@ -18,11 +18,15 @@ from dataclasses import dataclass
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import AppendResult, PartitionLog
+from tabletopic.logs import ConditionLog
 from tabletopic.protocol import records as rb
 from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
+# refusals repeat for as long as their cause lasts (an offline log, a client that keeps sending bad batches): the
+# first of each (partition, error) is logged at once, then at most one line a minute with the count
+_repeats = ConditionLog(log)
 
 
 class _PartitionOutcome:
@@ -68,12 +72,12 @@ def _append(ctx: RequestContext, out: _PartitionOutcome, topic: str, plog: Parti
     except KafkaApiError as exc:
         out.error = exc.code
         out.message = exc.message
-        log.info("produce to %s-%d from %s (client %s) refused: %s %s", topic, out.index,
-                 ctx.client_host, ctx.client_id, exc.code.name, exc.message or "")
+        _repeats.log((topic, out.index, exc.code), logging.INFO, "produce to %s-%d from %s (client %s) refused: %s %s",
+                     topic, out.index, ctx.client_host, ctx.client_id, exc.code.name, exc.message or "")
     except OSError as exc:
         out.error = ErrorCode.KAFKA_STORAGE_ERROR
         out.message = str(exc)
-        log.error("append to %s-%d failed: %s", topic, out.index, exc)
+        _repeats.log((topic, out.index, out.error), logging.ERROR, "append to %s-%d failed: %s", topic, out.index, exc)
 
 
 def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutcome]:
@@ -140,8 +144,9 @@ async def _wait_durable(
         else:  # a bug, not a client's fault: answer it, keep the connection
             log.error("waiting for %s offset %d to be durable failed", plog.name, res.last_offset, exc_info=err)
             o.error, o.message = ErrorCode.UNKNOWN_SERVER_ERROR, None
-        log.warning("produce to %s (offsets %d..%d) from %s (client %s) not acknowledged: %s %s", plog.name,
-                    res.base_offset, res.last_offset, ctx.client_host, ctx.client_id, o.error.name, o.message or "")
+        _repeats.log((plog.name, o.error), logging.WARNING,
+                     "produce to %s (offsets %d..%d) from %s (client %s) not acknowledged: %s %s", plog.name,
+                     res.base_offset, res.last_offset, ctx.client_host, ctx.client_id, o.error.name, o.message or "")
 
 
 def _response(ctx: RequestContext, outcomes: list[_TopicOutcome]) -> Message:
