@@ -20,7 +20,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey
@@ -181,6 +181,34 @@ def test_list_offsets_by_timestamp_and_delete_records(broker: BrokerProcess) -> 
             f.result(30)
         lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
         assert (lo, hi) == (30, 100)
+    finally:
+        c.close()
+
+
+def test_list_offsets_by_timestamp_inside_compressed_batches(broker: BrokerProcess) -> None:
+    """ListOffsets by timestamp lands on the exact record inside a multi-record gzip batch (the broker decodes
+    the batch to find it), and the max-timestamp lookup (-3) on the earliest record with the largest timestamp."""
+    topic = _topic("lots")
+    create_topic(broker, topic, 1)
+    base = 1_700_000_000_000
+    stamps = [base + i * 10 for i in range(200)]
+    stamps[150] = stamps[160] = base + 100_000  # out of order: the largest timestamp, twice
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 1000,
+                  "compression.type": "gzip"})  # one flush: the records share a few large batches
+    for i, ts in enumerate(stamps):
+        p.produce(topic, value=b"v%d" % i, partition=0, timestamp=ts)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic})
+    admin = _admin(broker)
+    try:
+        asked = [base + 420, base + 425, base + 1_495, base + 99_999, base + 100_001]
+        found = [c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)[0].offset for ts in asked]
+        # the first record with a timestamp >= the one asked for: 42, 43, then 150 (its timestamp is the
+        # largest, so it is the first at or above base + 1_495 and base + 99_999), none past the largest
+        assert found == [42, 43, 150, 150, -1]
+        tp = TopicPartition(topic, 0)
+        newest = admin.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(timeout=30)
+        assert (newest.offset, newest.timestamp) == (150, base + 100_000)
     finally:
         c.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -138,7 +139,7 @@ def test_missing_and_corrupt_indexes_are_rebuilt(tmp_path: Path, clean: bool) ->
     segs[3].timeindex_path.write_bytes(os.urandom(24))
     log = open_log(tmp_path)
     check_consistent(log, spans)
-    assert log.offset_for_timestamp(1_000 + 10 * 50) == (spans[50][0], 1_000 + 10 * 50)
+    assert asyncio.run(log.offset_for_timestamp(1_000 + 10 * 50)) == (spans[50][0], 1_000 + 10 * 50)
     for s in log.segments[:-1]:
         assert s.index_path.exists() and s.timeindex_path.exists()
     log.close()

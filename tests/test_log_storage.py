@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from aiokafka.record import default_records
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log import Flusher, LogConfig, LogManager, PartitionLog, parse_partition_dir
@@ -27,6 +29,16 @@ def add(log: PartitionLog, buf: bytearray, now_ms: int | None = None) -> tuple[i
     r = append(log, buf, now_ms)
     log.flush()
     return r.base_offset, r.last_offset
+
+
+def at_time(log: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+    """ListOffsets by timestamp (run on an event loop: the lookup awaits a decoding thread)."""
+    return asyncio.run(log.offset_for_timestamp(timestamp))
+
+
+def newest(log: PartitionLog) -> tuple[int, int] | None:
+    """ListOffsets -3: the earliest record with the largest timestamp."""
+    return asyncio.run(log.max_timestamp_offset())
 
 
 def batches(data: bytes) -> list[BatchHeader]:
@@ -122,19 +134,19 @@ def test_offset_for_timestamp(tmp_path: Path) -> None:
     for i in range(60):
         add(log, make_batch(4, ts=10_000 + 100 * i, ts_step=10, value_size=30, tag=i))
     assert len(log.segments) > 3
-    assert log.offset_for_timestamp(0) == (0, 10_000)
-    assert log.offset_for_timestamp(10_000) == (0, 10_000)
+    assert at_time(log, 0) == (0, 10_000)
+    assert at_time(log, 10_000) == (0, 10_000)
     # inside batch 7: exact record
-    assert log.offset_for_timestamp(10_715) == (7 * 4 + 2, 10_720)
-    assert log.offset_for_timestamp(10_730) == (7 * 4 + 3, 10_730)
-    assert log.offset_for_timestamp(10_731) == (8 * 4, 10_800)
-    assert log.offset_for_timestamp(10_000 + 100 * 59 + 30) == (59 * 4 + 3, 15_930)
-    assert log.offset_for_timestamp(20_000) is None
-    assert log.max_timestamp_offset() == (59 * 4 + 3, 15_930)
+    assert at_time(log, 10_715) == (7 * 4 + 2, 10_720)
+    assert at_time(log, 10_730) == (7 * 4 + 3, 10_730)
+    assert at_time(log, 10_731) == (8 * 4, 10_800)
+    assert at_time(log, 10_000 + 100 * 59 + 30) == (59 * 4 + 3, 15_930)
+    assert at_time(log, 20_000) is None
+    assert newest(log) == (59 * 4 + 3, 15_930)
     log.close()
     log = open_log(tmp_path, segment_bytes=2000, index_interval_bytes=100)
-    assert log.offset_for_timestamp(10_715) == (7 * 4 + 2, 10_720)
-    assert log.max_timestamp_offset() == (59 * 4 + 3, 15_930)
+    assert at_time(log, 10_715) == (7 * 4 + 2, 10_720)
+    assert newest(log) == (59 * 4 + 3, 15_930)
     log.close()
 
 
@@ -143,8 +155,31 @@ def test_max_timestamp_not_last(tmp_path: Path) -> None:
     add(log, make_batch(3, ts=5_000))
     add(log, make_batch(3, ts=9_000, ts_step=-1000))  # 9000, 8000, 7000
     add(log, make_batch(2, ts=6_000))
-    assert log.max_timestamp_offset() == (3, 9_000)
-    assert log.offset_for_timestamp(8_500) == (3, 9_000)
+    assert newest(log) == (3, 9_000)
+    assert at_time(log, 8_500) == (3, 9_000)
+    log.close()
+
+
+def test_timestamp_lookups_decode_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ListOffsets by timestamp decodes one batch to find the exact record: in a thread, never on the loop."""
+    log = open_log(tmp_path)
+    add(log, make_batch(4, ts=1_000, ts_step=10))
+    add(log, make_batch(4, ts=2_000, ts_step=10))
+    decoded_on: list[threading.Thread] = []
+    real = default_records.DefaultRecordBatch
+
+    def recording(data: bytes) -> object:
+        decoded_on.append(threading.current_thread())
+        return real(data)
+
+    monkeypatch.setattr(default_records, "DefaultRecordBatch", recording)
+
+    async def lookups() -> tuple[threading.Thread, tuple[int, int] | None, tuple[int, int] | None]:
+        return threading.current_thread(), await log.offset_for_timestamp(2_015), await log.max_timestamp_offset()
+
+    loop_thread, at, newest = asyncio.run(lookups())
+    assert (at, newest) == ((6, 2_020), (7, 2_030))  # the exact records inside the batch
+    assert len(decoded_on) == 2 and loop_thread not in decoded_on
     log.close()
 
 
@@ -155,7 +190,7 @@ def test_log_append_time(tmp_path: Path) -> None:
     assert r.log_append_time == 123_456
     (h,) = validate_produce_records(bytearray(log.read(0, 1 << 20).data))  # CRC still valid
     assert h.max_timestamp == 123_456 and h.attributes & TIMESTAMP_TYPE_MASK
-    assert log.offset_for_timestamp(100) == (0, 123_456)
+    assert at_time(log, 100) == (0, 123_456)
     create = open_log(tmp_path / "other")
     assert append(create, make_batch(1)).log_append_time == -1
     log.close()

@@ -4,7 +4,8 @@ Threading model: every public method runs on the asyncio event loop thread and o
 (``os.pwrite``/``os.pread``, renames). fsync happens on the shared ``Flusher`` threads: ``append`` records what
 was written under a small lock, a flusher thread fsyncs it and hands the result back to the loop with
 ``call_soon_threadsafe``, which advances ``high_watermark`` and wakes waiters. ``open`` (recovery) and the
-file half of ``close`` are blocking and meant to run off the loop (``LogManager`` does that).
+file half of ``close`` are blocking and meant to run off the loop (``LogManager`` does that). The timestamp
+lookups (ListOffsets) find their batch on the loop and decode it in a thread (``timestamps``).
 
 Durability model: with ``flush_interval_ms=None`` the high watermark is the end of fsynced data, and reads
 never go past it, so nothing a crash could take away is ever served or acknowledged. With a number, the high
@@ -52,6 +53,7 @@ from tabletopic.log.flusher import Flusher
 from tabletopic.log.producer_state import PendingProducerUpdate, ProducerStateManager
 from tabletopic.log.recovery import RecoveredLog, recover
 from tabletopic.log.segment import INT32_MAX, NO_TIMESTAMP, LogSegment, fdatasync
+from tabletopic.log.timestamps import BatchProbe, first_record_at_or_after
 from tabletopic.protocol.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -790,13 +792,18 @@ class PartitionLog:
     # offsets by time / epoch
     # ------------------------------------------------------------------------------------------------------
 
-    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp ``>= timestamp`` (ListOffsets), or None.
 
-        The time index finds the first batch whose max timestamp is ``>= timestamp``; that batch is decoded to
-        find the exact record (its base offset if it cannot be decoded). Only data below the high watermark
-        and at or after the log start offset is considered.
+        The time index finds the first batch whose max timestamp is ``>= timestamp``; that batch is decoded, in
+        a thread, to find the exact record (its base offset if it cannot be decoded). Only data below the high
+        watermark and at or after the log start offset is considered.
         """
+        probe = self._probe_for_timestamp(timestamp)
+        return None if probe is None else await asyncio.to_thread(first_record_at_or_after, probe)
+
+    def _probe_for_timestamp(self, timestamp: int) -> BatchProbe | None:
+        """The first readable batch whose max timestamp is ``>= timestamp`` (a copy of its bytes), or None."""
         hw, lso = self.high_watermark, self.log_start_offset
         for seg in self._segments:
             if seg.base_offset >= hw:
@@ -806,11 +813,13 @@ class PartitionLog:
             start = max(seg.base_offset + seg.time_index.lookup(timestamp), lso)
             for pos, h in seg.iter_headers_from(start, self._readable_limit(seg, hw)):
                 if h.max_timestamp >= timestamp:
-                    return _first_record_at_or_after(seg.read(pos, h.size), h, timestamp, lso)
+                    return BatchProbe(seg.read(pos, h.size), h.base_offset, h.max_timestamp, timestamp, lso)
         return None
 
-    def max_timestamp_offset(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the earliest record with the largest timestamp (ListOffsets -3), or None."""
+    async def max_timestamp_offset(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the earliest record with the largest timestamp (ListOffsets -3), or None.
+
+        Like :meth:`offset_for_timestamp`, the batch holding it is decoded in a thread."""
         best: LogSegment | None = None
         for seg in self._segments:
             if seg.base_offset >= self.high_watermark:
@@ -825,7 +834,9 @@ class PartitionLog:
         if found is None:
             return best.offset_of_max_timestamp, best.max_timestamp
         pos, h = found
-        return _first_record_at_or_after(best.read(pos, h.size), h, best.max_timestamp, self.log_start_offset)
+        probe = BatchProbe(best.read(pos, h.size), h.base_offset, h.max_timestamp, best.max_timestamp,
+                           self.log_start_offset)
+        return await asyncio.to_thread(first_record_at_or_after, probe)
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch on a single node: epoch 0 ends at the log end; anything else is unknown."""
@@ -1038,20 +1049,6 @@ def _reject(fut: asyncio.Future[None], err: BaseException) -> None:
     if not fut.done():
         with contextlib.suppress(RuntimeError):
             fut.set_exception(err)
-
-
-def _first_record_at_or_after(batch: bytes, h: BatchHeader, timestamp: int, min_offset: int) -> tuple[int, int]:
-    """(offset, timestamp) of the first record of ``batch`` at or after ``min_offset`` with timestamp
-    ``>= timestamp``; falls back to the batch's (base offset, max timestamp) if it cannot be decoded."""
-    try:
-        from aiokafka.record.default_records import DefaultRecordBatch
-
-        for rec in DefaultRecordBatch(batch):
-            if rec.offset >= min_offset and rec.timestamp >= timestamp:
-                return int(rec.offset), int(rec.timestamp)
-    except Exception as e:  # a codec missing or a batch we cannot decode: the batch start is acceptable
-        log.debug("cannot decode batch at offset %d for a timestamp lookup: %s", h.base_offset, e)
-    return max(h.base_offset, min_offset), h.max_timestamp
 
 
 _default_flusher: Flusher | None = None

@@ -2,7 +2,8 @@
 
 A segment is append-only while active. Batches are stored exactly as received (offsets patched), so the file
 is a plain concatenation of v2 record batches whose offsets are contiguous from the segment's base offset.
-All file I/O here is plain ``os.pwrite``/``os.pread`` on a raw descriptor; fsync is the flusher's business.
+Segment data is plain ``os.pwrite``/``os.pread`` on a raw descriptor (fsync is the flusher's business); index
+files are replaced whole with ``tabletopic.durable.atomic_write_bytes``.
 """
 
 from __future__ import annotations

@@ -173,26 +173,28 @@ async def list_offsets(ctx: RequestContext, req: Message) -> Message:
                 plog = _partition_log(ctx, t.name, p.partition_index)
                 if p.current_leader_epoch > 0:
                     raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
-                if p.timestamp in (EARLIEST, EARLIEST_LOCAL):
-                    off = plog.log_start_offset
-                elif p.timestamp in (LATEST, LATEST_TIERED):
-                    off = plog.high_watermark
-                elif p.timestamp == MAX_TIMESTAMP:
-                    found = plog.max_timestamp_offset()
-                    if found is not None:
-                        off, ts = found
-                elif p.timestamp < 0:
-                    raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"unknown timestamp {p.timestamp}")
-                else:
-                    found = plog.offset_for_timestamp(p.timestamp)
-                    if found is not None:
-                        off, ts = found
+                off, ts = await _offset_for(plog, p.timestamp)
             except KafkaApiError as exc:
                 err = exc.code
             parts.append(P(partition_index=p.partition_index, error_code=int(err), timestamp=ts, offset=off,
                            leader_epoch=0 if err == ErrorCode.NONE else -1, old_style_offsets=[]))
         topics.append(T(name=t.name, partitions=parts))
     return ctx.response(throttle_time_ms=0, topics=topics)
+
+
+async def _offset_for(plog: PartitionLog, timestamp: int) -> tuple[int, int]:
+    """(offset, timestamp) ListOffsets answers for ``timestamp`` (or a special value); (-1, -1) if none."""
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return plog.log_start_offset, -1
+    if timestamp in (LATEST, LATEST_TIERED):
+        return plog.high_watermark, -1
+    if timestamp == MAX_TIMESTAMP:
+        found = await plog.max_timestamp_offset()
+    elif timestamp < 0:
+        raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"unknown timestamp {timestamp}")
+    else:  # the record lookup decodes a batch in a thread (tabletopic.log.timestamps)
+        found = await plog.offset_for_timestamp(timestamp)
+    return found if found is not None else (-1, -1)
 
 
 @handles(ApiKey.OffsetForLeaderEpoch)
