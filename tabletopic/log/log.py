@@ -52,6 +52,7 @@ from tabletopic.log.checkpoints import (
 from tabletopic.log.flusher import Flusher
 from tabletopic.log.producer_state import PendingProducerUpdate, ProducerStateManager
 from tabletopic.log.recovery import RecoveredLog, recover
+from tabletopic.log.retention import segments_to_delete
 from tabletopic.log.segment import INT32_MAX, NO_TIMESTAMP, LogSegment, fdatasync
 from tabletopic.log.timestamps import BatchProbe, first_record_at_or_after
 from tabletopic.protocol.records import (
@@ -129,6 +130,21 @@ class _FlushResult:
     position: int
     generation: int
     syncs: int
+
+
+@dataclass(slots=True)
+class _Handoff:
+    """What the loop handed to the flusher since the last flush (taken under ``_lock``)."""
+
+    end: int  # log end offset written ...
+    segment: LogSegment  # ... and where it ends
+    position: int
+    rolled: list[_Rolled]
+    deletes: list[tuple[LogSegment, list[Path]]]  # segments deleted on the loop, files renamed, to unlink
+    log_start: int | None  # a log start offset to persist
+    dir_dirty: bool  # segment files were created in the partition directory
+    parent_dir_dirty: bool  # the partition directory itself was created
+    generation: int
 
 
 _Placed = tuple[BatchHeader, int, int]  # (header, assigned base offset, max timestamp as stored)
@@ -486,46 +502,57 @@ class PartitionLog:
 
     def _flush_locked(self) -> _FlushResult:
         """fsync everything handed over so far; called with ``_flush_lock`` held, on any thread."""
+        h = self._take_handoff()
+        syncs = self._sync_data(h)
+        self._sync_metadata(h)
+        # deleted segments: their files were renamed on the loop; close and unlink here, after any fsync
+        _unlink_deleted(h.deletes, FileNotFoundError)
+        self._durable = (h.end, h.segment, h.position)
+        return _FlushResult(h.end, h.segment, h.position, h.generation, syncs)
+
+    def _take_handoff(self) -> _Handoff:
+        """What the loop handed over since the last flush; the hand-off starts afresh."""
         with self._lock:
-            end, seg, pos = self._written_end, self._written_segment, self._written_position
-            rolled, self._rolled = self._rolled, []
-            deletes, self._deletes = self._deletes, []
-            lso, self._lso_to_persist = self._lso_to_persist, None
-            dir_dirty, self._dir_dirty = self._dir_dirty, False
-            parent_dirty, self._parent_dir_dirty = self._parent_dir_dirty, False
-            generation = self._generation
-            self._timed_pending = False
+            h = _Handoff(
+                self._written_end, self._written_segment, self._written_position, self._rolled, self._deletes,
+                self._lso_to_persist, self._dir_dirty, self._parent_dir_dirty, self._generation,
+            )
+            self._rolled, self._deletes, self._lso_to_persist = [], [], None
+            self._dir_dirty = self._parent_dir_dirty = self._timed_pending = False
+        return h
+
+    def _sync_data(self, h: _Handoff) -> int:
+        """fdatasync rolled segments (and persist their indexes) and the written part of the active one;
+        returns the number of data fsyncs."""
         syncs = 0
-        for r in rolled:
+        for r in h.rolled:
             if not r.segment.fd_closed:
                 fdatasync(r.segment.fd)
                 syncs += 1
             if not r.segment.deleted:
                 r.segment.write_indexes()
+        seg, pos = h.segment, h.position
         if not seg.fd_closed and (seg is not self._synced_segment or pos > self._synced_position):
             fdatasync(seg.fd)
             syncs += 1
         self._synced_segment, self._synced_position = seg, pos
-        if parent_dirty:
+        return syncs
+
+    def _sync_metadata(self, h: _Handoff) -> None:
+        """Directory entries (new segments, index renames), then snapshots and checkpoints of rolls and of a
+        raised log start offset, each group made durable by one directory fsync."""
+        if h.parent_dir_dirty:
             fsync_dir(self.directory.parent)
-        if dir_dirty or rolled:
+        if h.dir_dirty or h.rolled:
             os.fsync(self._dir_fd)  # new segment files and the index renames are durable from here
-        if rolled:
-            for r in rolled:
+        if h.rolled:
+            for r in h.rolled:
                 write_snapshot(self.directory, r.offset, r.snapshot)
-            write_offset(self.directory / RECOVERY_POINT_FILE, rolled[-1].offset)
-        if lso is not None:
-            write_offset(self.directory / LOG_START_OFFSET_FILE, lso)
-        if rolled or lso is not None:
+            write_offset(self.directory / RECOVERY_POINT_FILE, h.rolled[-1].offset)
+        if h.log_start is not None:
+            write_offset(self.directory / LOG_START_OFFSET_FILE, h.log_start)
+        if h.rolled or h.log_start is not None:
             os.fsync(self._dir_fd)
-        # deleted segments: their files were renamed on the loop; close and unlink here, after any fsync
-        for s, paths in deletes:
-            s.close_fd()
-            for p in paths:
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-        self._durable = (end, seg, pos)
-        return _FlushResult(end, seg, pos, generation, syncs)
 
     def _post(self, fn: Callable[[_T], None], arg: _T) -> None:
         """Run ``fn(arg)`` on the event loop (directly if already there or if there is no live loop)."""
@@ -597,15 +624,7 @@ class PartitionLog:
         this runs and none runs after it, so the point is the high watermark the loop ends up with. Calling it
         again re-applies the same cut (an append that raced the failure may have written past it).
         """
-        if self._cut is None:
-            if self.config.flush_interval_ms is None:
-                self._cut = self._durable
-            else:  # acknowledged without fsync: keep every complete append
-                with self._lock:
-                    self._cut = (self._written_end, self._written_segment, self._written_position)
-            with self._lock:
-                self._rolled = []  # nothing more is flushed; later segments go below
-        end, seg, pos = self._cut
+        end, seg, pos = self._cut_point()
         later = [s for s in list(self._segments) if s.base_offset > seg.base_offset]
         dropped = 0
         try:
@@ -634,6 +653,19 @@ class PartitionLog:
             log.warning("%s: offline; cut back to offset %d, the end of what was acknowledged (%d byte(s) of "
                         "unacknowledged batches dropped)", self.name, end, dropped)
         return end, seg, pos
+
+    def _cut_point(self) -> tuple[int, LogSegment, int]:
+        """Where an offline log is cut (chosen once): the end of the last successful flush, or with
+        ``flush.ms`` set (acknowledged without fsync) the end of the last complete append."""
+        if self._cut is None:
+            if self.config.flush_interval_ms is None:
+                self._cut = self._durable
+            else:
+                with self._lock:
+                    self._cut = (self._written_end, self._written_segment, self._written_position)
+            with self._lock:
+                self._rolled = []  # nothing more is flushed; later segments go below
+        return self._cut
 
     def _after_cut(self, cut: tuple[int, LogSegment, int]) -> None:
         """Loop side of going offline: the in-memory log ends at the cut; every waiter above it fails."""
@@ -880,30 +912,10 @@ class PartitionLog:
             return 0
         cfg = self.config
         segs = self._segments
-        hw = self.high_watermark
-        # candidates: closed segments whose successor starts at or below the high watermark
-        candidates = 0
-        while candidates < len(segs) - 1 and segs[candidates + 1].base_offset <= hw:
-            candidates += 1
-        n = 0
-        reason = ""
-        if cfg.retention_ms >= 0:
-            while n < candidates and now_ms - segs[n].max_timestamp > cfg.retention_ms:
-                n += 1
-            reason = "retention.ms" if n else reason
-        if cfg.retention_bytes >= 0:
-            diff = self.size_bytes - cfg.retention_bytes
-            m = 0
-            while m < candidates and diff - segs[m].size >= 0:
-                diff -= segs[m].size
-                m += 1
-            if m > n:
-                n, reason = m, "retention.bytes"
-        m = 0
-        while m < candidates and segs[m + 1].base_offset <= self.log_start_offset:
-            m += 1
-        if m > n:
-            n, reason = m, "log start offset"
+        n, reason = segments_to_delete(
+            segs, high_watermark=self.high_watermark, log_start_offset=self.log_start_offset,
+            retention_ms=cfg.retention_ms, retention_bytes=cfg.retention_bytes, now_ms=now_ms,
+        )
         if n == 0:
             return 0
         self._capture_loop()
@@ -1003,11 +1015,7 @@ class PartitionLog:
                 s.close_fd()
             with self._lock:
                 deletes, self._deletes = self._deletes, []
-            for s, paths in deletes:
-                s.close_fd()
-                for p in paths:
-                    with contextlib.suppress(OSError):
-                        p.unlink()
+            _unlink_deleted(deletes, OSError)
             os.close(self._dir_fd)
             self._files_closed = True
         self._post(self._after_cut, cut)
@@ -1037,6 +1045,15 @@ class PartitionLog:
         self._flusher.submit(lambda: shutil.rmtree(target, ignore_errors=True))
         self._fail_waiters(KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"log {self.name} was deleted"))
         log.info("deleted log %s", self.name)
+
+
+def _unlink_deleted(deletes: list[tuple[LogSegment, list[Path]]], ignore: type[OSError]) -> None:
+    """Close deleted segments and unlink their renamed files, ignoring errors of type ``ignore``."""
+    for seg, paths in deletes:
+        seg.close_fd()
+        for p in paths:
+            with contextlib.suppress(ignore):
+                p.unlink()
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
