@@ -170,6 +170,26 @@ def run_statement(spark: SparkSession, statement: str, out: TextIO, err: TextIO,
     return True
 
 
+_CTRL_C = "\x03"  # what _read_line returns when Ctrl-C at the prompt drops the statement being typed
+
+
+def _read_line(stdin: TextIO, out: TextIO, *, interactive: bool, continuation: bool) -> str | None:
+    """The next line of input; None at the end (EOF, Ctrl-D), :data:`_CTRL_C` for Ctrl-C (as psql: drop the
+    statement being typed)."""
+    try:
+        if interactive:
+            return input(CONTINUATION if continuation else PROMPT)
+        line = stdin.readline()
+        return line if line else None
+    except EOFError:
+        if interactive:
+            print(file=out)
+        return None
+    except KeyboardInterrupt:
+        print(file=out)
+        return _CTRL_C
+
+
 def repl(spark: SparkSession, stdin: TextIO, out: TextIO, err: TextIO, *, interactive: bool,
          max_rows: int = DEFAULT_MAX_ROWS) -> int:
     """Read statements ending in ``;`` until exit/quit/EOF. Interactive: errors are reported and reading goes on;
@@ -178,20 +198,8 @@ def repl(spark: SparkSession, stdin: TextIO, out: TextIO, err: TextIO, *, intera
         with contextlib.suppress(ImportError):  # line editing and history for input(), where available
             import readline  # noqa: F401
     pending = ""
-    while True:
-        try:
-            if interactive:
-                line = input(CONTINUATION if pending.strip() else PROMPT)
-            else:
-                line = stdin.readline()
-                if not line:
-                    raise EOFError
-        except EOFError:
-            if interactive:
-                print(file=out)
-            break
-        except KeyboardInterrupt:  # Ctrl-C drops the statement being typed, as psql does
-            print(file=out)
+    while (line := _read_line(stdin, out, interactive=interactive, continuation=bool(pending.strip()))) is not None:
+        if line == _CTRL_C:
             pending = ""
             continue
         if not pending.strip() and line.strip().rstrip(";").strip().lower() in EXIT_WORDS:

@@ -165,6 +165,12 @@ class JoinApi:
         if member is None or instance_unknown:
             fut.set_result(JoinResult(E.UNKNOWN_MEMBER_ID, member_id))
             return
+        self._rejoin_known_member(group, member, a, fut)
+
+    def _rejoin_known_member(self, group: Group, member: Member, a: _JoinArgs,
+                             fut: asyncio.Future[JoinResult]) -> None:
+        """A JoinGroup from a member the group knows: by the group's state, rebalance or answer again."""
+        member_id = member.member_id
         state = group.state
         if state == GroupState.PREPARING_REBALANCE:
             self._update_member_and_rebalance(group, member, a, fut)

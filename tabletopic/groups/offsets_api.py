@@ -49,25 +49,14 @@ class OffsetsApi:
     ) -> dict[TopicPartition, ErrorCode]:
         """OffsetCommit; returns a per-partition error. Answers only once the commit is fsynced."""
         results: dict[TopicPartition, ErrorCode] = {}
-        valid: dict[TopicPartition, CommitRequestOffset] = {}
-        for tp, c in offsets.items():
-            if self.shared.partition_exists(tp):
-                valid[tp] = c
-            else:
-                results[tp] = E.UNKNOWN_TOPIC_OR_PARTITION
+        valid = self._known_partitions(offsets, results)
         if not valid:
             return results
         error = self._validate_commit(group_id, generation_id, member_id, group_instance_id, api_version)
         if error != E.NONE:
             results.update(dict.fromkeys(valid, error))
             return results
-        group = self.shared.groups.get(group_id)
-        if group is None:  # a "simple" group: offsets only, no membership
-            group = self.shared.groups[group_id] = Group(group_id)
-        elif group.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE):
-            member = group.members.get(member_id)
-            if member is not None:
-                member.deadline = time.monotonic() + member.session_timeout_ms / 1000
+        self._touch_member(group_id, member_id)
         now = _now_ms()
         ops: list[StoreOp] = []
         for (topic, partition), c in valid.items():
@@ -86,6 +75,27 @@ class OffsetsApi:
             assert isinstance(op, OffsetCommit)
             results[(op.topic, op.partition)] = code
         return results
+
+    def _known_partitions(self, offsets: Mapping[TopicPartition, CommitRequestOffset],
+                          results: dict[TopicPartition, ErrorCode]) -> dict[TopicPartition, CommitRequestOffset]:
+        """The offsets of partitions that exist; the others get UNKNOWN_TOPIC_OR_PARTITION in ``results``."""
+        valid: dict[TopicPartition, CommitRequestOffset] = {}
+        for tp, c in offsets.items():
+            if self.shared.partition_exists(tp):
+                valid[tp] = c
+            else:
+                results[tp] = E.UNKNOWN_TOPIC_OR_PARTITION
+        return valid
+
+    def _touch_member(self, group_id: str, member_id: str) -> None:
+        """A commit counts as a heartbeat of an active member; a group unknown so far is a "simple" group."""
+        group = self.shared.groups.get(group_id)
+        if group is None:  # a "simple" group: offsets only, no membership
+            self.shared.groups[group_id] = Group(group_id)
+        elif group.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE):
+            member = group.members.get(member_id)
+            if member is not None:
+                member.deadline = time.monotonic() + member.session_timeout_ms / 1000
 
     def _validate_commit(
         self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, api_version: int
@@ -141,24 +151,11 @@ class OffsetsApi:
         if group is None or group.state == GroupState.DEAD:
             return E.GROUP_ID_NOT_FOUND, {}
         results: dict[TopicPartition, ErrorCode] = {}
-        known = []
-        for tp in partitions:
-            if self.shared.partition_exists(tp):
-                known.append(tp)
-            else:
-                results[tp] = E.UNKNOWN_TOPIC_OR_PARTITION
-        if group.state == GroupState.EMPTY:
-            eligible = known
-        else:
-            subscribed = group.subscribed_topics()
-            if subscribed is None:
-                return E.NON_EMPTY_GROUP, {}
-            eligible = []
-            for tp in known:
-                if tp[0] in subscribed:
-                    results[tp] = E.GROUP_SUBSCRIBED_TO_TOPIC
-                else:
-                    eligible.append(tp)
+        known = [tp for tp in partitions if self.shared.partition_exists(tp)]
+        results.update((tp, E.UNKNOWN_TOPIC_OR_PARTITION) for tp in partitions if tp not in known)
+        eligible = self._deletable(group, known, results)
+        if eligible is None:
+            return E.NON_EMPTY_GROUP, {}
         committed = self.shared.store.offsets(group_id)
         ops: list[StoreOp] = [DeleteOffset(group_id, t, p) for (t, p) in eligible if (t, p) in committed]
         try:
@@ -169,6 +166,24 @@ class OffsetsApi:
         if ops:
             log.info("group %s: deleted committed offsets of %d partitions", group_id, len(ops))
         return E.NONE, results
+
+    @staticmethod
+    def _deletable(group: Group, known: list[TopicPartition],
+                   results: dict[TopicPartition, ErrorCode]) -> list[TopicPartition] | None:
+        """Partitions whose offsets may be deleted: all of an Empty group's, else those of topics the group is not
+        subscribed to (the others get GROUP_SUBSCRIBED_TO_TOPIC); None when the subscriptions are unknown."""
+        if group.state == GroupState.EMPTY:
+            return known
+        subscribed = group.subscribed_topics()
+        if subscribed is None:
+            return None
+        eligible = []
+        for tp in known:
+            if tp[0] in subscribed:
+                results[tp] = E.GROUP_SUBSCRIBED_TO_TOPIC
+            else:
+                eligible.append(tp)
+        return eligible
 
     async def expire_offsets(self, now_ms: int | None = None) -> int:
         """Drop offsets past ``offsets_retention_minutes`` (Empty groups only) and forget Empty groups that
