@@ -37,11 +37,11 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pyiceberg.catalog.sql import SqlCatalog
 
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
-from coordinator.channel import InProcessChannel
-from coordinator.messages import CommitRequest, PartitionOffset
+from coordinator.contract import CommitRequest, InProcessChannel, PartitionOffset
 from tabletopic.log import LogConfig, PartitionLog
 from tabletopic.protocol.records import validate_produce_records
 from worker.partition_worker import PartitionWorker
+from worker.plan import ConversionPlan
 from worker.schema import partition_spec, table_schema
 from worker.task import TaskResult, convert_and_write
 from worker.writer import WriteTarget
@@ -177,8 +177,8 @@ def main() -> None:
         table = cat.create_table("ns.bench", schema=schema, partition_spec=partition_spec(schema, ()),
                                  properties={"format-version": "2"})
         target = WriteTarget.from_table(table)
-        job = functools.partial(convert_and_write, partition=0, target=target, tolerance=ErrorsTolerance.ALL,
-                                dlq_dir=str(tmp / "dlq"))
+        plan = ConversionPlan.build(table.schema(), cfg, ErrorsTolerance.ALL)
+        job = functools.partial(convert_and_write, partition=0, plan=plan, target=target, dlq_dir=str(tmp / "dlq"))
 
         if "single" not in args.skip:
             job(chunks[0][1], start_offset=chunks[0][0])  # warm up imports and allocator

@@ -1,4 +1,9 @@
-"""One round's Iceberg commit: data files + offsets in one transaction, retried and resolved exactly once.
+"""Every write to a table topic's Iceberg table: creation, partition-spec evolution and the round's commit.
+
+The rest of the coordinator only reads the table (:mod:`coordinator.table`). Table creation
+(:func:`load_or_create_table`) and spec evolution (:func:`evolve_partition_spec`) are their own small
+transactions; a round's commit is one transaction that carries data files and offsets, retried and resolved
+exactly once.
 
 The transaction of a round (:func:`commit_round`) holds, all or nothing:
 
@@ -29,30 +34,45 @@ Blocking I/O: call from a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    TableAlreadyExistsError,
+    ValidationException,
+)
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
+from configs.errors import InvalidConfigError
+from configs.table_schema import partition_by_text as canonical_partition_by
+from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import TableTopicConfig
+from coordinator.contract import DataFile, file_spec_id
 from coordinator.table import (
     COMMIT_ID_PROPERTY,
     OFFSETS_PROPERTY,
+    PARTITION_BY_PROBLEM_PROPERTY,
+    PARTITION_BY_PROPERTY,
     SUMMARY_COMMIT_ID,
     SUMMARY_WATERMARK,
     TOPIC_ID_PROPERTY,
+    catalog_identifier,
     commit_landed,
     committed_offsets,
     encode_offsets,
+    partition_by_problem,
     referenced_files,
     same_path,
 )
@@ -60,6 +80,115 @@ from coordinator.table import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RETRIES = 3
+
+
+# ------------------------------------------------------------------------------------------------ the table itself
+
+def _desired_spec(schema: Schema, cfg: TableTopicConfig) -> PartitionSpec | str:
+    """The spec ``partition.by`` asks for over ``schema``, or why it does not apply to it."""
+    try:
+        return partition_spec(schema, cfg.partition_by)
+    except InvalidConfigError as e:
+        return f"not applied: {e}"
+
+
+def _record_problem(tbl: Table, problem: str | None) -> Table:
+    """Set (or clear, with None) :data:`PARTITION_BY_PROBLEM_PROPERTY`; a no-op when it already says that."""
+    if partition_by_problem(tbl) == problem:
+        return tbl
+    txn = tbl.transaction()
+    if problem is None:
+        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
+    else:
+        log.error("table %s: %s; keeping the current partitioning", ".".join(tbl.name()), problem)
+        txn.set_properties({PARTITION_BY_PROBLEM_PROPERTY: problem})
+    return txn.commit_transaction()
+
+
+def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> Table:
+    """Load the topic's table, creating namespace and table (format v2, schema and spec from ``cfg``) if needed.
+
+    A table another process created first (TableAlreadyExistsError) is loaded instead.
+    """
+    ident = catalog_identifier(topic, cfg)
+    if catalog.table_exists(ident):
+        return catalog.load_table(ident)
+    namespace = ident[:-1]
+    with contextlib.suppress(NamespaceAlreadyExistsError):
+        catalog.create_namespace(namespace)
+    desired = _desired_spec(table_schema(cfg), cfg)
+    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2"}
+    if isinstance(desired, str):
+        log.error("table %s: %s; creating it unpartitioned", ".".join(ident), desired)
+        spec = UNPARTITIONED_PARTITION_SPEC
+        properties[PARTITION_BY_PROBLEM_PROPERTY] = desired
+    else:
+        spec = desired
+        properties[PARTITION_BY_PROPERTY] = partition_by_text(cfg)
+    try:
+        tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
+    except TableAlreadyExistsError:
+        return catalog.load_table(ident)
+    log.info("created table %s for topic %s (spec %s)", ".".join(ident), topic, tbl.spec())
+    return tbl
+
+
+def _spec_key(spec: PartitionSpec) -> set[tuple[int, str, str]]:
+    return {(f.source_id, str(f.transform), f.name) for f in spec.fields}
+
+
+def partition_by_text(cfg: TableTopicConfig) -> str:
+    """``partition.by`` in canonical form, as recorded in :data:`PARTITION_BY_PROPERTY`."""
+    return canonical_partition_by(cfg.partition_by)
+
+
+def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
+    """Make the table's default spec match ``partition.by`` (add/remove fields); returns the current table.
+
+    Only a *changed* ``partition.by`` is applied: the value last applied is recorded in the table
+    (:data:`PARTITION_BY_PROPERTY`, same transaction as the spec change), so a spec someone evolved by hand
+    (Spark ``ALTER TABLE``) is not reverted on every round or restart. Removals and additions go in one
+    transaction, removals first, so that a changed transform keeping its field name (``bucket(k, 16)`` →
+    ``bucket(k, 32)``, both ``k_bucket``) does not clash.
+
+    A ``partition.by`` that does not fit the table (stored before the config checks refused it) leaves the spec as
+    it is and is recorded in :data:`PARTITION_BY_PROBLEM_PROPERTY` (logged once, when it changes); the property
+    goes away once a ``partition.by`` applies again.
+    """
+    text = partition_by_text(cfg)
+    if tbl.properties.get(PARTITION_BY_PROPERTY) == text:
+        return _record_problem(tbl, None)
+    desired = _desired_spec(tbl.schema(), cfg)
+    if isinstance(desired, str):
+        return _record_problem(tbl, desired)
+    want = _spec_key(desired)
+    have = _spec_key(tbl.spec())
+    if want == have:
+        return _record_problem(tbl, None)
+    schema = tbl.schema()
+    removed = [f for f in tbl.spec().fields if (f.source_id, str(f.transform), f.name) not in want]
+    added = [f for f in desired.fields if (f.source_id, str(f.transform), f.name) not in have]
+    txn = tbl.transaction()
+    if removed:
+        with txn.update_spec() as upd:
+            for f in removed:
+                upd.remove_field(f.name)
+    if added:
+        with txn.update_spec() as upd:
+            for f in added:
+                column = schema.find_column_name(f.source_id)
+                assert column is not None
+                upd.add_field(column, f.transform, f.name)
+    txn.set_properties({PARTITION_BY_PROPERTY: text})
+    if partition_by_problem(tbl) is not None:
+        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
+    tbl = txn.commit_transaction()
+    log.info("evolved the partition spec of %s to %s (spec id %d) for partition.by=%s", ".".join(tbl.name()),
+             tbl.spec(), tbl.spec().spec_id, text)
+    return tbl
+
+
+# ------------------------------------------------------------------------------------------------ a round's commit
 
 
 class Outcome(StrEnum):
@@ -95,7 +224,7 @@ class RoundCommit:
     commit_id: str
     table_offsets: Mapping[int, int]
     new_offsets: Mapping[int, int]
-    data_files: tuple[Any, ...] = ()  # pyiceberg.manifest.DataFile
+    data_files: tuple[DataFile, ...] = ()
     watermark: int = -1
     expire: ExpirePolicy = field(default_factory=ExpirePolicy)
     topic_id: str | None = None  # recorded with the offsets; offsets of another topic id are replaced
@@ -172,19 +301,7 @@ def _check_still_valid(tbl: Table, rc: RoundCommit) -> str | None:
     return None
 
 
-def file_spec_id(data_file: Any) -> int | None:
-    """The spec id a writer set on ``data_file``, or None.
-
-    ``DataFile.from_args(spec_id=...)`` silently drops it (it is not a manifest field): writers must set
-    ``data_file.spec_id`` after building the file. Unset, the request's spec is assumed.
-    """
-    try:
-        return int(data_file.spec_id)
-    except AttributeError:
-        return None
-
-
-def delete_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = None) -> int:
+def remove_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = None) -> int:
     """Delete ``paths`` (missing ones are fine), except those in ``keep``; returns how many were deleted."""
     n = 0
     for path in paths:
@@ -214,7 +331,7 @@ def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, path
         return Outcome.COMMITTED, tbl
     paths = list(paths)
     if paths:
-        delete_files(tbl, paths, keep=referenced_files(tbl))
+        remove_files(tbl, paths, keep=referenced_files(tbl))
     return Outcome.ABORTED, tbl
 
 
@@ -229,7 +346,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
         problem = _check_still_valid(tbl, rc)
         if problem is not None:
             log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), problem)
-            delete_files(tbl, rc.paths)
+            remove_files(tbl, rc.paths)
             return CommitResult(Outcome.ABORTED, tbl, attempt, problem, commit_s * 1000)
         txn = build_transaction(tbl, rc, int(clock() * 1000))
         t0 = time.perf_counter()
@@ -259,5 +376,5 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
         return CommitResult(Outcome.COMMITTED, committed, attempt, "", commit_s * 1000)
     reason = f"gave up after {max_retries + 1} conflicting commits"
     log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), reason)
-    delete_files(tbl, rc.paths)
+    remove_files(tbl, rc.paths)
     return CommitResult(Outcome.ABORTED, tbl, max_retries + 1, reason, commit_s * 1000)

@@ -6,8 +6,8 @@ A round (every ``automq.table.topic.commit.interval.ms``):
 2. reload the table, evolve its partition spec if ``partition.by`` changed;
 3. take every partition's committed offset **from the table** (``tabletopic.offsets``; a partition not in it
    starts at its log start offset: history is backfilled), checkpoint REQUEST_COMMIT, broadcast one
-   :class:`~coordinator.messages.CommitRequest`;
-4. collect the workers' :class:`~coordinator.messages.CommitResponse` for this commit id from every partition,
+   :class:`~coordinator.contract.CommitRequest`;
+4. collect the workers' :class:`~coordinator.contract.CommitResponse` for this commit id from every partition,
    or until the round time-out (then commit what arrived and run the next round at once, as for MORE_DATA);
 5. checkpoint PRE_COMMIT (commit id, offsets, file paths), then one Iceberg transaction for the whole topic
    (:func:`coordinator.committer.commit_round`), then checkpoint COMMITTED (or ABORTED).
@@ -37,37 +37,46 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TypedDict
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
+from configs.partition_spec import PartitionField
 from configs.table_topic import TableTopicConfig
-from coordinator.channel import CommitChannel
 from coordinator.committer import (
     DEFAULT_MAX_RETRIES,
+    CommitResult,
     ExpirePolicy,
     Outcome,
     RoundCommit,
     commit_round,
-    delete_files,
-    file_spec_id,
+    evolve_partition_spec,
+    load_or_create_table,
+    remove_files,
     resolve_round,
 )
-from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from coordinator.contract import (
+    CommitChannel,
+    CommitCode,
+    CommitRequest,
+    CommitResponse,
+    DataFile,
+    HighWatermarkSource,
+    PartitionOffset,
+    file_spec_id,
+)
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
     TOPIC_ID_PROPERTY,
     commit_landed,
     committed_offsets,
-    evolve_partition_spec,
     list_worker_files,
-    load_or_create_table,
     partition_by_problem,
     referenced_files,
     same_path,
@@ -81,17 +90,6 @@ RECENT_ROUNDS = 64  # rounds whose included files we remember, to tell late answ
 MAX_BACKOFF_S = 300.0
 MIN_ROUND_PAUSE_S = 0.02  # between the end of a round and the start of the next (commit.interval.ms may be 1)
 IDLE_REPORT_S = 1.0  # an idle coordinator reports IDLE every interval, but at most this often
-
-
-class HighWatermarkSource(Protocol):
-    """What the coordinator reads of a partition's log to skip idle rounds (PartitionLog provides it)."""
-
-    @property
-    def high_watermark(self) -> int: ...
-
-    def add_waiter(self) -> asyncio.Future[None]: ...
-
-    def remove_waiter(self, fut: asyncio.Future[None]) -> None: ...
 
 
 class RoundOutcome(StrEnum):
@@ -134,6 +132,63 @@ class _StoppedError(Exception):
 class _Collected:
     responses: dict[int, CommitResponse] = field(default_factory=dict)
     timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """A round in progress: the table it commits to and what was asked of the workers."""
+
+    t0: float  # perf_counter at the start
+    cfg: TableTopicConfig
+    table: Table  # as loaded (and evolved) at the start
+    table_offsets: dict[int, int]  # the table's committed offsets at the start
+    partitions: list[int]
+    base: dict[int, int]  # the offset each partition was asked to continue from
+    request: CommitRequest
+    checkpoint: Checkpoint  # the latest one saved for this round
+    watermarks_before: dict[int, int] | None  # high watermarks just before the request (None: unknown)
+
+    @property
+    def commit_id(self) -> str:
+        return self.request.commit_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Answers:
+    """The answers a round accepts, and what the others say."""
+
+    accepted: dict[int, CommitResponse]
+    timed_out: tuple[int, ...]
+    more_data: tuple[int, ...]
+    blocked: tuple[int, ...]
+    settled: tuple[tuple[int, ...], dict[int, int]] | None  # see TableTopicCoordinator._settled
+
+    @property
+    def new_offsets(self) -> dict[int, int]:
+        return {p: r.next_offset for p, r in self.accepted.items()}
+
+    @property
+    def data_files(self) -> tuple[DataFile, ...]:
+        return tuple(f for r in self.accepted.values() for f in r.data_files)
+
+    def moved(self, base: dict[int, int]) -> dict[int, int]:
+        """The partitions whose offset this round moves, with their new offset."""
+        return {p: o for p, o in self.new_offsets.items() if o != base[p]}
+
+    @property
+    def watermark(self) -> int:
+        """The min over answering partitions that wrote records of their max record timestamp; -1 if none."""
+        marks = [r.watermark for r in self.accepted.values() if r.record_count > 0 and r.watermark >= 0]
+        return min(marks) if marks else -1
+
+    def report_fields(self) -> _ReportFields:
+        return {"timed_out": self.timed_out, "more_data": self.more_data, "blocked": self.blocked}
+
+
+class _ReportFields(TypedDict):
+    timed_out: tuple[int, ...]
+    more_data: tuple[int, ...]
+    blocked: tuple[int, ...]
 
 
 class TableTopicCoordinator:
@@ -183,7 +238,8 @@ class TableTopicCoordinator:
 
         self._table: Table | None = None
         self._ready = False  # checkpoint resolved and leftovers cleaned up
-        self._partition_by_seen: tuple[Any, ...] | None = None  # partition.by last handed to the spec evolution
+        # partition.by last handed to the spec evolution
+        self._partition_by_seen: tuple[PartitionField, ...] | None = None
         self._checkpoint: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -379,7 +435,7 @@ class TableTopicCoordinator:
         assert self._settled is not None and self._partition_log is not None
         logs = [plog for p in self._settled[0] if (plog := self._partition_log(p)) is not None]
         waiters = [(plog, plog.add_waiter()) for plog in logs]
-        wake: asyncio.Future[Any] = loop.create_task(self._wake.wait())
+        wake: asyncio.Future[None] = loop.create_task(self._woken())
         try:
             await asyncio.wait([wake, *(f for _, f in waiters)], timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
@@ -387,6 +443,9 @@ class TableTopicCoordinator:
             wake.cancel()
             for plog, fut in waiters:
                 plog.remove_waiter(fut)
+
+    async def _woken(self) -> None:
+        await self._wake.wait()
 
     def _fail_waiters(self, error: str) -> None:
         waiters, self._waiters = self._waiters, []
@@ -464,7 +523,7 @@ class TableTopicCoordinator:
         candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
         if not candidates:
             return
-        n = delete_files(tbl, candidates, keep=referenced_files(tbl))
+        n = remove_files(tbl, candidates, keep=referenced_files(tbl))
         log.info("table topic %s: deleted %d uncommitted data files left by earlier rounds", self.topic, n)
 
     # ------------------------------------------------------------------ one round
@@ -482,16 +541,30 @@ class TableTopicCoordinator:
         self._checkpoint = cp
 
     async def _round(self) -> RoundReport:
+        """One round, a step per checkpoint phase: REQUEST_COMMIT → (answers) → PRE_COMMIT → COMMITTED/ABORTED."""
         t0 = time.perf_counter()
         cfg = self._config_provider()
         self.rounds += 1
         if self._checkpoint is not None and self._checkpoint.phase is Phase.PRE_COMMIT:
             await self._resolve_pending(self._checkpoint)
-
         tbl = await asyncio.to_thread(self._refresh_and_evolve, self.table(), cfg)
         self._table = tbl
+
+        rnd = await self._request_commit(tbl, cfg, t0)
+        try:
+            collected = await self._collect(rnd.request, set(rnd.partitions))
+        except _StoppedError as stopped:
+            return await self._abort_stopped(rnd, stopped.args[0] if stopped.args else {})
+        answers = await self._judge(rnd, collected)
+        if not answers.data_files and not answers.moved(rnd.base):
+            return await self._close_idle(rnd, answers)
+        rnd = await self._pre_commit(rnd, answers)
+        crash_point("coordinator-after-pre-commit")
+        return await self._commit(rnd, answers)
+
+    def _base_offsets(self, tbl: Table, partitions: list[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """(the table's offsets, each partition's offset to continue from): from the table, else the log start."""
         table_offsets = committed_offsets(tbl)
-        partitions = sorted(set(self._partitions()))
         applicable = table_offsets
         stored_topic = tbl.properties.get(TOPIC_ID_PROPERTY)
         if self._topic_id is not None and stored_topic not in (None, self._topic_id):
@@ -502,7 +575,12 @@ class TableTopicCoordinator:
                             "now %s); this topic is written from its log start offsets", self.topic,
                             ".".join(tbl.name()), stored_topic, self._topic_id)
         base = {p: applicable[p] if p in applicable else self._log_start_offset(p) for p in partitions}
+        return table_offsets, base
 
+    async def _request_commit(self, tbl: Table, cfg: TableTopicConfig, t0: float) -> _Round:
+        """Phase REQUEST_COMMIT: checkpoint it, then ask every partition's worker for its files."""
+        partitions = sorted(set(self._partitions()))
+        table_offsets, base = self._base_offsets(tbl, partitions)
         commit_id = str(uuid.uuid4())
         cp = Checkpoint(Phase.REQUEST_COMMIT, commit_id, tbl.name(), base_offsets=base, updated_ms=self._now_ms())
         await self._save(cp)
@@ -516,100 +594,108 @@ class TableTopicCoordinator:
         watermarks_before = self._high_watermarks(partitions)
         self._channel.broadcast(request)
         log.debug("table topic %s: round %s requested %s", self.topic, commit_id, base)
+        return _Round(t0, cfg, tbl, table_offsets, partitions, base, request, cp, watermarks_before)
 
-        try:
-            collected = await self._collect(request, set(partitions))
-        except _StoppedError as stopped:
-            received = stopped.args[0] if stopped.args else {}
-            await asyncio.to_thread(delete_files, tbl, _paths(received.values()))
-            await self._save(cp.advance(Phase.ABORTED, self._now_ms()))
-            self._remember(commit_id, ())
-            self.aborted_rounds += 1
-            return RoundReport(RoundOutcome.ABORTED, commit_id, error="stopped while collecting answers")
+    async def _abort_stopped(self, rnd: _Round, received: dict[int, CommitResponse]) -> RoundReport:
+        """Stop requested while collecting answers: the round ends ABORTED, the files received are deleted."""
+        await asyncio.to_thread(remove_files, rnd.table, _paths(received.values()))
+        await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
+        self._remember(rnd.commit_id, ())
+        self.aborted_rounds += 1
+        return RoundReport(RoundOutcome.ABORTED, rnd.commit_id, error="stopped while collecting answers")
 
-        accepted, rejected_paths, blocked, more = self._classify(request, base, collected.responses)
+    async def _judge(self, rnd: _Round, collected: _Collected) -> _Answers:
+        """Accept the consistent answers, delete the files of the others, note time-outs and whether the round
+        brings every partition up to the high watermark it saw (then idle rounds can be skipped)."""
+        accepted, rejected_paths, blocked, more = self._classify(rnd.request, rnd.base, collected.responses)
         if rejected_paths:
-            await asyncio.to_thread(delete_files, tbl, rejected_paths)
-        timed_out = tuple(sorted(set(partitions) - collected.responses.keys()))
+            await asyncio.to_thread(remove_files, rnd.table, rejected_paths)
+        timed_out = tuple(sorted(set(rnd.partitions) - collected.responses.keys()))
         if timed_out:
             self._conditions.log("timed-out", logging.WARNING, "table topic %s: round %s timed out after %.1f s "
-                                 "waiting for partitions %s; committing what arrived", self.topic, commit_id,
+                                 "waiting for partitions %s; committing what arrived", self.topic, rnd.commit_id,
                                  self.round_timeout_s, list(timed_out), state=timed_out)
         else:
             self._conditions.clear("timed-out", logging.INFO, "table topic %s: every partition answers in time "
                                    "again", self.topic)
-        if watermarks_before is not None and not timed_out and all(
-                p in accepted and (accepted[p].code is CommitCode.BLOCKED
-                                   or accepted[p].next_offset >= watermarks_before[p]) for p in partitions):
-            settled: tuple[tuple[int, ...], dict[int, int]] | None = (tuple(partitions), watermarks_before)
-        else:
-            settled = None
+        before = rnd.watermarks_before
+        settled: tuple[tuple[int, ...], dict[int, int]] | None = None
+        if before is not None and not timed_out and all(
+                p in accepted and (accepted[p].code is CommitCode.BLOCKED or accepted[p].next_offset >= before[p])
+                for p in rnd.partitions):
+            settled = (tuple(rnd.partitions), before)
+        return _Answers(accepted, timed_out, more, blocked, settled)
 
-        new_offsets = {p: r.next_offset for p, r in accepted.items()}
-        data_files = tuple(f for r in accepted.values() for f in r.data_files)
-        moved = {p: o for p, o in new_offsets.items() if o != base[p]}
-        common: dict[str, Any] = {"timed_out": timed_out, "more_data": more, "blocked": blocked}
-        if not data_files and not moved:
-            await self._save(cp.advance(Phase.COMMITTED, self._now_ms()))
-            self._remember(commit_id, ())
-            if not timed_out:
-                self.delay_ms = 0  # everything up to the high watermarks is in the table
-            self.last_round_duration_ms = (time.perf_counter() - t0) * 1000
-            self._settled = settled
-            return RoundReport(RoundOutcome.IDLE, commit_id, offsets=table_offsets, **common)
+    async def _close_idle(self, rnd: _Round, answers: _Answers) -> RoundReport:
+        """Nothing new (no files, no offset moved): COMMITTED without a snapshot."""
+        await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))
+        self._remember(rnd.commit_id, ())
+        if not answers.timed_out:
+            self.delay_ms = 0  # everything up to the high watermarks is in the table
+        self.last_round_duration_ms = (time.perf_counter() - rnd.t0) * 1000
+        self._settled = answers.settled
+        return RoundReport(RoundOutcome.IDLE, rnd.commit_id, offsets=rnd.table_offsets, **answers.report_fields())
 
-        watermarks = [r.watermark for r in accepted.values() if r.record_count > 0 and r.watermark >= 0]
-        watermark = min(watermarks) if watermarks else -1
-        paths = tuple(f.file_path for f in data_files)
-        cp = cp.advance(Phase.PRE_COMMIT, self._now_ms(), new_offsets={**base, **new_offsets}, data_files=paths)
+    async def _pre_commit(self, rnd: _Round, answers: _Answers) -> _Round:
+        """Phase PRE_COMMIT: checkpoint the round's files and offsets before the commit is tried."""
+        paths = tuple(f.file_path for f in answers.data_files)
+        cp = rnd.checkpoint.advance(Phase.PRE_COMMIT, self._now_ms(),
+                                    new_offsets={**rnd.base, **answers.new_offsets}, data_files=paths)
         try:
             await self._save(cp)
         except Exception:
             # No commit was tried, so the files may go (should the checkpoint have reached the disk anyway,
             # resolving it finds no commit id in the table).
-            await asyncio.to_thread(delete_files, tbl, paths)
-            self._remember(commit_id, ())
+            await asyncio.to_thread(remove_files, rnd.table, paths)
+            self._remember(rnd.commit_id, ())
             raise
-        crash_point("coordinator-after-pre-commit")
+        return replace(rnd, checkpoint=cp)
 
-        rc = RoundCommit(commit_id, table_offsets, new_offsets, data_files, watermark, ExpirePolicy.from_config(cfg),
-                         topic_id=self._topic_id)
+    async def _commit(self, rnd: _Round, answers: _Answers) -> RoundReport:
+        """The Iceberg commit, then phase COMMITTED (or ABORTED when it did not land)."""
+        rc = RoundCommit(rnd.commit_id, rnd.table_offsets, answers.new_offsets, answers.data_files,
+                         answers.watermark, ExpirePolicy.from_config(rnd.cfg), topic_id=self._topic_id)
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
-            commit_round, tbl, rc, max_retries=self._max_commit_retries, clock=self._clock))
+            commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
         if result.outcome is Outcome.ABORTED:
-            await self._save(cp.advance(Phase.ABORTED, self._now_ms()))
-            self._remember(commit_id, ())
+            await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
+            self._remember(rnd.commit_id, ())
             self.aborted_rounds += 1
-            return RoundReport(RoundOutcome.ABORTED, commit_id, offsets=committed_offsets(result.table),
-                               commit_attempts=result.attempts, error=result.reason, **common)
+            return RoundReport(RoundOutcome.ABORTED, rnd.commit_id, offsets=committed_offsets(result.table),
+                               commit_attempts=result.attempts, error=result.reason, **answers.report_fields())
+        await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))
+        self._remember(rnd.commit_id, rnd.checkpoint.data_files)
+        self._settled = answers.settled
+        return self._committed(rnd, answers, result)
 
-        await self._save(cp.advance(Phase.COMMITTED, self._now_ms()))
-        self._remember(commit_id, paths)
-        self._settled = settled
-        records = sum(r.record_count for r in accepted.values())
-        nbytes = sum(r.byte_count for r in accepted.values())
+    def _committed(self, rnd: _Round, answers: _Answers, result: CommitResult) -> RoundReport:
+        """Metrics, the ``[COMMIT_COMPLETE]`` line and the report of a round that landed."""
+        accepted = answers.accepted.values()
+        files = len(answers.data_files)
+        records = sum(r.record_count for r in accepted)
+        nbytes = sum(r.byte_count for r in accepted)
+        fields = sum(r.field_count for r in accepted)
         self.commits += 1
         self.records_committed += records
-        self.files_committed += len(data_files)
+        self.files_committed += files
         self.bytes_committed += nbytes
-        self.fields_committed += sum(r.field_count for r in accepted.values())
+        self.fields_committed += fields
         self.last_commit_duration_ms = result.commit_ms
-        if not timed_out:  # a partial round must not make the table look fresher than it is
+        watermark = answers.watermark
+        if not answers.timed_out:  # a partial round must not make the table look fresher than it is
             self.delay_ms = max(0, self._now_ms() - watermark) if watermark >= 0 else 0
-        round_ms = (time.perf_counter() - t0) * 1000
+        round_ms = (time.perf_counter() - rnd.t0) * 1000
         self.last_round_duration_ms = round_ms
         log.info("[COMMIT_COMPLETE] topic=%s commit_id=%s files=%d records=%d bytes=%d round_ms=%.0f "
-                 "commit_ms=%.0f", self.topic, commit_id, len(data_files), records, nbytes, round_ms,
-                 result.commit_ms)
-        return RoundReport(RoundOutcome.COMMITTED, commit_id, files=len(data_files), records=records,
-                           bytes=nbytes, offsets=committed_offsets(result.table), commit_attempts=result.attempts,
-                           fields=sum(r.field_count for r in accepted.values()),
-                           watermark=-1 if timed_out else watermark, commit_ms=result.commit_ms,
-                           skipped=_sum_skipped(accepted.values()), **common)
+                 "commit_ms=%.0f", self.topic, rnd.commit_id, files, records, nbytes, round_ms, result.commit_ms)
+        return RoundReport(RoundOutcome.COMMITTED, rnd.commit_id, files=files, records=records, bytes=nbytes,
+                           offsets=committed_offsets(result.table), commit_attempts=result.attempts, fields=fields,
+                           watermark=-1 if answers.timed_out else watermark, commit_ms=result.commit_ms,
+                           skipped=_sum_skipped(accepted), **answers.report_fields())
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
@@ -671,7 +757,7 @@ class TableTopicCoordinator:
             self.stale_responses += 1
             first = out.responses.get(r.partition)
             keep = set(_paths([first])) if first is not None else set()
-            await asyncio.to_thread(delete_files, self.table(), [p for p in _paths([r]) if p not in keep])
+            await asyncio.to_thread(remove_files, self.table(), [p for p in _paths([r]) if p not in keep])
             return
         out.responses[r.partition] = r
 
@@ -687,12 +773,12 @@ class TableTopicCoordinator:
         included = self._recent_rounds.get(r.commit_id)
         if included is not None:
             doomed = [p for p in paths if not any(same_path(p, k) for k in included)]
-            await asyncio.to_thread(delete_files, tbl, doomed)
+            await asyncio.to_thread(remove_files, tbl, doomed)
         elif commit_landed(tbl, r.commit_id):
             # A round from before this coordinator started that did land: spare whatever the table references.
-            await asyncio.to_thread(lambda: delete_files(tbl, paths, keep=referenced_files(tbl)))
+            await asyncio.to_thread(lambda: remove_files(tbl, paths, keep=referenced_files(tbl)))
         else:
-            await asyncio.to_thread(delete_files, tbl, paths)
+            await asyncio.to_thread(remove_files, tbl, paths)
 
     def _classify(self, request: CommitRequest, base: dict[int, int], responses: dict[int, CommitResponse]
                   ) -> tuple[dict[int, CommitResponse], list[str], tuple[int, ...], tuple[int, ...]]:
@@ -749,7 +835,7 @@ class TableTopicCoordinator:
         return None
 
 
-def _sum_skipped(responses: Any) -> dict[str, int]:
+def _sum_skipped(responses: Iterable[CommitResponse]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in responses:
         for reason, n in r.skipped.items():
@@ -757,5 +843,5 @@ def _sum_skipped(responses: Any) -> dict[str, int]:
     return out
 
 
-def _paths(responses: Any) -> list[str]:
-    return [f.file_path for r in responses for f in (*r.data_files, *r.delete_files)]
+def _paths(responses: Iterable[CommitResponse | None]) -> list[str]:
+    return [p for r in responses if r is not None for p in r.paths]

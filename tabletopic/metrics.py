@@ -144,7 +144,7 @@ class TableTopicMetrics:
         self._busy.labels(worker=worker).set(ratio)
 
     def set_partition_by_applied(self, topic: str, applied: bool) -> None:
-        """Whether the table's spec follows ``partition.by`` (see ``coordinator.table.evolve_partition_spec``)."""
+        """Whether the table's spec follows ``partition.by`` (see ``coordinator.committer.evolve_partition_spec``)."""
         self._partition_by.labels(topic=topic).set(1.0 if applied else 0.0)
 
     def remove_topic(self, topic: str) -> None:

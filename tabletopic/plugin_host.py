@@ -27,7 +27,9 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pyiceberg.catalog import Catalog
 
 from configs.table_topic import (
     CONVERT_KEY_TYPE,
@@ -37,9 +39,9 @@ from configs.table_topic import (
     SchemaType,
     TableTopicConfig,
 )
-from coordinator.channel import InProcessChannel
+from coordinator.contract import InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
-from coordinator.table import converter_conflicts, table_identifier
+from coordinator.table import catalog_identifier, converter_conflicts
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
@@ -66,7 +68,8 @@ class _TableTopic:
 class TableTopicHost:
     """Owns the running table topics of one broker."""
 
-    def __init__(self, broker: Broker, catalog: Any, metrics: TableTopicMetrics, *, pool_size: int = 2) -> None:
+    def __init__(self, broker: Broker, catalog: Catalog, metrics: TableTopicMetrics, *, pool_size: int) -> None:
+        """``pool_size``: processes of the conversion pool (``table.topic.conversion.pool.size``)."""
         self._broker = broker
         self._catalog = catalog
         self._metrics = metrics
@@ -225,7 +228,7 @@ class TableTopicHost:
         # one line per topic enabled at runtime; the broker's start-up sums them up in one line
         log.log(logging.DEBUG if at_start else logging.INFO,
                 "table topic %s started: %d partition worker(s), table %s, in %.0f ms", topic, info.partitions,
-                ".".join(tt.config.table_identifier(topic)), (time.monotonic() - t0) * 1000)
+                ".".join(catalog_identifier(topic, tt.config)), (time.monotonic() - t0) * 1000)
 
     async def _start_worker(self, tt: _TableTopic, partition: int) -> None:
         plog = self._broker.logs.get(tt.topic, partition)
@@ -293,7 +296,7 @@ class TableTopicHost:
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
     """What decides the table's name and converter columns."""
-    return table_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns
+    return catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns
 
 
 def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:

@@ -15,8 +15,8 @@ from pyiceberg.table import CommitTableResponse, Table
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.transforms import TruncateTransform
 
+from coordinator.contract import CommitRequest
 from coordinator.coordinator import RoundOutcome
-from coordinator.messages import CommitRequest
 from coordinator.state import CheckpointStore, Phase
 from coordinator.table import (
     COMMIT_ID_PROPERTY,

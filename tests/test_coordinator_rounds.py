@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.contract import CommitCode, CommitResponse
 from coordinator.coordinator import RoundOutcome
-from coordinator.messages import CommitCode, CommitResponse
 from coordinator.table import COMMIT_ID_PROPERTY, OFFSETS_PROPERTY, SUMMARY_COMMIT_ID, committed_offsets
 from tests.test_coordinator_support import (
     BASE_TS,

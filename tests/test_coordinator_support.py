@@ -35,9 +35,8 @@ from pyiceberg.typedef import Record
 
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import TableTopicConfig
-from coordinator.channel import InProcessChannel
+from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel
 from coordinator.coordinator import RoundReport, TableTopicCoordinator
-from coordinator.messages import CommitCode, CommitRequest, CommitResponse
 
 TOPIC = "orders"
 BASE_TS = 1_700_000_000_000
@@ -88,7 +87,7 @@ class PartitionLog:
             if not f.done():
                 f.set_result(None)
 
-    # the coordinator's view of a log (coordinator.HighWatermarkSource), as PartitionLog has it
+    # the coordinator's view of a log (coordinator.contract.HighWatermarkSource), as PartitionLog has it
     @property
     def high_watermark(self) -> int:
         return self.end

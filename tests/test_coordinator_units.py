@@ -8,15 +8,18 @@ from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
 
-from coordinator.committer import ExpirePolicy, Outcome, RoundCommit, commit_round, snapshots_to_expire
+from coordinator.committer import (
+    ExpirePolicy,
+    Outcome,
+    RoundCommit,
+    commit_round,
+    load_or_create_table,
+    snapshots_to_expire,
+)
+from coordinator.contract import parse_data_file_name
 from coordinator.coordinator import RoundOutcome
 from coordinator.state import Checkpoint, CheckpointStore, Phase
-from coordinator.table import (
-    committed_offsets,
-    load_or_create_table,
-    parse_worker_file,
-    table_identifier,
-)
+from coordinator.table import catalog_identifier, committed_offsets
 from tests.test_coordinator_support import (
     TOPIC,
     Harness,
@@ -47,12 +50,12 @@ def test_checkpoint_round_trip_and_atomic_replace(tmp_path: Path) -> None:
     assert store.load() is None
 
 
-def test_table_identifier_and_worker_file_names() -> None:
-    assert table_identifier("t", make_config(namespace="a.b")) == ("a", "b", "t")
-    assert table_identifier("t", make_config(namespace=None)) == ("default", "t")
-    wf = parse_worker_file("file:///wh/ns/t/data/x=1/tt-p12-3400-0f1e2d3c-aaaa-bbbb-cccc-000000000000.parquet")
+def test_catalog_identifier_and_worker_file_names() -> None:
+    assert catalog_identifier("t", make_config(namespace="a.b")) == ("a", "b", "t")
+    assert catalog_identifier("t", make_config(namespace=None)) == ("default", "t")
+    wf = parse_data_file_name("file:///wh/ns/t/data/x=1/tt-p12-3400-0f1e2d3c-aaaa-bbbb-cccc-000000000000.parquet")
     assert wf is not None and (wf.partition, wf.start_offset) == (12, 3400)
-    assert parse_worker_file("file:///wh/ns/t/data/00000-0-abc.parquet") is None
+    assert parse_data_file_name("file:///wh/ns/t/data/00000-0-abc.parquet") is None
 
 
 class _RacyCatalog(SqlCatalog):
@@ -126,8 +129,8 @@ def test_stop_while_collecting_aborts_the_round_and_deletes_received_files(tmp_p
 
 
 def test_answers_that_do_not_match_the_request_are_rejected() -> None:
+    from coordinator.contract import CommitCode, CommitRequest, CommitResponse, PartitionOffset
     from coordinator.coordinator import TableTopicCoordinator
-    from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
 
     req = CommitRequest("c", TOPIC, 1, 0, (PartitionOffset(0, 10),))
     check = TableTopicCoordinator._check_answer

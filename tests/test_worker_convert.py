@@ -23,13 +23,9 @@ from tests.test_worker_support import (
     make_batch,
     open_log,
 )
-from worker.convert import (
-    REASON_CORRUPT_BATCH,
-    REASON_INVALID_UTF8_KEY,
-    REASON_INVALID_UTF8_VALUE,
-    ConvertResult,
-    convert_records,
-)
+from worker.convert import REASON_CORRUPT_BATCH, ConvertResult, convert_records
+from worker.converters.string import REASON_INVALID_UTF8_KEY, REASON_INVALID_UTF8_VALUE
+from worker.plan import ConversionPlan
 from worker.schema import table_schema
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,8 +46,8 @@ MIXED = [
 def convert(buf: bytes | bytearray, cfg: TableTopicConfig = RAW, *, start: int = 0, partition: int = 7,
             tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA, dlq: Path | None = None,
             schema: Schema | None = None) -> ConvertResult:
-    return convert_records(bytes(buf), partition=partition, start_offset=start,
-                           schema=schema or table_schema(cfg), tolerance=tolerance, dlq_dir=dlq)
+    plan = ConversionPlan.build(schema or table_schema(cfg), cfg, tolerance)
+    return convert_records(bytes(buf), partition=partition, start_offset=start, plan=plan, dlq_dir=dlq)
 
 
 def rows(result: ConvertResult) -> list[dict[str, object]]:

@@ -23,8 +23,7 @@ from pyiceberg.table import Table
 
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
-from coordinator.channel import InProcessChannel
-from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel, PartitionOffset
 from tabletopic.log import PartitionLog
 from tests.test_worker_support import (
     append,
@@ -36,7 +35,7 @@ from tests.test_worker_support import (
     make_batch,
     open_log,
 )
-from worker.convert import REASON_INVALID_UTF8_VALUE
+from worker.converters.string import REASON_INVALID_UTF8_VALUE
 from worker.partition_worker import PartitionWorker
 
 pytestmark = pytest.mark.timeout(120)
@@ -373,8 +372,7 @@ CRASH_SCRIPT = """
 import asyncio, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from coordinator.channel import InProcessChannel
-from coordinator.messages import CommitRequest, PartitionOffset
+from coordinator.contract import CommitRequest, InProcessChannel, PartitionOffset
 from tests.test_worker_partition import STRING, TOPIC
 from tests.test_worker_support import append_records, catalog, create_table, json_records, open_log
 from worker.partition_worker import PartitionWorker

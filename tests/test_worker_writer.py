@@ -44,10 +44,12 @@ from pyiceberg.types import (
 
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
+from coordinator.contract import parse_data_file_name
 from tests.test_worker_support import catalog, commit, create_table, duck, json_records, make_batch
 from worker.convert import convert_records
+from worker.plan import ConversionPlan
 from worker.task import TaskResult, convert_and_write, delete_uncommitted
-from worker.writer import WriteTarget, parse_data_file_name, split_by_partition, write_data_files
+from worker.writer import WriteTarget, split_by_partition, write_data_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -176,9 +178,14 @@ def test_split_keeps_row_order_inside_a_partition() -> None:
 
 # -- table topic tables: commit, read back with pyiceberg and DuckDB ---------------------------------------------
 
+def plan_for(tbl: Table, cfg: TableTopicConfig = STRING,
+             tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA) -> ConversionPlan:
+    return ConversionPlan.build(tbl.schema(), cfg, tolerance)
+
+
 def convert_write(tbl: Table, buf: bytes, *, partition: int, start: int = 0) -> TaskResult:
-    return convert_and_write(buf, partition=partition, start_offset=start, target=WriteTarget.from_table(tbl),
-                             tolerance=ErrorsTolerance.INVALID_DATA, dlq_dir=None)
+    return convert_and_write(buf, partition=partition, start_offset=start, plan=plan_for(tbl),
+                             target=WriteTarget.from_table(tbl), dlq_dir=None)
 
 
 def test_commit_and_read_back_with_pyiceberg_and_duckdb(tmp_path: Path) -> None:
@@ -195,7 +202,8 @@ def test_commit_and_read_back_with_pyiceberg_and_duckdb(tmp_path: Path) -> None:
     assert len(files) == 8  # 4 buckets x 2 kafka partitions, one file each
     for f in files:
         name = f.file_path.rsplit("/", 1)[-1]
-        assert parse_data_file_name(name) == (f.partition[1], 0)
+        wf = parse_data_file_name(name)
+        assert wf is not None and (wf.partition, wf.start_offset) == (f.partition[1], 0)
         assert f"/data/_kafka_key_bucket={f.partition[0]}/_kafka_metadata_partition={f.partition[1]}/" in f.file_path
         assert f.file_size_in_bytes == os.path.getsize(f.file_path.removeprefix("file://"))
     commit(tbl, files)
@@ -235,7 +243,7 @@ def test_commit_and_read_back_with_pyiceberg_and_duckdb(tmp_path: Path) -> None:
 def test_file_rolling_at_the_target_size(tmp_path: Path) -> None:
     tbl = create_table(catalog(tmp_path), STRING, properties={"write.target-file-size-bytes": str(64 * 1024)})
     buf = bytes(make_batch(json_records(3000)))
-    table = convert_records(buf, partition=0, start_offset=0, schema=tbl.schema()).table
+    table = convert_records(buf, partition=0, start_offset=0, plan=plan_for(tbl)).table
     files = write_data_files(table, WriteTarget.from_table(tbl), partition=0, start_offset=0)
     per_row = table.nbytes / table.num_rows
     assert len(files) == pytest.approx(table.nbytes / (64 * 1024), abs=1)
@@ -279,7 +287,8 @@ def test_data_file_statistics(tmp_path: Path) -> None:
     assert len(f.partition) == 0  # unpartitioned
     assert f.spec_id == tbl.spec().spec_id
     assert result.file_bytes == f.file_size_in_bytes
-    assert parse_data_file_name(f.file_path) == (5, 1000)
+    wf = parse_data_file_name(f.file_path)
+    assert wf is not None and (wf.partition, wf.start_offset) == (5, 1000)
 
 
 def test_delete_uncommitted(tmp_path: Path) -> None:
@@ -296,10 +305,12 @@ def test_task_in_a_spawned_process_pool(tmp_path: Path) -> None:
     tbl = create_table(catalog(tmp_path), cfg)
     target = WriteTarget.from_table(tbl)
     assert pickle.loads(pickle.dumps(target)) == target
+    plan = plan_for(tbl, cfg, ErrorsTolerance.NONE)
+    assert pickle.loads(pickle.dumps(plan)) == plan
     buf = bytes(make_batch(json_records(300)))
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(functools.partial(convert_and_write, buf, partition=p, start_offset=0, target=target,
-                                                 tolerance=ErrorsTolerance.NONE, dlq_dir=str(tmp_path / "dlq")))
+        futures = [pool.submit(functools.partial(convert_and_write, buf, partition=p, start_offset=0, plan=plan,
+                                                 target=target, dlq_dir=str(tmp_path / "dlq")))
                    for p in (0, 1)]
         results = [f.result(timeout=60) for f in futures]
     files = [f for r in results for f in r.data_files]

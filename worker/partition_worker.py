@@ -1,7 +1,7 @@
 """The worker of one table-topic partition: answers commit rounds with data files (runs on the broker's loop).
 
-Protocol (AutoMQ's, docs/automq-table-topic.md §6), per :class:`~coordinator.messages.CommitRequest` that names
-this partition:
+The handshake (:mod:`coordinator.contract`), per :class:`~coordinator.contract.CommitRequest` that names this
+partition:
 
 - older than 30 s (``sent_ms``) → dropped; another leader epoch → ``EPOCH_MISMATCH``, nothing written;
 - the requested offset X is where the table stands. If X is not the worker's position (the coordinator's last
@@ -19,8 +19,11 @@ this partition:
 Between rounds the worker **pre-writes**: once about ``prewrite_bytes`` of log data are pending past what it has
 written, it converts and writes them ahead, so a round only flushes the tail. Work is split in chunks of up to
 ``prewrite_bytes``; up to ``max_inflight`` chunks run in the executor at once (a single busy partition uses every
-core), each producing its own files. Decoding and Parquet encoding never run on the loop: the loop only reads the
-log (page cache) and walks batch lengths to find chunk boundaries.
+core), each producing its own files. Decoding and Parquet encoding never run on the loop: the loop only asks the
+log which file ranges hold the next whole batches (:class:`~coordinator.contract.LogReader`, the broker's
+``PartitionLog``); the pool task reads them itself. Each round builds one :class:`~worker.plan.ConversionPlan`
+(converters, transform, the table's columns, errors.tolerance) and one :class:`~worker.writer.WriteTarget` and
+hands them to every chunk it submits.
 
 Metrics are plain attributes (``records_written``, ``files_written``, ``bytes_written``, ``skipped_by_reason``,
 ``rounds``, ``last_round_ms``); they count what was handed to the coordinator, not discarded pre-writes.
@@ -37,17 +40,25 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
-from coordinator.channel import CommitChannel
-from coordinator.messages import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from coordinator.contract import (
+    CommitChannel,
+    CommitCode,
+    CommitRequest,
+    CommitResponse,
+    FileRange,
+    LogReader,
+    PartitionOffset,
+)
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
-from tabletopic.log.log import PartitionLog
 from tabletopic.logs import ConditionLog
+from worker.plan import ConversionPlan
 from worker.task import TaskResult, convert_and_write, delete_uncommitted
-from worker.writer import WriteTarget
+from worker.writer import WriteTarget, writer_name
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +80,18 @@ class _Chunk:
     end: int
     input_bytes: int
     target: WriteTarget
+    plan: ConversionPlan
     future: asyncio.Future[TaskResult]
     submitted: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, slots=True)
+class _Flushed:
+    """The chunks a round takes, in offset order, and why it stopped taking more."""
+
+    taken: list[_Chunk]
+    blocked: TaskResult | None = None  # the last chunk stops at a record that blocks the partition
+    error: str | None = None  # a system error: nothing is handed over
 
 
 class PartitionWorker:
@@ -80,10 +101,10 @@ class PartitionWorker:
         self,
         topic: str,
         partition: int,
-        plog: PartitionLog,
+        plog: LogReader,
         channel: CommitChannel,
         *,
-        table_provider: Callable[[], Any],
+        table_provider: Callable[[], Table],
         config_provider: Callable[[], TableTopicConfig],
         executor: Executor,
         dlq_dir: Path,
@@ -225,49 +246,66 @@ class PartitionWorker:
             return await self._round(req, mine, hw)
 
     async def _round(self, req: CommitRequest, mine: PartitionOffset, hw: int) -> CommitResponse:
+        """One answer: reset to the requested offset if needed, write up to ``hw``, answer with the files."""
         t0 = time.monotonic()
-        x = mine.offset
         try:
             target = self._target(req)
+            plan = ConversionPlan.build(target.schema, self._config_provider())
         except Exception as e:  # no table: answer "nothing written" rather than let the round time out
             self._conditions.log("no-table", logging.ERROR, "%s: commit %s: cannot load the table: %s: %s",
                                  self.name, req.commit_id, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
             return self._respond(CommitResponse(
                 code=CommitCode.NONE, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
-                leader_epoch=mine.leader_epoch, start_offset=x, next_offset=x, error=f"{type(e).__name__}: {e}"))
-        if x != self._position or any(_target_key(c.target) != _target_key(target) for c in self._chunks):
-            if self._chunks:
-                log.info("%s: commit %s asks for offset %d, worker was at %s: discarding %d pre-written chunk(s)",
-                         self.name, req.commit_id, x, self._position, len(self._chunks))
-            chunks, self._chunks = self._chunks, []
-            await self._discard(chunks, f"reset to {x}")
-            self._position = self._written_to = x
-        assert self._written_to is not None
+                leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=mine.offset,
+                error=f"{type(e).__name__}: {e}"))
+        await self._reset_if_moved(req, mine.offset, target)
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
+        flushed = await self._flush(req, mine.offset, hw, target, plan)
+        if flushed.taken:
+            crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
+        response = self._response(req, mine, hw, target, flushed)
+        self._advance(response)
+        self.last_round_ms = (time.monotonic() - t0) * 1000
+        self._log_round(response, hw, flushed)
+        self._wake.set()
+        return self._respond(response)
 
+    async def _reset_if_moved(self, req: CommitRequest, x: int, target: WriteTarget) -> None:
+        """Restart at ``x`` when it is not where this worker stands (a failed commit, the first round) or the table's
+        schema or spec changed: the chunks written ahead are discarded."""
+        if x == self._position and all(_target_key(c.target) == _target_key(target) for c in self._chunks):
+            return
+        if self._chunks:
+            log.info("%s: commit %s asks for offset %d, worker was at %s: discarding %d pre-written chunk(s)",
+                     self.name, req.commit_id, x, self._position, len(self._chunks))
+        chunks, self._chunks = self._chunks, []
+        await self._discard(chunks, f"reset to {x}")
+        self._position = self._written_to = x
+
+    async def _flush(self, req: CommitRequest, x: int, hw: int, target: WriteTarget, plan: ConversionPlan
+                     ) -> _Flushed:
+        """Take chunks in offset order, keeping the pipeline full up to ``hw`` and the round's byte budget, until
+        none is left or one stops at a blocking record. A system error hands nothing over."""
+        assert self._written_to is not None
         taken: list[_Chunk] = []
         round_bytes = 0
-        blocked: TaskResult | None = None
-        error: str | None = None
         try:
             while True:
-                # keep the pipeline full up to the round's high watermark and byte budget
                 while self._running() < self.max_inflight and self._written_to < hw:
                     budget = self.max_response_bytes - round_bytes - sum(c.input_bytes for c in self._chunks)
-                    if budget <= 0 or not await self._submit(hw, target, min(self.prewrite_bytes, budget)):
+                    if budget <= 0 or not await self._submit(hw, target, plan, min(self.prewrite_bytes, budget)):
                         break
                 if not self._chunks:
-                    break
+                    return _Flushed(taken)
                 chunk = self._chunks[0]
                 result = await asyncio.shield(chunk.future)
                 taken.append(self._chunks.pop(0))
                 round_bytes += chunk.input_bytes
                 if result.stats.blocked_offset is not None:
-                    blocked = result
                     rest, self._chunks = self._chunks, []
                     await self._discard(rest, "blocked earlier")
                     self._written_to = self._blocked_at = result.next_offset
-                    break
+                    return _Flushed(taken, blocked=result)
         except asyncio.CancelledError:
             self._chunks = [*taken, *self._chunks]  # stop() discards them
             raise
@@ -278,61 +316,67 @@ class PartitionWorker:
                                  self.name, x, req.commit_id, error, state=(x, error), exc_info=e)
             rest, self._chunks = self._chunks, []
             await self._discard([*taken, *rest], "round failed")
-            taken = []
             self._written_to = self._position
-        if taken:
-            crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
+            return _Flushed([], error=error)
 
-        results = [c.future.result() for c in taken]
-        files = [f for r in results for f in r.data_files]
-        next_offset = results[-1].next_offset if results else x
+    def _response(self, req: CommitRequest, mine: PartitionOffset, hw: int, target: WriteTarget,
+                  flushed: _Flushed) -> CommitResponse:
+        results = [c.future.result() for c in flushed.taken]
+        next_offset = results[-1].next_offset if results else mine.offset
         records = sum(r.stats.records for r in results)
         skipped: dict[str, int] = {}
         for r in results:
             for reason, n in r.stats.skipped.items():
                 skipped[reason] = skipped.get(reason, 0) + n
-        watermark = max((r.stats.max_timestamp for r in results), default=-1)
-        file_bytes = sum(r.file_bytes for r in results)
+        error = flushed.error
         code = CommitCode.NONE
-        if blocked is not None:
+        if flushed.blocked is not None:
             code = CommitCode.BLOCKED
+            stats = flushed.blocked.stats
             error = (f"table topic {self.topic} partition {self.partition} is blocked at offset "
-                     f"{blocked.stats.blocked_offset}: {blocked.stats.blocked_reason} "
+                     f"{stats.blocked_offset}: {stats.blocked_reason} "
                      f"(errors.tolerance=none; set automq.table.topic.errors.tolerance to skip bad records)")
         elif error is None and next_offset < hw:
             code = CommitCode.MORE_DATA
-        n_columns = len(target.schema.fields)
-        response = CommitResponse(
+        return CommitResponse(
             code=code, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
-            leader_epoch=mine.leader_epoch, start_offset=x, next_offset=next_offset, data_files=tuple(files),
-            record_count=records, byte_count=file_bytes, field_count=records * n_columns, watermark=watermark,
-            skipped=skipped, error=error,
+            leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=next_offset,
+            data_files=tuple(f for r in results for f in r.data_files),
+            delete_files=tuple(f for r in results for f in r.delete_files),
+            record_count=records, byte_count=sum(r.file_bytes for r in results),
+            field_count=records * len(target.schema.fields),
+            watermark=max((r.stats.max_timestamp for r in results), default=-1), skipped=skipped, error=error,
         )
-        self._position = next_offset
-        if self._written_to is None or self._written_to < next_offset:
-            self._written_to = next_offset
+
+    def _advance(self, response: CommitResponse) -> None:
+        """Move past what ``response`` hands over (optimistically: a failed commit asks for the old offset again)
+        and count it."""
+        self._position = response.next_offset
+        if self._written_to is None or self._written_to < response.next_offset:
+            self._written_to = response.next_offset
         self.rounds += 1
-        self.records_written += records
-        self.files_written += len(files)
-        self.bytes_written += file_bytes
-        for reason, n in skipped.items():
+        self.records_written += response.record_count
+        self.files_written += len(response.data_files)
+        self.bytes_written += response.byte_count
+        for reason, n in response.skipped.items():
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + n
-        self.last_round_ms = (time.monotonic() - t0) * 1000
+
+    def _log_round(self, response: CommitResponse, hw: int, flushed: _Flushed) -> None:
+        r = response
         # idle rounds (every interval on every partition) are DEBUG; rounds that wrote something are INFO
-        log.log(logging.INFO if records or files or skipped else logging.DEBUG,
+        log.log(logging.INFO if r.record_count or r.data_files or r.skipped else logging.DEBUG,
                 "[COMMIT_RESPONSE] %s: commit %s %s offsets %d..%d (hw %d): %d records, %d files, %d bytes, "
-                "skipped %s in %.1f ms", self.name, req.commit_id, code.name, x, next_offset, hw, records,
-                len(files), file_bytes, skipped or "{}", self.last_round_ms)
-        if blocked is not None:
-            self._conditions.log("blocked", logging.ERROR, "[BLOCKED] %s", error,
-                                 state=(blocked.stats.blocked_offset, blocked.stats.blocked_reason))
-        elif error is None:
+                "skipped %s in %.1f ms", self.name, r.commit_id, r.code.name, r.start_offset, r.next_offset, hw,
+                r.record_count, len(r.data_files), r.byte_count, r.skipped or "{}", self.last_round_ms)
+        if flushed.blocked is not None:
+            stats = flushed.blocked.stats
+            self._conditions.log("blocked", logging.ERROR, "[BLOCKED] %s", r.error,
+                                 state=(stats.blocked_offset, stats.blocked_reason))
+        elif r.error is None:
             self._conditions.clear("blocked", logging.INFO, "[UNBLOCKED] %s: continues at offset %d", self.name,
-                                   next_offset)
+                                   r.next_offset)
             self._conditions.clear("no-table")
             self._conditions.clear("write-failed")
-        self._wake.set()
-        return self._respond(response)
 
     def _respond(self, response: CommitResponse) -> CommitResponse:
         self.channel.respond(response)
@@ -340,18 +384,19 @@ class PartitionWorker:
 
     def _target(self, req: CommitRequest) -> WriteTarget:
         table = self._table_provider()
+        writer = writer_name(self._config_provider())
         try:
-            return WriteTarget.from_table(table, schema_id=req.schema_id, spec_id=req.spec_id)
+            return WriteTarget.from_table(table, schema_id=req.schema_id, spec_id=req.spec_id, writer=writer)
         except KeyError:
             log.warning("%s: commit %s names schema %d / spec %d, unknown to the table: using the current ones",
                         self.name, req.commit_id, req.schema_id, req.spec_id)
-            return WriteTarget.from_table(table)
+            return WriteTarget.from_table(table, writer=writer)
 
     # ------------------------------------------------------------------------------------------------------
     # chunks
     # ------------------------------------------------------------------------------------------------------
 
-    async def _submit(self, limit: int, target: WriteTarget, max_bytes: int) -> bool:
+    async def _submit(self, limit: int, target: WriteTarget, plan: ConversionPlan, max_bytes: int) -> bool:
         """Read up to ``max_bytes`` of whole batches from ``_written_to`` (below ``limit``) and submit them.
 
         Returns False when there was nothing to read.
@@ -365,7 +410,7 @@ class PartitionWorker:
                         lso)
             start = self._written_to = lso
         # plan file ranges here; the pool process preads them itself, so the bytes never cross a pipe
-        parts: list[tuple[str, int, int]] = []
+        parts: list[FileRange] = []
         size = 0
         offset = start
         while size < max_bytes and offset < limit:
@@ -385,13 +430,12 @@ class PartitionWorker:
         if offset > start:
             bpr = size / (offset - start)
             self._bytes_per_record = bpr if self._bytes_per_record is None else 0.5 * (self._bytes_per_record + bpr)
-        cfg = self._config_provider()
         loop = asyncio.get_running_loop()
-        job = functools.partial(convert_and_write, parts, partition=self.partition, start_offset=start,
-                                target=target, tolerance=cfg.errors_tolerance, dlq_dir=str(self.dlq_dir))
+        job = functools.partial(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
+                                target=target, dlq_dir=str(self.dlq_dir))
         fut = loop.run_in_executor(self._executor, job)
         fut.add_done_callback(self._chunk_done)
-        self._chunks.append(_Chunk(start, offset, size, target, fut))
+        self._chunks.append(_Chunk(start, offset, size, target, plan, fut))
         self._written_to = offset
         log.debug("%s: submitted offsets %d..%d (%d bytes)", self.name, start, offset, size)
         return True
@@ -423,7 +467,7 @@ class PartitionWorker:
                 log.debug("%s: discarded chunk %d..%d had failed: %r", self.name, c.start, c.end, e)
                 continue
             entry = by_target.setdefault(id(c.target), (c.target, []))
-            entry[1].extend(f.file_path for f in result.data_files)
+            entry[1].extend(result.paths)
         loop = asyncio.get_running_loop()
         for target, paths in by_target.values():
             if paths:
@@ -454,10 +498,9 @@ class PartitionWorker:
     async def _prewrite_loop(self) -> None:
         while True:
             waiter = self.plog.add_waiter()
-            wake: asyncio.Future[Any] = asyncio.ensure_future(self._wake.wait())
-            either: set[asyncio.Future[Any]] = {waiter, wake}
+            wake = asyncio.ensure_future(self._wake.wait())
             try:
-                await asyncio.wait(either, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((waiter, wake), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 self.plog.remove_waiter(waiter)
                 wake.cancel()
@@ -481,22 +524,25 @@ class PartitionWorker:
         if self._lock.locked() or self._position is None or self._stopping:
             return 0
         n = 0
+        plan: ConversionPlan | None = None  # one per pass, for the settings as they are now
         async with self._lock:
             while (self._running() < self.max_inflight and self._written_to is not None
                    and self._written_to != self._blocked_at
                    and self.pending_bytes_estimate() >= self.prewrite_bytes):
                 try:
+                    # the table as the last round saw it: its chunks stay valid while schema and spec are the same
+                    cfg = self._config_provider()
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
-                        self._table_provider())
+                        self._table_provider(), writer=writer_name(cfg))
+                    plan = plan or ConversionPlan.build(target.schema, cfg)
                 except Exception as e:
                     self._conditions.log("prewrite-failed", logging.ERROR, "%s: no table to pre-write into: %s: %s",
                                          self.name, type(e).__name__, e, state=(type(e), str(e)))
                     break
-                if not await self._submit(self.plog.high_watermark, target, self.prewrite_bytes):
+                if not await self._submit(self.plog.high_watermark, target, plan, self.prewrite_bytes):
                     break
                 n += 1
                 self.prewrite_chunks += 1
         if n:
             log.debug("%s: pre-writing %d chunk(s), now written ahead to %s", self.name, n, self._written_to)
         return n
-

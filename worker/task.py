@@ -1,9 +1,10 @@
-"""The unit of work shipped to the broker's process pool: decode + convert + write one range of a partition.
+"""The unit of work shipped to the broker's process pool: read + convert + write one range of a partition.
 
-Everything crossing the process boundary pickles: the record bytes, plain values, a :class:`WriteTarget`
-(pyiceberg ``Schema``/``PartitionSpec`` and property tuples), the errors tolerance, and back a
-:class:`TaskResult` of ``DataFile`` entries and stats. The pool should use the ``spawn`` or ``forkserver``
-context (the broker's event loop and flusher threads must not be forked).
+Everything crossing the process boundary pickles: the log file ranges (or bytes), plain values, the round's
+:class:`~worker.plan.ConversionPlan` (converters and transform by name), a :class:`~worker.writer.WriteTarget`
+(pyiceberg ``Schema``/``PartitionSpec`` and property tuples), and back a :class:`TaskResult` of file entries and
+stats. The pool should use the ``spawn`` or ``forkserver`` context (the broker's event loop and flusher threads
+must not be forked).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from configs.table_topic import ErrorsTolerance
+from coordinator.contract import DataFile, DeleteFile, FileRange
 from worker.convert import ConvertStats, convert_records
-from worker.writer import WriteTarget, delete_files, write_data_files
+from worker.plan import ConversionPlan
+from worker.writer import WriteTarget, remove_files, writer_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,22 +24,24 @@ class TaskResult:
     """Files written for ``[start_offset, stats.next_offset)`` and what the conversion found there."""
 
     start_offset: int
-    data_files: tuple[Any, ...]  # pyiceberg.manifest.DataFile
+    data_files: tuple[DataFile, ...]
     stats: ConvertStats
     file_bytes: int
     convert_ms: float
     write_ms: float
+    delete_files: tuple[DeleteFile, ...] = ()
 
     @property
     def next_offset(self) -> int:
         return self.stats.next_offset
 
+    @property
+    def paths(self) -> list[str]:
+        return [f.file_path for f in (*self.data_files, *self.delete_files)]
 
-FileRange = tuple[str, int, int]  # (segment file path, position, length): whole batches, below the HW
 
-
-def read_ranges(ranges: list[FileRange]) -> bytes:
-    """``pread`` the given log ranges (in the pool process: the bytes never cross a pipe)."""
+def pread_ranges(ranges: list[FileRange]) -> bytes:
+    """The bytes of the given log file ranges (``pread`` in the pool process: the bytes never cross a pipe)."""
     pieces: list[bytes] = []
     for path, position, length in ranges:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -56,7 +59,7 @@ def _materialize(data: bytes | list[bytes] | list[FileRange]) -> bytes:
     if isinstance(data, bytes):
         return data
     if data and isinstance(data[0], tuple):  # log file ranges: read them here, off the event loop
-        return read_ranges([r for r in data if isinstance(r, tuple)])
+        return pread_ranges([r for r in data if isinstance(r, tuple)])
     pieces = [p for p in data if isinstance(p, bytes)]  # consecutive reads: joined here
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
@@ -66,32 +69,33 @@ def convert_and_write(
     *,
     partition: int,
     start_offset: int,
+    plan: ConversionPlan,
     target: WriteTarget,
-    tolerance: ErrorsTolerance,
     dlq_dir: str | None,
 ) -> TaskResult:
-    """Convert the records of ``data`` from ``start_offset`` on and write them as data files of ``target``.
+    """Convert the records of ``data`` from ``start_offset`` on per ``plan`` and write them as files of ``target``.
 
     Top-level and picklable for ``ProcessPoolExecutor.submit`` (keywords via ``functools.partial``). Data errors
     are reported in ``stats`` (skipped counts, or ``blocked_offset`` under ``errors.tolerance=none``); other
     exceptions propagate.
     """
     t0 = time.perf_counter()
-    converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset,
-                                schema=target.schema, tolerance=tolerance, dlq_dir=dlq_dir)
+    converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset, plan=plan,
+                                dlq_dir=dlq_dir)
     t1 = time.perf_counter()
-    files = write_data_files(converted.table, target, partition=partition, start_offset=start_offset)
+    written = writer_for(target).write(converted.table, target, partition=partition, start_offset=start_offset)
     t2 = time.perf_counter()
     return TaskResult(
         start_offset=start_offset,
-        data_files=tuple(files),
+        data_files=written.data_files,
         stats=converted.stats,
-        file_bytes=sum(f.file_size_in_bytes for f in files),
+        file_bytes=sum(f.file_size_in_bytes for f in (*written.data_files, *written.delete_files)),
         convert_ms=(t1 - t0) * 1000,
         write_ms=(t2 - t1) * 1000,
+        delete_files=written.delete_files,
     )
 
 
 def delete_uncommitted(paths: list[str], target: WriteTarget) -> int:
     """Delete files that will never be committed (a reset discards pre-written files). Picklable too."""
-    return delete_files(paths, target.io_properties, target.location)
+    return remove_files(paths, target)

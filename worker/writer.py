@@ -1,26 +1,34 @@
-"""Arrow data → Parquet data files of an Iceberg table, and the ``DataFile`` entries to commit them (pool side).
+"""Converted rows → files of an Iceberg table, and the entries to commit them (pool side).
 
-Each file holds rows of exactly one partition of the table's spec (identity, year, month, day, hour, bucket,
-truncate; sources may be nested struct fields), carries the table schema's field ids, is compressed with
+The writer seam: a :class:`FileWriter` turns a chunk's rows into :class:`WrittenFiles` (data files, and delete
+files for writers that update or delete rows). :class:`WriteTarget` names the writer a table uses
+(:func:`writer_for`):
+
+- ``append`` (:class:`AppendWriter`, the only one built): every row is a new row, data files only;
+- an upsert/CDC (delta) writer for ``upsert.enable`` / ``cdc.field`` plugs in here: a class implementing
+  :class:`FileWriter` that writes the rows as data files plus equality delete files keyed by ``id.columns``
+  (or position deletes), registered in ``_WRITERS`` and chosen by :func:`writer_name`. Its delete files travel in
+  ``WrittenFiles.delete_files`` → ``TaskResult.delete_files`` → ``CommitResponse.delete_files``; the coordinator
+  refuses answers carrying delete files until its commit does a row delta instead of a fast append.
+
+Data files hold rows of exactly one partition of the table's spec (identity, year, month, day, hour, bucket,
+truncate; sources may be nested struct fields), carry the table schema's field ids, are compressed with
 ``write.parquet.compression-codec`` / ``write.parquet.compression-level`` (default zstd at the codec's default
-level) and is rolled at ``write.target-file-size-bytes`` (default 64 MiB, AutoMQ's roll size). The roll size is
-measured on the **Arrow in-memory size** of the rows, as pyiceberg's own writer does: compressed Parquet files
-come out several times smaller than the target.
+level) and are rolled at ``write.target-file-size-bytes`` (default 64 MiB). The roll size is measured on the
+**Arrow in-memory size** of the rows, as pyiceberg's own writer does: compressed Parquet files come out several
+times smaller than the target.
 
-File names are ``tt-p<kafka partition>-<start offset>-<uuid>.parquet`` under the table's data location (the
-table's location provider: ``<location>/data/<partition path>/`` by default). The start offset is the first
-Kafka offset of the range the files were written for; the coordinator's clean-up relies on it (a file whose
-start offset is at or past the committed offset was never committed). ``DataFile`` statistics come from the
-Parquet footer, exactly as pyiceberg computes them for its own writes.
+Files are named by :func:`coordinator.contract.data_file_name` under the table's data location (the table's
+location provider: ``<location>/data/<partition path>/`` by default); the name's start offset is what the
+coordinator's clean-up relies on. ``DataFile`` statistics come from the Parquet footer, exactly as pyiceberg
+computes them for its own writes.
 """
 
 from __future__ import annotations
 
 import functools
-import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,16 +47,18 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import TableProperties
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.transforms import Transform, TruncateTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
 
+from configs.table_topic import TableTopicConfig
+from coordinator.contract import DeleteFile, data_file_name, set_file_spec_id
 from tabletopic.fileio import DurableFileIO, fsync_file, local_path
 
 TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
-FILE_PREFIX = "tt-p"
+APPEND = "append"
 # Record payloads are nearly always distinct: trying a dictionary first costs ~30% of the write time and gives
 # bigger files once the writer falls back to plain encoding. Numbers are not dictionary-encoded either.
 PAYLOAD_COLUMNS = frozenset({"_kafka_value", "value"})
@@ -67,10 +77,12 @@ class WriteTarget:
     spec: PartitionSpec
     properties: tuple[tuple[str, str], ...] = ()  # table properties
     io_properties: tuple[tuple[str, str], ...] = ()  # FileIO properties (table.io.properties)
+    writer: str = APPEND  # the FileWriter (see the module doc)
 
     @classmethod
-    def from_table(cls, table: Any, *, schema_id: int | None = None, spec_id: int | None = None) -> WriteTarget:
-        """From a ``pyiceberg.table.Table``; the current schema/spec unless ids are given (KeyError if unknown)."""
+    def from_table(cls, table: Table, *, schema_id: int | None = None, spec_id: int | None = None,
+                   writer: str = APPEND) -> WriteTarget:
+        """From a table; its current schema/spec unless ids are given (KeyError if unknown)."""
         meta = table.metadata
         schema = meta.schema() if schema_id is None else table.schemas()[schema_id]
         spec = meta.spec() if spec_id is None else table.specs()[spec_id]
@@ -80,6 +92,7 @@ class WriteTarget:
             spec=spec,
             properties=tuple(sorted(meta.properties.items())),
             io_properties=tuple(sorted((str(k), str(v)) for k, v in table.io.properties.items())),
+            writer=writer,
         )
 
     @property
@@ -100,21 +113,6 @@ def _file_io(io_properties: tuple[tuple[str, str], ...], location: str) -> FileI
 
 def file_io_for(target: WriteTarget) -> FileIO:
     return _file_io(target.io_properties, target.location)
-
-
-def data_file_name(partition: int, start_offset: int) -> str:
-    return f"{FILE_PREFIX}{partition}-{start_offset}-{uuid.uuid4()}.parquet"
-
-
-def parse_data_file_name(path: str) -> tuple[int, int] | None:
-    """(kafka partition, start offset) of a file this module named, else None."""
-    name = path.rsplit("/", 1)[-1]
-    if not (name.startswith(FILE_PREFIX) and name.endswith(".parquet")):
-        return None
-    parts = name[len(FILE_PREFIX):].split("-", 2)
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
-        return None
-    return int(parts[0]), int(parts[1])
 
 
 def _source_column(table: pa.Table, schema: Schema, source_id: int) -> pa.Array:
@@ -264,16 +262,14 @@ def write_data_files(
                 key_metadata=None,
                 **stats.to_serialized_dict(),
             )
-            data_file.spec_id = target.spec.spec_id  # from_args drops it (not a field of the manifest entry)
+            set_file_spec_id(data_file, target.spec.spec_id)  # from_args drops it
             files.append(data_file)
     return files
 
 
-def delete_files(paths: list[str], io_properties: Mapping[str, str] | tuple[tuple[str, str], ...],
-                 location: str) -> int:
-    """Delete data files that were never committed; missing files are fine. Returns how many were deleted."""
-    props = tuple(sorted(dict(io_properties).items()))
-    io = _file_io(props, location)
+def remove_files(paths: list[str], target: WriteTarget) -> int:
+    """Delete files of ``target`` that were never committed; missing ones are fine. Returns how many were deleted."""
+    io = file_io_for(target)
     n = 0
     for p in paths:
         try:
@@ -282,3 +278,47 @@ def delete_files(paths: list[str], io_properties: Mapping[str, str] | tuple[tupl
         except FileNotFoundError:
             pass
     return n
+
+
+# ------------------------------------------------------------------------------------------------ the writer seam
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenFiles:
+    """What a writer wrote for one chunk, ready to commit."""
+
+    data_files: tuple[DataFile, ...] = ()
+    delete_files: tuple[DeleteFile, ...] = ()  # only from a delta (upsert/CDC) writer
+
+
+class FileWriter(Protocol):
+    """Writes a chunk's converted rows as files of ``target``'s table (see the module doc)."""
+
+    def write(self, rows: pa.Table, target: WriteTarget, *, partition: int, start_offset: int) -> WrittenFiles:
+        """``rows`` are in ``schema_to_pyarrow(target.schema, include_field_ids=True)``; ``start_offset`` (the first
+        Kafka offset of the chunk) goes into the file names."""
+        ...
+
+
+class AppendWriter:
+    """Every row is a new row: data files only (:func:`write_data_files`)."""
+
+    def write(self, rows: pa.Table, target: WriteTarget, *, partition: int, start_offset: int) -> WrittenFiles:
+        return WrittenFiles(tuple(write_data_files(rows, target, partition=partition, start_offset=start_offset)))
+
+
+_WRITERS: dict[str, FileWriter] = {APPEND: AppendWriter()}
+
+
+def writer_for(target: WriteTarget) -> FileWriter:
+    """The writer ``target`` names (KeyError for an unknown one)."""
+    return _WRITERS[target.writer]
+
+
+def writer_name(cfg: TableTopicConfig) -> str:
+    """The writer a table topic's settings call for.
+
+    Always ``append`` for now: ``upsert.enable`` / ``cdc.field`` (``cfg.delta_write``) are refused by the config
+    checks until the delta writer exists; it is chosen here then.
+    """
+    return APPEND

@@ -1,0 +1,245 @@
+"""The contract between a table topic's coordinator and its partition workers: the one module both sides share.
+
+``worker/`` imports nothing else of ``coordinator/``, and this module imports nothing of ``worker/``. It holds:
+
+- the commit handshake: every round the coordinator broadcasts one :class:`CommitRequest`; each partition's
+  worker answers with one :class:`CommitResponse` (:class:`CommitCode` says how). Messages are frozen dataclasses
+  of plain values plus pyiceberg ``DataFile`` entries (which pickle small), so a channel may carry them across
+  processes by pickling;
+- the channel carrying them (:class:`CommitChannel`; :class:`InProcessChannel` for workers in the broker's own
+  process);
+- the table layout both sides rely on: where and under which names workers write data files (the coordinator's
+  start-up clean-up finds uncommitted files by name alone), and how a data file carries its partition spec id;
+- the narrow view of a partition log both sides read (:class:`HighWatermarkSource`, :class:`LogReader`), which
+  the broker satisfies by injecting its ``PartitionLog``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+from pyiceberg.manifest import DataFile as _IcebergDataFile
+
+# ------------------------------------------------------------------------------------------------ table layout
+
+DataFile = _IcebergDataFile
+"""A data file entry as committed to the table (``pyiceberg.manifest.DataFile``)."""
+
+DeleteFile = _IcebergDataFile
+"""A position or equality delete file entry: pyiceberg models them as ``DataFile`` entries whose ``content`` is
+``POSITION_DELETES`` / ``EQUALITY_DELETES`` (written by an upsert/CDC writer; none is built yet)."""
+
+DATA_DIR = "data"
+"""Workers write under ``<table location>/data/`` (the default location provider's layout); the coordinator lists
+only there for leftovers."""
+
+DATA_FILE_PREFIX = "tt-p"
+_DATA_FILE_NAME = re.compile(r"^tt-p(\d+)-(\d+)-[0-9A-Za-z-]+\.parquet$")
+
+
+def data_file_name(partition: int, start_offset: int) -> str:
+    """A new worker file name: ``tt-p<kafka partition>-<start offset>-<uuid>.parquet``.
+
+    The start offset is the first Kafka offset of the range the file was written for. Commits move a partition's
+    offset past every file they add, so a file whose start offset is at or past the committed offset was never
+    committed: the coordinator's clean-up relies on that.
+    """
+    return f"{DATA_FILE_PREFIX}{partition}-{start_offset}-{uuid.uuid4()}.parquet"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFile:
+    """A file named by :func:`data_file_name`: its location and what the name says."""
+
+    path: str
+    partition: int
+    start_offset: int
+
+
+def parse_data_file_name(path: str) -> WorkerFile | None:
+    """Kafka partition and start offset of a worker-named file (a path or a bare name), None for other files."""
+    m = _DATA_FILE_NAME.match(path.rsplit("/", 1)[-1])
+    if m is None:
+        return None
+    return WorkerFile(path, int(m.group(1)), int(m.group(2)))
+
+
+def set_file_spec_id(data_file: DataFile, spec_id: int) -> None:
+    """Record the partition spec a file was written with (writers call this for every file they return).
+
+    ``DataFile.from_args(spec_id=...)`` silently drops it (it is not a manifest field), so it is set afterwards.
+    """
+    data_file.spec_id = spec_id
+
+
+def file_spec_id(data_file: DataFile) -> int | None:
+    """The spec id a writer set on ``data_file`` (:func:`set_file_spec_id`), or None (then the request's)."""
+    try:
+        return int(data_file.spec_id)
+    except AttributeError:
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ the log view
+
+FileRange = tuple[str, int, int]
+"""``(segment file path, position, length)``: whole record batches below the high watermark."""
+
+
+class HighWatermarkSource(Protocol):
+    """What the coordinator reads of a partition's log (to skip idle rounds)."""
+
+    @property
+    def high_watermark(self) -> int:
+        """The end of durable data: the first offset a reader may not see yet."""
+        ...
+
+    def add_waiter(self) -> asyncio.Future[None]:
+        """A future resolved the next time the high watermark moves (or the log goes away)."""
+        ...
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None: ...
+
+
+class LogReader(HighWatermarkSource, Protocol):
+    """What a partition worker reads of its partition's log (on the event loop; the bytes are read elsewhere)."""
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def leader_epoch(self) -> int: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
+                    ) -> tuple[list[FileRange], int]:
+        """The file ranges of whole batches from ``fetch_offset`` (up to ``max_bytes``, below ``max_offset``), and
+        the offset after the last one; raises ``KafkaApiError`` when the offset cannot be read."""
+        ...
+
+
+# ------------------------------------------------------------------------------------------------ messages
+
+
+class CommitCode(IntEnum):
+    """A worker's answer for one partition."""
+
+    NONE = 0  # files and next offset for [requested offset, next_offset)
+    EPOCH_MISMATCH = 1  # the request's leader epoch is not this worker's: ignore, nothing written
+    MORE_DATA = 2  # answered a bounded slice; more data is pending, schedule the next round soon
+    BLOCKED = 3  # the partition cannot make progress (errors.tolerance=none and a bad record): see ``error``
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffset:
+    partition: int
+    offset: int  # the first offset not yet committed to the table (the worker starts here)
+    leader_epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    """Write everything from each partition's ``offset`` up to the high watermark into data files."""
+
+    commit_id: str  # a UUID per round; responses carry it back so late answers of old rounds are recognized
+    topic: str
+    spec_id: int  # the table's partition spec the files must be written with
+    schema_id: int  # the table's current schema
+    offsets: tuple[PartitionOffset, ...]
+    sent_ms: int = 0  # workers drop requests older than the round time-out (30 s)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResponse:
+    code: CommitCode
+    commit_id: str
+    topic: str
+    partition: int
+    leader_epoch: int
+    start_offset: int  # the requested offset these files start at
+    next_offset: int  # the first offset NOT covered by the files
+    data_files: tuple[DataFile, ...] = ()
+    delete_files: tuple[DeleteFile, ...] = ()  # always empty until an upsert/CDC writer exists
+    record_count: int = 0  # rows written
+    byte_count: int = 0  # bytes of the data files
+    field_count: int = 0  # rows times top-level columns (the kafka_tabletopic_fields numerator)
+    watermark: int = -1  # max record timestamp (ms) covered, -1 if none
+    skipped: dict[str, int] = field(default_factory=dict)  # records skipped by reason (errors.tolerance)
+    error: str | None = None  # for BLOCKED: what blocks the partition, naming offset and reason
+
+    @property
+    def paths(self) -> list[str]:
+        """Every file location this answer hands over (data and delete files)."""
+        return [f.file_path for f in (*self.data_files, *self.delete_files)]
+
+
+# ------------------------------------------------------------------------------------------------ the channel
+
+
+class CommitChannel(Protocol):
+    """How requests reach a table topic's workers and their answers reach its coordinator."""
+
+    def register_worker(self, partition: int) -> asyncio.Queue[CommitRequest]:
+        """Attach a partition's worker; it receives every request broadcast from now on."""
+        ...
+
+    def unregister_worker(self, partition: int) -> None: ...
+
+    def broadcast(self, request: CommitRequest) -> None:
+        """Deliver ``request`` to every registered worker (the coordinator side)."""
+        ...
+
+    def respond(self, response: CommitResponse) -> None:
+        """Deliver a worker's answer to the coordinator."""
+        ...
+
+    async def next_response(self, timeout_s: float) -> CommitResponse | None:
+        """The next answer, or None after ``timeout_s`` seconds."""
+        ...
+
+
+class InProcessChannel:
+    """:class:`CommitChannel` over asyncio queues, one per table topic, for workers in the same process.
+
+    Not thread-safe: use from the event loop. A cross-process channel (a control topic) would pickle the same
+    messages.
+    """
+
+    def __init__(self) -> None:
+        self._workers: dict[int, asyncio.Queue[CommitRequest]] = {}
+        self._responses: asyncio.Queue[CommitResponse] = asyncio.Queue()
+
+    def register_worker(self, partition: int) -> asyncio.Queue[CommitRequest]:
+        q: asyncio.Queue[CommitRequest] = asyncio.Queue()
+        self._workers[partition] = q
+        return q
+
+    def unregister_worker(self, partition: int) -> None:
+        self._workers.pop(partition, None)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._workers)
+
+    def broadcast(self, request: CommitRequest) -> None:
+        for q in self._workers.values():
+            q.put_nowait(request)
+
+    def respond(self, response: CommitResponse) -> None:
+        self._responses.put_nowait(response)
+
+    async def next_response(self, timeout_s: float) -> CommitResponse | None:
+        try:
+            return await asyncio.wait_for(self._responses.get(), timeout_s)
+        except TimeoutError:
+            return None

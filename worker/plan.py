@@ -1,0 +1,84 @@
+"""The conversion plan: which converter feeds which table column, which transform follows, and the table's columns.
+
+Built once per commit round (and per pre-write pass) on the event loop from the table's schema and the topic's
+settings, then handed to every pool task of that round. It is small and picklable: converters and the transform
+travel by registry name and are looked up in the pool process.
+
+Columns follow the *table's* schema, matched by name, so a table whose schema someone else changed still gets
+what it can. The record's key feeds ``_kafka_key`` (and the legacy ``key``), its value ``_kafka_value`` (and the
+legacy ``value``). Each such column gets the converter its setting names (``convert.key.type`` /
+``convert.value.type``; the legacy columns the schemaless handling) when that converter produces the column's
+type; otherwise the first of :data:`worker.converters.FALLBACKS` that does, else raw bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
+
+from configs.table_schema import KEY, VALUE
+from configs.table_topic import ErrorsTolerance, TableTopicConfig
+from worker.converters import FALLBACKS, RecordPart, converter
+from worker.converters.raw import RAW
+from worker.converters.schemaless import SCHEMALESS
+from worker.transforms import transform
+from worker.transforms.none import NONE
+
+LEGACY_KEY, LEGACY_VALUE, LEGACY_TIMESTAMP = "key", "value", "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnFeed:
+    """A table column filled from a record part by a converter (by registry name)."""
+
+    column: str
+    part: RecordPart
+    converter: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConversionPlan:
+    """What a pool task needs to convert a chunk for one table (see the module doc)."""
+
+    schema: Schema  # the table's (its field ids end up in the Arrow field metadata)
+    arrow_schema: pa.Schema  # ``schema_to_pyarrow(schema, include_field_ids=True)``
+    feeds: tuple[ColumnFeed, ...]  # key order first: a row's first reason for being bad is the key's
+    transform: str = "none"
+    tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
+
+    @classmethod
+    def build(cls, schema: Schema, cfg: TableTopicConfig, tolerance: ErrorsTolerance | None = None
+              ) -> ConversionPlan:
+        """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``)."""
+        names = {f.name: f.field_type for f in schema.fields}
+        wanted = ((KEY, RecordPart.KEY, str(cfg.convert_key_type)),
+                  (LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),
+                  (VALUE, RecordPart.VALUE, str(cfg.convert_value_type)),
+                  (LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name))
+        feeds = tuple(ColumnFeed(column, part, _converter_for(configured, names[column]))
+                      for column, part, configured in wanted if column in names)
+        return cls(schema=schema, arrow_schema=schema_to_pyarrow(schema, include_field_ids=True), feeds=feeds,
+                   transform=_transform_for(str(cfg.transform_value_type)),
+                   tolerance=cfg.errors_tolerance if tolerance is None else tolerance)
+
+
+def _transform_for(configured: str) -> str:
+    # A transform this broker does not have can only be a value stored before the config checks refused it: the
+    # records are written untransformed, as before those checks existed.
+    try:
+        return transform(configured).name
+    except KeyError:
+        return NONE.name
+
+
+def _converter_for(configured: str, column_type: IcebergType) -> str:
+    try:
+        if converter(configured).iceberg_type == column_type:
+            return configured
+    except KeyError:  # a converter this broker does not have (refused by the config checks since)
+        pass
+    return next((c.name for c in FALLBACKS if c.iceberg_type == column_type), RAW.name)
