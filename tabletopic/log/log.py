@@ -265,7 +265,8 @@ class PartitionLog:
         config: LogConfig | None = None,
         flusher: Flusher | None = None,
     ) -> PartitionLog:
-        """Open (creating if needed) and recover the log in ``directory``. Blocking: run it off the loop.
+        """Open (creating if needed) and recover the log in ``directory``. Blocking when there is something to
+        recover (``LogManager`` opens existing logs in a thread); a new directory costs a few metadata calls.
 
         After a clean shutdown persisted indexes are trusted and nothing is scanned. Otherwise every segment
         from the recovery point on is read and CRC-checked, a torn tail is truncated (with every later segment)

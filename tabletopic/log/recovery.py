@@ -1,5 +1,7 @@
 """Log recovery: what opening a partition directory does before the log serves anything. Blocking (reads,
-truncations, fsyncs): ``PartitionLog.open`` is run off the event loop (``LogManager.start`` uses a thread).
+truncations, fsyncs): at start-up ``LogManager.start`` runs it in a thread. A partition created later
+(``LogManager.create``, on the loop) gets a new directory: nothing is read or fsynced, the flusher makes
+its new entries durable before the first acknowledgement.
 
 The steps, in order (:meth:`_Recovery.run`):
 
