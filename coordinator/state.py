@@ -65,11 +65,14 @@ class Checkpoint:
     delete_files: tuple[str, ...] = ()
     updated_ms: int = 0
 
-    def advance(self, phase: Phase, updated_ms: int, **changes: Any) -> Checkpoint:
-        """The same round in ``phase`` (plus any field ``changes``)."""
-        return replace(self, phase=phase, updated_ms=updated_ms, **changes)
+    def advance(self, phase: Phase, updated_ms: int, *, new_offsets: dict[int, int] | None = None,
+                data_files: tuple[str, ...] | None = None) -> Checkpoint:
+        """The same round in ``phase`` (with the round's new offsets and files, when given)."""
+        return replace(self, phase=phase, updated_ms=updated_ms,
+                       new_offsets=self.new_offsets if new_offsets is None else new_offsets,
+                       data_files=self.data_files if data_files is None else data_files)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "version": FORMAT_VERSION,
             "phase": self.phase.value,
@@ -83,7 +86,7 @@ class Checkpoint:
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Checkpoint:
+    def from_json(cls, doc: dict[str, Any]) -> Checkpoint:  # parsed JSON: Any is what json gives
         if doc.get("version") != FORMAT_VERSION:
             raise ValueError(f"unsupported coordinator checkpoint version {doc.get('version')!r}")
         return cls(

@@ -101,7 +101,8 @@ def test_a_registered_converter_and_transform_are_used_by_name(tmp_path: Path) -
     base = table_schema(STRING)
     schema = Schema(*base.fields, NestedField(99, "value_length", LongType(), required=False))
     plan = replace(ConversionPlan.build(schema, STRING),
-                   feeds=(ColumnFeed("_kafka_value", RecordPart.VALUE, upper.name),), transform=length.name)
+                   feeds=(ColumnFeed("_kafka_value", RecordPart.VALUE, upper.name),),
+                   value_transform=length.name)
     recs = [(b"k0", b"abc", [], 1), (b"k1", b"bad!", [], 2), (b"k2", b"xy", [], 3)]
     r = convert_records(bytes(make_batch(recs)), partition=0, start_offset=0, plan=plan, dlq_dir=tmp_path)
     got = r.table.to_pylist()

@@ -35,7 +35,7 @@ from configs.table_topic import ErrorsTolerance
 from worker.converters import RecordPart, converter
 from worker.decode import Decoded, decode, headers_array
 from worker.plan import LEGACY_TIMESTAMP, ConversionPlan
-from worker.transforms import Columns, transform
+from worker.transforms import Columns, value_transform
 
 REASON_CORRUPT_BATCH = "corrupt_batch"
 
@@ -98,7 +98,7 @@ def convert_records(
     """
     d = decode(data, start_offset)
     columns, timestamps, bad = _record_columns(d, plan, partition)
-    columns = transform(plan.transform).apply(columns)
+    columns = value_transform(plan.value_transform).apply(columns)
     table = _fit(columns, plan.arrow_schema, len(d.offsets))
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
                             dlq_dir=dlq_dir)

@@ -25,7 +25,7 @@ from configs.table_topic import ErrorsTolerance, TableTopicConfig
 from worker.converters import FALLBACKS, RecordPart, converter
 from worker.converters.raw import RAW
 from worker.converters.schemaless import SCHEMALESS
-from worker.transforms import transform
+from worker.transforms import value_transform
 from worker.transforms.none import NONE
 
 LEGACY_KEY, LEGACY_VALUE, LEGACY_TIMESTAMP = "key", "value", "timestamp"
@@ -47,7 +47,7 @@ class ConversionPlan:
     schema: Schema  # the table's (its field ids end up in the Arrow field metadata)
     arrow_schema: pa.Schema  # ``schema_to_pyarrow(schema, include_field_ids=True)``
     feeds: tuple[ColumnFeed, ...]  # key order first: a row's first reason for being bad is the key's
-    transform: str = "none"
+    value_transform: str = "none"  # by registry name
     tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
 
     @classmethod
@@ -62,7 +62,7 @@ class ConversionPlan:
         feeds = tuple(ColumnFeed(column, part, _converter_for(configured, names[column]))
                       for column, part, configured in wanted if column in names)
         return cls(schema=schema, arrow_schema=schema_to_pyarrow(schema, include_field_ids=True), feeds=feeds,
-                   transform=_transform_for(str(cfg.transform_value_type)),
+                   value_transform=_transform_for(str(cfg.transform_value_type)),
                    tolerance=cfg.errors_tolerance if tolerance is None else tolerance)
 
 
@@ -70,7 +70,7 @@ def _transform_for(configured: str) -> str:
     # A transform this broker does not have can only be a value stored before the config checks refused it: the
     # records are written untransformed, as before those checks existed.
     try:
-        return transform(configured).name
+        return value_transform(configured).name
     except KeyError:
         return NONE.name
 

@@ -6,8 +6,8 @@ Importing this package registers the built-in transforms: :mod:`~worker.transfor
 """
 
 from worker.transforms import none
-from worker.transforms.base import Columns, ValueTransform, register, transform
+from worker.transforms.base import Columns, ValueTransform, register, value_transform
 
 BUILT_IN = (none.NONE,)
 
-__all__ = ["BUILT_IN", "Columns", "ValueTransform", "register", "transform"]
+__all__ = ["BUILT_IN", "Columns", "ValueTransform", "register", "value_transform"]

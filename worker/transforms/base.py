@@ -36,4 +36,4 @@ class ValueTransform(Protocol):
 
 TRANSFORMS: Registry[ValueTransform] = Registry("transform")
 register = TRANSFORMS.register
-transform = TRANSFORMS.get
+value_transform = TRANSFORMS.get
