@@ -7,6 +7,8 @@ never reused: a reused id would let a new producer's batches be mistaken for an 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from pathlib import Path
 
@@ -22,19 +24,23 @@ class ProducerIdManager:
         self._path = meta_dir / "producer_ids.json"
         self._next = 0
         self._block_end = 0
+        self._writing = asyncio.Lock()  # one block write at a time; requests arriving meanwhile wait for it
 
     def load(self) -> None:
-        import json
-
         if self._path.exists():
             self._next = int(json.loads(self._path.read_text())["block_end"])
         self._block_end = self._next
         log.info("producer ids continue from %d", self._next)
 
-    def allocate(self) -> int:
+    async def allocate(self) -> int:
+        """The next producer id; when a block is used up, the next block's end is made durable first (two fsyncs,
+        in a thread: off the event loop)."""
         if self._next >= self._block_end:
-            self._block_end = self._next + BLOCK_SIZE
-            atomic_write_json(self._path, {"block_end": self._block_end})
+            async with self._writing:
+                if self._next >= self._block_end:
+                    end = self._next + BLOCK_SIZE
+                    await asyncio.to_thread(atomic_write_json, self._path, {"block_end": end})
+                    self._block_end = end
         pid = self._next
         self._next += 1
         return pid

@@ -126,10 +126,10 @@ async def init_producer_id(ctx: RequestContext, req: Message) -> Message:
     if pid is not None and pid >= 0 and epoch is not None and epoch >= 0:
         # KIP-360: an idempotent producer may bump its own epoch to reset sequences after an error
         if epoch >= 32766:
-            pid, epoch = ctx.broker.producer_ids.allocate(), 0
+            pid, epoch = await ctx.broker.producer_ids.allocate(), 0
         else:
             epoch += 1
     else:
-        pid, epoch = ctx.broker.producer_ids.allocate(), 0
+        pid, epoch = await ctx.broker.producer_ids.allocate(), 0
     log.debug("InitProducerId for client %s: producer id %d epoch %d", ctx.client_id, pid, epoch)
     return ctx.response(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=epoch)
