@@ -36,7 +36,7 @@ REGISTRY = BrokerConfig.from_properties({"automq.table.topic.schema.registry.url
 NO_REGISTRY = BrokerConfig.from_properties({})
 P = "automq.table.topic."
 
-# name → (type, default, a valid value, an invalid value) — docs/automq-table-topic.md §1
+# name → (type, default, a valid value, an invalid value) (AutoMQ's settings, as the README lists them)
 SPEC: dict[str, tuple[Type, Any, str, str]] = {
     P + "enable": (Type.BOOLEAN, False, "true", "yes"),
     P + "commit.interval.ms": (Type.LONG, 60000, "900000", "900001"),
