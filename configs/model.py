@@ -198,6 +198,26 @@ def listeners_validator(name: str, v: Value) -> None:
             raise InvalidConfigError.invalid_value(name, item, "expected NAME://host:port")
 
 
+_HTTP_LISTENER = re.compile(r"^http://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+)/?$")
+
+
+def http_listener(spec: str) -> tuple[str, int]:
+    """``http://host:port`` → (host, port); InvalidConfigError otherwise (no TLS, no path)."""
+    m = _HTTP_LISTENER.match(spec.strip())
+    port = int(m.group("port")) if m else -1
+    if m is None or port > 65535:
+        raise InvalidConfigError(f"Invalid HTTP listener {spec}: expected http://host:port")
+    return m.group("host").strip("[]"), port
+
+
+def http_listeners_validator(name: str, v: Value) -> None:
+    for item in _items(name, v):
+        try:
+            http_listener(item)
+        except InvalidConfigError:
+            raise InvalidConfigError.invalid_value(name, item, "expected http://host:port") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Listener:
     name: str
@@ -304,6 +324,10 @@ _broker(
             "unset: no endpoint; 0: any free port.",
             between(0, 65535), dynamic=False),
     # tabletopic's own (not an AutoMQ name: AutoMQ converts inside the broker's JVM)
+    Setting("schema.registry.listeners", Type.LIST, None,
+            "Where the broker serves its Confluent-compatible schema registry, e.g. http://127.0.0.1:8081 "
+            "(schemas kept in the _schemas topic); unset or blank: no registry. Not a Kafka setting: "
+            "tabletopic's own.", http_listeners_validator, dynamic=False),
     Setting("table.topic.conversion.pool.size", Type.INT, os.cpu_count() or 1,
             "Processes that convert table topic records into Parquet files, shared by all table topics "
             "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
@@ -663,6 +687,11 @@ class BrokerConfig:
     def advertised_listeners(self) -> list[Listener]:
         adv = typed_list(self.values, "advertised.listeners")
         return [parse_listener(s) for s in adv] if adv else self.listeners
+
+    @property
+    def schema_registry_listeners(self) -> list[tuple[str, int]]:
+        """``schema.registry.listeners`` as (host, port) pairs; empty: the registry is off."""
+        return [http_listener(s) for s in typed_list(self.values, "schema.registry.listeners")]
 
     # ---- table topic ----
 

@@ -1,9 +1,10 @@
 """The broker: wires config, log, topics, groups and the network server, and runs their lifecycle.
 
 Start order: log recovery (off the event loop) → topic table → group coordinator (committed offsets) →
-catalog and table topics → metrics → listeners. Stop order is the reverse: stop accepting, let in-flight
-requests finish (bounded), stop the table topics and metrics, stop the group coordinator, flush and close every
-log, write the clean-shutdown marker.
+schema registry (``_schemas`` replayed, HTTP listeners bound; when ``schema.registry.listeners`` is set) →
+catalog and table topics → metrics → listeners. Stop order: the schema registry first, then stop accepting, let
+in-flight requests finish (bounded), stop the table topics and metrics, stop the group coordinator, flush and
+close every log, write the clean-shutdown marker.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
@@ -24,6 +26,9 @@ from tabletopic.server import handlers
 from tabletopic.server.handlers.configs import TopicConfigCheck
 from tabletopic.server.network import KafkaServer
 from tabletopic.topics import TopicManager
+
+if TYPE_CHECKING:
+    from tabletopic.registry.server import RegistryServer
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class Broker:
         self.metrics = TableTopicMetrics()
         self.metrics_server: MetricsServer | None = None
         self.tables: TableTopicHost | None = None  # set at start when a catalog is configured
+        self.registry: RegistryServer | None = None  # set at start when schema.registry.listeners is set
         # run by the config handlers on topic creation and config changes (the table topic host registers one)
         self.topic_config_checks: list[TopicConfigCheck] = []
         self.bound: list[tuple[str, int]] = []
@@ -80,6 +86,11 @@ class Broker:
         self.topics.load()
         self.producer_ids.load()
         await self.groups.start()
+        if self.config.schema_registry_listeners:
+            from tabletopic.registry.server import RegistryServer  # aiohttp loads only when the registry is on
+
+            self.registry = RegistryServer(self.topics, self.logs, self.config.schema_registry_listeners)
+            await self.registry.start()
         # the broker is the one process that creates the catalog (readers only open it)
         catalog = await asyncio.to_thread(load_catalog, self.config, create=True)
         if catalog is not None:
@@ -101,6 +112,8 @@ class Broker:
 
     async def stop(self) -> None:
         t0 = time.monotonic()
+        if self.registry is not None:
+            await self.registry.stop()
         log.info("shutting down: no new connections, finishing in-flight requests")
         self.server.stop_accepting()
         await self.server.drain(grace_s=min(10.0, self.config.shutdown_timeout_ms / 1000))

@@ -42,6 +42,11 @@ RULES = (
          why="the wire codec is pure"),
     Rule("tabletopic.log", ("tabletopic.server", "tabletopic.broker", "tabletopic.plugin_host"),
          why="the log is below the server"),
+    Rule("tabletopic.registry", (*UPPER, "worker", "coordinator"),
+         why="the schema registry is served by the broker, on its base modules; the broker wires it"),
+    *(Rule(base, ("tabletopic.registry",), why="the schema registry sits above the broker's base modules")
+      for base in ("worker", "coordinator", "tabletopic.log", "tabletopic.protocol", "tabletopic.groups",
+                   "tabletopic.topics", "tabletopic.server")),
 )
 
 
@@ -258,10 +263,14 @@ def test_checker_finds_a_cycle_through_a_function_local_import(tmp_path: Path) -
         ("worker/convert.py", "from coordinator import committer\n", "worker.convert -> coordinator.committer"),
         ("configs/model.py", "import worker.convert\n", "configs.model -> worker.convert"),
         ("coordinator/contract.py", "def f():\n    from ..worker import convert\n", "coordinator.contract -> worker"),
+        ("tabletopic/registry/api.py", "from tabletopic.broker import Broker\n",
+         "tabletopic.registry.api -> tabletopic.broker"),
+        ("worker/convert.py", "from tabletopic.registry import api\n", "worker.convert -> tabletopic.registry.api"),
     ],
 )
 def test_checker_finds_an_upward_or_sideways_import(tmp_path: Path, path: str, text: str, expected: str) -> None:
-    files = dict(BASE, **{"coordinator/committer.py": "", path: text})
+    files = dict(BASE, **{"coordinator/committer.py": "", "tabletopic/registry/__init__.py": "",
+                          "tabletopic/registry/api.py": "", path: text})
     bad = forbidden_edges(import_graph(_tree(tmp_path, files)))
     assert any(b.startswith(expected) for b in bad), bad
 

@@ -34,12 +34,14 @@ class BrokerProcess:
     """A tabletopic broker run as ``python -m tabletopic serve`` on a free loopback port.
 
     ``overrides`` are extra ``--override`` settings. The broker's log goes to ``<data_dir>/../broker-N.log``.
+    The schema registry is off unless ``overrides`` set ``schema.registry.listeners`` (many brokers run at once).
     """
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
-        self.overrides = {"group.initial.rebalance.delay.ms": "0", **(overrides or {})}
+        self.overrides = {"group.initial.rebalance.delay.ms": "0", "schema.registry.listeners": "",
+                          **(overrides or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment for the next start (e.g. TABLETOPIC_CRASH_AT)
         self.starts = 0

@@ -1,0 +1,52 @@
+"""Start and stop the registry's HTTP listeners (``schema.registry.listeners``) on the broker's event loop."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from tabletopic.log.manager import LogManager
+from tabletopic.registry.api import make_app
+from tabletopic.registry.service import RegistryService
+from tabletopic.registry.store import SchemaStore
+from tabletopic.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+class RegistryServer:
+    """The registry served on ``listeners`` ((host, port) pairs): :meth:`start` replays ``_schemas`` and binds,
+    :meth:`stop` closes the listeners after in-flight requests (bounded)."""
+
+    def __init__(self, topics: TopicManager, logs: LogManager, listeners: list[tuple[str, int]]) -> None:
+        self.store = SchemaStore(topics, logs)
+        self.service = RegistryService(self.store)
+        self._listeners = listeners
+        self._runner: web.AppRunner | None = None
+        self.bound: list[tuple[str, int]] = []
+
+    async def start(self) -> list[tuple[str, int]]:
+        """Replay the store, then bind every listener; returns the bound (host, port) pairs. Raises OSError when
+        a listener cannot be bound (the broker does not start half-configured)."""
+        await self.store.start()
+        runner = web.AppRunner(make_app(self.service), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+        await runner.setup()
+        self._runner = runner
+        try:
+            for host, port in self._listeners:
+                await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except OSError:
+            await self.stop()
+            raise
+        self.bound = [(str(a[0]), int(a[1])) for a in runner.addresses]
+        log.info("schema registry listening on %s", ", ".join(f"http://{h}:{p}" for h, p in self.bound))
+        return self.bound
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+            log.info("schema registry stopped")

@@ -1,0 +1,287 @@
+"""The schema registry without HTTP: Avro compatibility levels, the ``_schemas`` records and their replay, and the
+service's rules on a real log (ids, versions, deletes, references, modes) across reopening the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from configs.model import BrokerConfig
+from tabletopic.log.manager import LogManager
+from tabletopic.protocol.records import validate_produce_records
+from tabletopic.registry.avro_format import AvroFormat
+from tabletopic.registry.compat import Level, incompatibilities, parse_level
+from tabletopic.registry.errors import RegistryError
+from tabletopic.registry.service import RegistryService, parse_version, schema_request
+from tabletopic.registry.store import TOPIC, RegistryState, SchemaStore, encode_batch
+from tabletopic.topics import TopicManager
+
+AVRO = AvroFormat()
+
+
+def record(*fields: dict[str, Any], name: str = "R") -> str:
+    return json.dumps({"type": "record", "name": name, "fields": list(fields)})
+
+
+V1 = record({"name": "a", "type": "int"})
+V2_ADD_DEFAULT = record({"name": "a", "type": "int"}, {"name": "b", "type": "string", "default": ""})
+V2_ADD_REQUIRED = record({"name": "a", "type": "int"}, {"name": "b", "type": "string"})
+V_LONG = record({"name": "a", "type": "long"})
+V_DROP = record({"name": "b", "type": "string", "default": "x"})
+V_C = record({"name": "c", "type": "int"})
+V_DEFAULTS = record({"name": "a", "type": "int", "default": 0}, {"name": "b", "type": "string", "default": ""})
+
+
+def incompatible(level: str, new: str, *old: str) -> bool:
+    parsed = [(i + 1, AVRO.parse(o, ())) for i, o in enumerate(old)]
+    return bool(incompatibilities(Level(level), AVRO.parse(new, ()), parsed))
+
+
+# ---- compatibility ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("level", "new", "old", "refused"),
+    [
+        # a new field with a default: readable both ways
+        ("BACKWARD", V2_ADD_DEFAULT, [V1], False),
+        ("FORWARD", V2_ADD_DEFAULT, [V1], False),
+        ("FULL", V2_ADD_DEFAULT, [V1], False),
+        # a new field without a default: the new reader cannot fill it from old data
+        ("BACKWARD", V2_ADD_REQUIRED, [V1], True),
+        ("FORWARD", V2_ADD_REQUIRED, [V1], False),
+        ("FULL", V2_ADD_REQUIRED, [V1], True),
+        # int → long: the new reader promotes old ints; an old int reader cannot read longs
+        ("BACKWARD", V_LONG, [V1], False),
+        ("FORWARD", V_LONG, [V1], True),
+        ("FULL", V_LONG, [V1], True),
+        ("NONE", V2_ADD_REQUIRED, [V1], False),
+        # transitive levels look past the latest version
+        ("BACKWARD", V_DROP, [V1, V2_ADD_DEFAULT], False),
+        ("BACKWARD_TRANSITIVE", V_DROP, [V1, V2_ADD_DEFAULT], False),
+        ("FORWARD", V_DROP, [V2_ADD_REQUIRED, V_DEFAULTS], False),
+        ("FORWARD_TRANSITIVE", V_DROP, [V2_ADD_REQUIRED, V_DEFAULTS], True),
+        ("FULL", V1, [V2_ADD_REQUIRED, V2_ADD_DEFAULT], False),
+        ("FULL_TRANSITIVE", V1, [V2_ADD_REQUIRED, V2_ADD_DEFAULT], True),
+    ],
+)
+def test_avro_levels(level: str, new: str, old: list[str], refused: bool) -> None:
+    assert incompatible(level, new, *old) == refused
+
+
+def test_avro_rules_beyond_fields() -> None:
+    enum = lambda *s: json.dumps({"type": "enum", "name": "E", "symbols": list(s)})  # noqa: E731
+    assert incompatible("BACKWARD", enum("A"), enum("A", "B"))  # the reader lacks a symbol the writer has
+    assert not incompatible("BACKWARD", enum("A", "B"), enum("A"))
+    assert not incompatible("BACKWARD", '["null", "string"]', '"string"')  # a union reader takes its branch
+    assert incompatible("BACKWARD", '"string"', '["null", "string"]')
+    assert incompatible("BACKWARD", record({"name": "a", "type": "int"}, name="Other"), V1)  # renamed record
+    assert not incompatible("BACKWARD", '"bytes"', '"string"')
+
+
+def test_avro_parse_refuses_bad_schemas_and_checks_defaults() -> None:
+    for bad in ('{"type": "nope"}', "{not json", '{"type": "record", "name": "R"}',
+                record({"name": "a", "type": "int", "default": "text"}), "[" * 100_000):
+        with pytest.raises(RegistryError) as ei:
+            AVRO.parse(bad, ())
+        assert ei.value.error_code == 42201
+    # named types from references resolve; the stored text keeps the reference by name
+    dep = json.dumps({"type": "record", "name": "Inner", "namespace": "n", "fields": [{"name": "x", "type": "int"}]})
+    outer = record({"name": "i", "type": "n.Inner"})
+    assert json.loads(AVRO.parse(outer, (dep,)).text(False)) == json.loads(outer)
+    with pytest.raises(RegistryError):
+        AVRO.parse(outer, ())
+
+
+def test_text_and_normalize() -> None:
+    spaced = '{ "name": "R", "type": "record",\n "fields": [ {"type": "int", "name": "a"} ] }'
+    assert AVRO.parse(spaced, ()).text(False) == '{"name":"R","type":"record","fields":[{"type":"int","name":"a"}]}'
+    assert AVRO.parse(spaced, ()).text(True) == AVRO.parse(V1, ()).text(True)
+
+
+def test_levels_and_versions_parse_like_confluent() -> None:
+    assert parse_level("full_transitive") is Level.FULL_TRANSITIVE
+    for bad in ("SIDEWAYS", None, 3):
+        with pytest.raises(RegistryError) as ei:
+            parse_level(bad)
+        assert ei.value.error_code == 42203
+    assert parse_version("latest") is None and parse_version("-1") is None and parse_version("7") == 7
+    for bad in ("0", "-2", "x", "2147483648"):
+        with pytest.raises(RegistryError) as ei:
+            parse_version(bad)
+        assert ei.value.error_code == 42202
+
+
+# ---- records and replay -----------------------------------------------------------------------------------------
+
+def test_state_applies_every_record_kind() -> None:
+    st = RegistryState()
+    value = {"subject": "s", "version": 1, "id": 7, "schemaType": "AVRO", "schema": V1, "references": []}
+    st.apply({"keytype": "SCHEMA", "subject": "s", "version": 1}, value)
+    st.apply({"keytype": "SCHEMA", "subject": "s", "version": 2}, {**value, "version": 2, "id": 8})
+    st.apply({"keytype": "DELETE_SUBJECT", "subject": "s"}, {"subject": "s", "version": 1})
+    assert [v.deleted for v in st.versions("s", deleted=True)] == [True, False]
+    st.apply({"keytype": "CLEAR_SUBJECT", "subject": "s"}, {"subject": "s", "version": 2})
+    assert "s" not in st.subjects and st.high_id == 8 and not st.holders(7, deleted=True)
+    st.apply({"keytype": "ID_HIGH"}, {"id": 20})
+    st.apply({"keytype": "CONFIG", "subject": None}, {"compatibilityLevel": "FULL"})
+    st.apply({"keytype": "MODE", "subject": "s"}, {"mode": "READONLY"})
+    st.apply({"keytype": "MODE", "subject": "s"}, None)
+    assert (st.high_id, st.config, st.mode) == (20, {None: "FULL"}, {})
+    with pytest.raises(ValueError):
+        st.apply({"keytype": "SOMETHING"}, {})
+
+
+# ---- the service on a real log ----------------------------------------------------------------------------------
+
+@asynccontextmanager
+async def opened(data: Path) -> AsyncIterator[RegistryService]:
+    cfg = BrokerConfig.from_properties({"log.dirs": str(data)})
+    logs = LogManager(cfg.log_dir)
+    await logs.start()
+    topics = TopicManager(cfg, logs)
+    topics.load()
+    store = SchemaStore(topics, logs)
+    try:
+        await store.start()
+        yield RegistryService(store)
+    finally:
+        await logs.close()
+
+
+def run(fn: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(fn())  # type: ignore[arg-type]
+
+
+def req(schema: str, **extra: Any) -> Any:
+    return schema_request({"schema": schema, **extra})
+
+
+async def refused(code: int, aw: Awaitable[Any]) -> RegistryError:
+    with pytest.raises(RegistryError) as ei:
+        await aw
+    assert ei.value.error_code == code, ei.value.message
+    return ei.value
+
+
+def test_ids_versions_and_deletes_survive_reopening(tmp_path: Path) -> None:
+    async def first() -> None:
+        async with opened(tmp_path) as svc:
+            a1 = await svc.register("a", req(V1))
+            assert (a1.id, a1.version) == (1, 1)
+            assert await svc.register("a", req(V1)) == a1  # same schema, same version
+            b1 = await svc.register("b", req(V1))
+            assert (b1.id, b1.version) == (1, 1)  # same schema elsewhere: same id
+            a2 = await svc.register("a", req(V2_ADD_DEFAULT))
+            assert (a2.id, a2.version) == (2, 2)
+            await refused(409, svc.register("a", req(V_C)))
+            gone = await svc.register("gone", req(V_DROP))
+            assert gone.id == 3
+            assert await svc.delete_subject("gone") == [1]
+            assert await svc.delete_subject("gone", permanent=True) == [1]
+            assert await svc.delete_version("a", "1") == 1
+
+    async def second() -> None:
+        async with opened(tmp_path) as svc:
+            assert svc.subjects() == ["a", "b"]
+            assert [v.version for v in svc.versions("a")] == [2]
+            assert [v.version for v in svc.versions("a", deleted=True)] == [1, 2]
+            assert svc.schema(1).schema == json.dumps(json.loads(V1), separators=(",", ":"))
+            await refused(40403, _raise(lambda: svc.schema(3)))
+            # the id of a permanently deleted schema is not given to another one
+            new = await svc.register("c", req(V_LONG))
+            assert new.id == 4
+            # ... and the same schema registered again gets its old id back
+            assert (await svc.register("gone", req(V_DROP))).id == 3
+
+    run(first)
+    run(second)
+
+
+async def _raise(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def test_delete_rules(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with opened(tmp_path) as svc:
+            await svc.register("s", req(V1))
+            await svc.register("s", req(V2_ADD_DEFAULT))
+            await refused(40401, svc.delete_subject("nope"))
+            await refused(40405, svc.delete_subject("s", permanent=True))
+            await refused(40407, svc.delete_version("s", "1", permanent=True))
+            await refused(40402, svc.delete_version("s", "9"))
+            assert await svc.delete_version("s", "latest") == 2
+            await refused(40406, svc.delete_version("s", "2"))
+            assert await svc.delete_version("s", "2", permanent=True) == 2
+            assert await svc.delete_subject("s") == [1]
+            await refused(40404, svc.delete_subject("s"))
+            await refused(40401, _raise(lambda: svc.versions("s")))
+            assert svc.subjects(deleted=True) == ["s"] and svc.subjects(deleted_only=True) == ["s"]
+            # after a soft delete the next version continues the numbering
+            assert (await svc.register("s", req(V1))).version == 2
+
+    run(go)
+
+
+def test_references_config_and_modes(tmp_path: Path) -> None:
+    inner = json.dumps({"type": "record", "name": "Inner", "namespace": "n", "fields": [{"name": "x", "type": "int"}]})
+    outer = record({"name": "i", "type": "n.Inner"})
+
+    async def go() -> None:
+        async with opened(tmp_path) as svc:
+            i1 = await svc.register("inner", req(inner))
+            ref = [{"name": "n.Inner", "subject": "inner", "version": 1}]
+            o1 = await svc.register("outer", req(outer, references=ref))
+            assert svc.referenced_by("inner", "1") == [o1.id]
+            await refused(42206, svc.delete_subject("inner"))
+            await refused(42201, svc.register("x", req(outer)))  # the named type needs the reference
+            await refused(42201, svc.register("x", req(outer, references=[{**ref[0], "version": 5}])))
+            assert svc.schema(o1.id).references[0].subject == "inner" and i1.id != o1.id
+            # config: subject level over global over the default
+            assert svc.config(None) == "BACKWARD"
+            await refused(40408, _raise(lambda: svc.config("outer")))
+            await svc.set_config("s", Level.NONE)
+            await svc.register("s", req(V1))
+            assert (await svc.register("s", req(V2_ADD_REQUIRED))).version == 2  # NONE lets it through
+            assert await svc.delete_config("s") == "NONE"
+            # modes
+            await svc.set_mode("s", "READONLY")
+            await refused(42205, svc.register("s", req(V_LONG)))
+            await refused(42205, svc.delete_subject("s"))
+            assert await svc.delete_mode("s") == "READONLY"
+            await refused(42204, svc.set_mode(None, "SIDEWAYS"))
+            await refused(42205, svc.set_mode(None, "IMPORT"))  # subjects exist
+            await refused(42205, svc.register("s", req(V_LONG, id=100)))  # ids only in IMPORT mode
+            await svc.set_mode("imp", "IMPORT")
+            imported = await svc.register("imp", req(V_LONG, id=100, version=7))
+            assert (imported.id, imported.version) == (100, 7)
+            assert (await svc.register("later", req(record({"name": "z", "type": "int"})))).id == 101
+
+    run(go)
+
+
+def test_malformed_records_in_the_topic_are_skipped(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with opened(tmp_path) as svc:
+            await svc.register("s", req(V1))
+            plog = svc.store._log()
+            buf = bytearray(encode_batch([({"keytype": "SCHEMA"}, {"no": "fields"})], 0))
+            # a record that is not JSON at all, as any producer could write to the topic
+            from aiokafka.record.default_records import DefaultRecordBatchBuilder
+            b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
+                                          producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+            b.append(0, 0, b"\xff not json", b"x", headers=[])
+            for raw in (buf, b.build()):
+                r = plog.append(raw, validate_produce_records(raw), 0)
+                await plog.wait_durable(r.last_offset)
+        async with opened(tmp_path) as svc:
+            assert [v.version for v in svc.versions("s")] == [1]
+            assert svc.store._topics.get(TOPIC) is not None
+
+    run(go)
