@@ -93,7 +93,7 @@ def test_avro_parse_refuses_bad_schemas_and_checks_defaults() -> None:
     # named types from references resolve; the stored text keeps the reference by name
     dep = json.dumps({"type": "record", "name": "Inner", "namespace": "n", "fields": [{"name": "x", "type": "int"}]})
     outer = record({"name": "i", "type": "n.Inner"})
-    assert json.loads(AVRO.parse(outer, (dep,)).text(False)) == json.loads(outer)
+    assert json.loads(AVRO.parse(outer, (("n.Inner", dep),)).text(False)) == json.loads(outer)
     with pytest.raises(RegistryError):
         AVRO.parse(outer, ())
 

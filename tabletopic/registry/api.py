@@ -230,6 +230,10 @@ async def root(request: web.Request) -> web.Response:
     return reply({})
 
 
+async def contexts(request: web.Request) -> web.Response:
+    return reply(["."])  # the default context only: every subject and id lives in it
+
+
 _ID = "{id:-?[0-9]+}"
 _SUBJECT = "{subject:[^/]+}"
 _VERSION = "{version:[^/]+}"
@@ -241,6 +245,7 @@ def make_app(service: RegistryService) -> web.Application:
     app[SERVICE] = service
     r = app.router
     r.add_get("/", root)
+    r.add_get("/contexts", contexts)
     r.add_get(f"/schemas/ids/{_ID}", get_schema)
     r.add_get(f"/schemas/ids/{_ID}/schema", get_schema_text)
     r.add_get(f"/schemas/ids/{_ID}/versions", get_schema_versions)

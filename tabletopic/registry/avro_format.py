@@ -21,7 +21,7 @@ import avro.schema
 import fastavro
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
-from tabletopic.registry.compat import ParsedSchema
+from tabletopic.registry.compat import Dependency, ParsedSchema
 from tabletopic.registry.errors import invalid_schema
 
 
@@ -49,11 +49,12 @@ class AvroSchema:
 class AvroFormat:
     name = "AVRO"
 
-    def parse(self, text: str, dependencies: Sequence[str]) -> AvroSchema:
+    def parse(self, text: str, dependencies: Sequence[Dependency]) -> AvroSchema:
         names = avro.name.Names(validate_names=True)
         named: dict[str, Any] = {}  # fastavro's table of named types, filled by the references
         try:
-            for dep in dependencies:
+            # Avro references by type name, defined in the referenced text: each text once
+            for dep in dict.fromkeys(text for _, text in dependencies):
                 dep_doc = json.loads(dep)
                 avro.schema.make_avsc_object(dep_doc, names)
                 fastavro.parse_schema(dep_doc, named_schemas=named)

@@ -53,6 +53,10 @@ def parse_level(value: object) -> Level:
     raise invalid_compatibility_level(value)
 
 
+Dependency = tuple[str, str]
+"""A referenced schema: (the name the reference gives it, e.g. an Avro type name or a JSON ``$ref`` URL; its text)."""
+
+
 class ParsedSchema(Protocol):
     """A parsed, valid schema of one type."""
 
@@ -71,9 +75,10 @@ class SchemaFormat(Protocol):
 
     name: str
 
-    def parse(self, text: str, dependencies: Sequence[str]) -> ParsedSchema:
-        """Parse ``text``; ``dependencies`` are the texts of the schemas it references, each after the ones it
-        references itself. Raises RegistryError 42201 for an invalid schema."""
+    def parse(self, text: str, dependencies: Sequence[Dependency]) -> ParsedSchema:
+        """Parse ``text``; ``dependencies`` are the schemas it references, each after the ones it references
+        itself (a schema reached under several names comes once per name). Raises RegistryError 42201 for an
+        invalid schema."""
         ...
 
 

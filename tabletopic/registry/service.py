@@ -15,7 +15,14 @@ from dataclasses import dataclass, replace
 
 from tabletopic.registry import errors
 from tabletopic.registry.avro_format import AvroFormat
-from tabletopic.registry.compat import DEFAULT_LEVEL, Level, ParsedSchema, SchemaFormat, incompatibilities
+from tabletopic.registry.compat import (
+    DEFAULT_LEVEL,
+    Dependency,
+    Level,
+    ParsedSchema,
+    SchemaFormat,
+    incompatibilities,
+)
 from tabletopic.registry.errors import RegistryError
 from tabletopic.registry.store import (
     Content,
@@ -88,17 +95,17 @@ def _optional_int(body: dict[str, object], key: str) -> int | None:
 
 
 @functools.lru_cache(maxsize=512)
-def _parse(schema_type: str, text: str, dependencies: tuple[str, ...]) -> ParsedSchema:
+def _parse(schema_type: str, text: str, dependencies: tuple[Dependency, ...]) -> ParsedSchema:
     return FORMATS[schema_type].parse(text, dependencies)
 
 
-def _parse_text(req: SchemaRequest, deps: tuple[str, ...], normalize: bool) -> str:
+def _parse_text(req: SchemaRequest, deps: tuple[Dependency, ...], normalize: bool) -> str:
     """The text a request's schema is stored as (thread side)."""
     return _parse(req.schema_type, req.schema, deps).text(normalize)
 
 
-def _check(level: Level, schema_type: str, text: str, deps: tuple[str, ...],
-           previous: Sequence[tuple[int, str, tuple[str, ...]]]) -> list[str]:
+def _check(level: Level, schema_type: str, text: str, deps: tuple[Dependency, ...],
+           previous: Sequence[tuple[int, str, tuple[Dependency, ...]]]) -> list[str]:
     """The incompatibilities of a schema with earlier versions (thread side). A stored version that no longer
     parses (its references were permanently deleted) is left out, with a warning."""
     new = _parse(schema_type, text, deps)
@@ -202,11 +209,10 @@ class RegistryService:
 
     # ---- schemas --------------------------------------------------------------------------------------------
 
-    def _dependencies(self, refs: Sequence[Reference]) -> tuple[tuple[str, ...], tuple[Reference, ...]]:
-        """The texts of the schemas ``refs`` reach (each after its own references) and ``refs`` with ``-1``
+    def _dependencies(self, refs: Sequence[Reference]) -> tuple[tuple[Dependency, ...], tuple[Reference, ...]]:
+        """The (name, text) of the schemas ``refs`` reach (each after its own references) and ``refs`` with ``-1``
         versions made concrete. 42201 for a reference to a version that does not exist, or a cycle."""
-        out: list[str] = []
-        done: set[tuple[str, int]] = set()
+        out: dict[Dependency, None] = {}
 
         def visit(ref: Reference, path: tuple[tuple[str, int], ...]) -> Reference:
             found = self.state.subjects.get(ref.subject, {})
@@ -219,22 +225,20 @@ class RegistryService:
             key = (v.subject, v.version)
             if key in path:
                 raise errors.invalid_schema(f"circular reference through subject '{v.subject}' version {v.version}")
-            if key not in done:
-                for inner in v.content.references:
-                    visit(inner, (*path, key))
-                out.append(v.content.schema)
-                done.add(key)
+            for inner in v.content.references:
+                visit(inner, (*path, key))
+            out[(ref.name, v.content.schema)] = None
             return replace(ref, version=number)
 
         resolved = tuple(visit(r, ()) for r in refs)
         return tuple(out), resolved
 
-    async def _content(self, req: SchemaRequest, normalize: bool) -> tuple[Content, tuple[str, ...]]:
+    async def _content(self, req: SchemaRequest, normalize: bool) -> tuple[Content, tuple[Dependency, ...]]:
         deps, refs = self._dependencies(req.references)
         text = await asyncio.to_thread(_parse_text, req, deps, normalize)
         return Content(req.schema_type, text, refs), deps
 
-    async def _incompatibilities(self, level: Level, content: Content, deps: tuple[str, ...],
+    async def _incompatibilities(self, level: Level, content: Content, deps: tuple[Dependency, ...],
                                  previous: Sequence[Version]) -> list[str]:
         if level is Level.NONE:
             return []
@@ -242,7 +246,7 @@ class RegistryService:
         inputs = [(v.version, v.content.schema, self._stored_dependencies(v)) for v in same_type]
         return await asyncio.to_thread(_check, level, content.schema_type, content.schema, deps, inputs)
 
-    def _stored_dependencies(self, v: Version) -> tuple[str, ...]:
+    def _stored_dependencies(self, v: Version) -> tuple[Dependency, ...]:
         try:
             return self._dependencies(v.content.references)[0]
         except RegistryError:

@@ -1,0 +1,309 @@
+"""The broker's schema registry through HTTP: confluent-kafka's own SchemaRegistryClient and Avro serializers
+against a real broker, Confluent's API endpoint by endpoint with its error codes, bad input, and ids that stay the
+same across a restart and a kill -9."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from tests.helpers.procs import BrokerProcess, free_port
+from tests.test_clients import consume_confluent, create_topic, produce_confluent
+
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+
+
+def registry_broker(data_dir: Path) -> BrokerProcess:
+    return BrokerProcess(data_dir, {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}"})
+
+
+def url_of(b: BrokerProcess) -> str:
+    return b.overrides["schema.registry.listeners"]
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker with its registry on for the endpoint tests (each test uses its own subjects)."""
+    b = registry_broker(tmp_path_factory.mktemp("registry") / "data")
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def http(reg: BrokerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=url_of(reg), timeout=30) as c:
+        yield c
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def avro(*fields: dict[str, Any], record: str = "Order") -> str:
+    return json.dumps({"type": "record", "name": record, "namespace": "shop", "fields": list(fields)})
+
+
+V1 = avro({"name": "id", "type": "long"}, {"name": "item", "type": "string"})
+V2 = avro({"name": "id", "type": "long"}, {"name": "item", "type": "string"},
+          {"name": "qty", "type": "int", "default": 1})
+BREAKING = avro({"name": "id", "type": "long"}, {"name": "price", "type": "double"})
+
+
+def ok(r: httpx.Response, status: int = 200) -> Any:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(CONTENT_TYPE)
+    return r.json()
+
+
+def err(r: httpx.Response, status: int, code: int) -> str:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(CONTENT_TYPE)
+    body = r.json()
+    assert set(body) == {"error_code", "message"} and body["error_code"] == code, body
+    assert "Traceback" not in body["message"]
+    return str(body["message"])
+
+
+# ---- the real client and serializers ----------------------------------------------------------------------------
+
+def test_avro_serializer_round_trip_through_the_brokers_topic(reg: BrokerProcess) -> None:
+    topic = name("orders")
+    create_topic(reg, topic)
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    # the serializer first asks /associations (404 here) and falls back to the topic subject, as with Confluent
+    ser = AvroSerializer(client, V2, conf={"auto.register.schemas": True})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    rows = [{"id": i, "item": f"item-{i}", "qty": i % 5} for i in range(50)]
+    produce_confluent(reg, topic, [ser(r, ctx) for r in rows])
+
+    registered = client.get_latest_version(f"{topic}-value")
+    assert registered.version == 1 and json.loads(registered.schema.schema_str) == json.loads(V2)
+    got = consume_confluent(reg, topic, len(rows))
+    assert all(v[0] == 0 for _, _, v in got)  # Confluent framing: magic byte 0 ...
+    assert {int.from_bytes(v[1:5], "big") for _, _, v in got} == {registered.schema_id}  # ... then the id
+    # a fresh client (no cache) decodes with the writer schema fetched by id
+    de = AvroDeserializer(SchemaRegistryClient({"url": url_of(reg)}))
+    assert [de(v, ctx) for _, _, v in got] == rows
+
+
+def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    subject = name("client")
+    first = client.register_schema(subject, Schema(V1, "AVRO"))
+    assert client.register_schema(subject, Schema(V1, "AVRO")) == first
+    second = client.register_schema(subject, Schema(V2, "AVRO"))
+    assert second != first
+    assert client.get_versions(subject) == [1, 2]
+    assert client.lookup_schema(subject, Schema(V1, "AVRO")).version == 1
+    assert client.test_compatibility(subject, Schema(BREAKING, "AVRO")) is False
+    with pytest.raises(SchemaRegistryError) as ei:
+        client.register_schema(subject, Schema(BREAKING, "AVRO"))
+    assert ei.value.http_status_code == 409 and ei.value.error_code == 409
+    assert client.get_versions(subject) == [1, 2]  # nothing registered
+    client.set_compatibility(subject, "NONE")
+    assert client.get_compatibility(subject) == "NONE"
+    assert client.register_schema(subject, Schema(BREAKING, "AVRO")) > second
+    assert client.delete_subject(subject) == [1, 2, 3]
+    assert subject not in client.get_subjects()
+    assert client.delete_subject(subject, permanent=True) == [1, 2, 3]
+    assert client.get_schema_types() == ["AVRO"]
+
+
+# ---- endpoint by endpoint ---------------------------------------------------------------------------------------
+
+def test_register_lookup_and_read(http: httpx.Client) -> None:
+    s, other = name("s"), name("o")
+    record = f"Only_{uuid.uuid4().hex}"  # no other test holds these schemas' ids
+    mine = avro({"name": "id", "type": "long"}, record=record)
+    mine_v2 = avro({"name": "id", "type": "long"}, {"name": "note", "type": "string", "default": ""}, record=record)
+    body = {"schema": mine}
+    first = ok(http.post(f"/subjects/{s}/versions", json=body))
+    assert first["id"] > 0 and first["version"] == 1
+    assert ok(http.post(f"/subjects/{s}/versions", json={"schema": mine.replace(", ", ",  ")}))["id"] == first["id"]
+    assert ok(http.post(f"/subjects/{other}/versions", json=body))["id"] == first["id"]  # same schema, same id
+    v2 = ok(http.post(f"/subjects/{s}/versions?normalize=true", json={"schema": mine_v2}))
+    assert v2["version"] == 2 and v2["id"] != first["id"]
+
+    found = ok(http.post(f"/subjects/{s}", json=body))
+    assert (found["subject"], found["version"], found["id"]) == (s, 1, first["id"])
+    assert json.loads(found["schema"]) == json.loads(mine)
+    err(http.post(f"/subjects/{s}", json={"schema": BREAKING}), 404, 40403)
+    err(http.post(f"/subjects/{name('none')}", json=body), 404, 40401)
+
+    assert json.loads(ok(http.get(f"/schemas/ids/{first['id']}"))["schema"]) == json.loads(mine)
+    assert ok(http.get(f"/schemas/ids/{first['id']}?subject={s}&format=serialized"))["schema"]
+    assert ok(http.get(f"/schemas/ids/{first['id']}/schema")) == json.loads(mine)
+    assert ok(http.get(f"/schemas/ids/{first['id']}/versions")) == sorted(
+        [{"subject": s, "version": 1}, {"subject": other, "version": 1}], key=lambda d: str(d["subject"]))
+    assert ok(http.get(f"/schemas/ids/{first['id']}/subjects")) == sorted([s, other])
+    assert ok(http.get("/schemas/types")) == ["AVRO"]
+    assert ok(http.get("/contexts")) == ["."]
+    err(http.get("/schemas/ids/987654"), 404, 40403)
+
+    assert {s, other} <= set(ok(http.get("/subjects")))
+    assert ok(http.get(f"/subjects?subjectPrefix={s}")) == [s]
+    assert ok(http.get(f"/subjects/{s}/versions")) == [1, 2]
+    for spec, version in (("latest", 2), ("-1", 2), ("1", 1)):
+        got = ok(http.get(f"/subjects/{s}/versions/{spec}"))
+        assert (got["subject"], got["version"]) == (s, version)
+    assert ok(http.get(f"/subjects/{s}/versions/1/schema")) == json.loads(mine)
+    err(http.get(f"/subjects/{s}/versions/3"), 404, 40402)
+    err(http.get(f"/subjects/{s}/versions/zero"), 422, 42202)
+    err(http.get(f"/subjects/{s}/versions/0"), 422, 42202)
+    err(http.get(f"/subjects/{name('none')}/versions"), 404, 40401)
+
+
+def test_references_and_referencedby(http: httpx.Client) -> None:
+    inner_subject, outer_subject = name("inner"), name("outer")
+    inner = avro({"name": "street", "type": "string"}, record="Address")
+    inner_id = ok(http.post(f"/subjects/{inner_subject}/versions", json={"schema": inner}))["id"]
+    outer = avro({"name": "ship_to", "type": "shop.Address"}, record="Shipment")
+    refs = [{"name": "shop.Address", "subject": inner_subject, "version": 1}]
+    err(http.post(f"/subjects/{outer_subject}/versions", json={"schema": outer}), 422, 42201)
+    outer_id = ok(http.post(f"/subjects/{outer_subject}/versions", json={"schema": outer, "references": refs}))["id"]
+    assert ok(http.get(f"/schemas/ids/{outer_id}"))["references"] == refs
+    assert ok(http.get(f"/subjects/{inner_subject}/versions/1/referencedby")) == [outer_id]
+    err(http.delete(f"/subjects/{inner_subject}"), 422, 42206)
+    err(http.delete(f"/subjects/{inner_subject}/versions/1"), 422, 42206)
+    assert ok(http.delete(f"/subjects/{outer_subject}")) == [1]
+    assert ok(http.get(f"/subjects/{inner_subject}/versions/1/referencedby")) == []
+    assert ok(http.delete(f"/subjects/{inner_subject}")) == [1]
+    assert inner_id != outer_id
+
+
+def test_soft_and_permanent_deletes(http: httpx.Client) -> None:
+    s = name("del")
+    for schema in (V1, V2):
+        ok(http.post(f"/subjects/{s}/versions", json={"schema": schema}))
+    err(http.delete(f"/subjects/{s}/versions/1?permanent=true"), 404, 40407)
+    assert ok(http.delete(f"/subjects/{s}/versions/1")) == 1
+    err(http.delete(f"/subjects/{s}/versions/1"), 404, 40406)
+    err(http.get(f"/subjects/{s}/versions/1"), 404, 40402)
+    assert ok(http.get(f"/subjects/{s}/versions/1?deleted=true"))["version"] == 1
+    assert ok(http.get(f"/subjects/{s}/versions?deleted=true")) == [1, 2]
+    first_id = ok(http.get(f"/subjects/{s}/versions/1?deleted=true"))["id"]
+    assert ok(http.get(f"/schemas/ids/{first_id}"))  # a soft-deleted version's id still resolves
+    assert ok(http.delete(f"/subjects/{s}/versions/1?permanent=true")) == 1
+    err(http.delete(f"/subjects/{s}?permanent=true"), 404, 40405)
+    assert ok(http.delete(f"/subjects/{s}")) == [2]
+    err(http.delete(f"/subjects/{s}"), 404, 40404)
+    assert s not in ok(http.get("/subjects")) and s in ok(http.get("/subjects?deleted=true"))
+    err(http.get(f"/subjects/{s}/versions"), 404, 40401)
+    assert ok(http.delete(f"/subjects/{s}?permanent=true")) == [2]
+    assert s not in ok(http.get("/subjects?deleted=true"))
+    err(http.delete(f"/subjects/{s}"), 404, 40401)
+
+
+def test_config_compatibility_and_mode(http: httpx.Client) -> None:
+    s = name("cfg")
+    assert ok(http.get("/config")) == {"compatibilityLevel": "BACKWARD"}
+    err(http.get(f"/config/{s}"), 404, 40408)
+    assert ok(http.get(f"/config/{s}?defaultToGlobal=true")) == {"compatibilityLevel": "BACKWARD"}
+    assert ok(http.put(f"/config/{s}", json={"compatibility": "forward"})) == {"compatibility": "FORWARD"}
+    assert ok(http.get(f"/config/{s}")) == {"compatibilityLevel": "FORWARD"}
+    err(http.put(f"/config/{s}", json={"compatibility": "SIDEWAYS"}), 422, 42203)
+    err(http.put("/config", json={}), 422, 42203)
+
+    # compatibility checks: against all live versions or one
+    assert ok(http.post(f"/compatibility/subjects/{s}/versions", json={"schema": V1})) == {"is_compatible": True}
+    ok(http.post(f"/subjects/{s}/versions", json={"schema": V1}))
+    # FORWARD: V1 must read what the new schema writes; a new required field is fine, a dropped one is not
+    assert ok(http.post(f"/compatibility/subjects/{s}/versions/latest", json={"schema": V2}))["is_compatible"]
+    verdict = ok(http.post(f"/compatibility/subjects/{s}/versions?verbose=true", json={"schema": BREAKING}))
+    assert verdict["is_compatible"] is False and verdict["messages"]
+    err(http.post(f"/compatibility/subjects/{s}/versions/7", json={"schema": V1}), 404, 40402)
+    err(http.post(f"/compatibility/subjects/{name('x')}/versions/1", json={"schema": V1}), 404, 40401)
+    err(http.post(f"/subjects/{s}/versions", json={"schema": BREAKING}), 409, 409)
+    assert ok(http.delete(f"/config/{s}")) == {"compatibilityLevel": "FORWARD"}
+    err(http.delete(f"/config/{s}"), 404, 40408)
+
+    # modes
+    assert ok(http.get("/mode")) == {"mode": "READWRITE"}
+    err(http.get(f"/mode/{s}"), 404, 40409)
+    assert ok(http.put(f"/mode/{s}", json={"mode": "READONLY"})) == {"mode": "READONLY"}
+    err(http.post(f"/subjects/{s}/versions", json={"schema": V2}), 422, 42205)
+    err(http.put(f"/mode/{s}", json={"mode": "SIDEWAYS"}), 422, 42204)
+    assert ok(http.delete(f"/mode/{s}")) == {"mode": "READONLY"}
+    err(http.put("/mode", json={"mode": "IMPORT"}), 422, 42205)  # subjects exist
+    assert ok(http.get(f"/mode/{s}?defaultToGlobal=true")) == {"mode": "READWRITE"}
+    assert ok(http.post(f"/subjects/{s}/versions", json={"schema": V2}))["version"] == 2
+
+
+def test_bad_input_gets_confluent_errors_and_the_broker_keeps_serving(reg: BrokerProcess, http: httpx.Client) -> None:
+    s = name("bad")
+    err(http.post(f"/subjects/{s}/versions", content=b"{not json"), 400, 400)
+    err(http.post(f"/subjects/{s}/versions", content=b"[1, 2]"), 422, 422)
+    err(http.post(f"/subjects/{s}/versions", content=b"[" * 100_000), 400, 400)
+    err(http.post(f"/subjects/{s}/versions", json={"schema": "{\"type\": \"nope\"}"}), 422, 42201)
+    err(http.post(f"/subjects/{s}/versions", json={"schema": ""}), 422, 42201)
+    err(http.post(f"/subjects/{s}/versions", json={"schema": V1, "schemaType": "XML"}), 422, 42201)
+    err(http.post(f"/subjects/{s}/versions", json={"schema": V1, "references": "no"}), 422, 42201)
+    err(http.post(f"/subjects/{s}/versions", content=b"x" * (5 << 20)), 413, 413)
+    err(http.get("/no/such/route"), 404, 404)
+    err(http.get("/associations/resources/default/orders"), 404, 404)
+    err(http.patch("/subjects"), 405, 405)
+    err(http.get("/schemas/ids/abc"), 404, 404)
+    # the registry and the broker still serve
+    assert isinstance(ok(http.get("/subjects")), list)
+    topic = name("after-bad")
+    create_topic(reg, topic)
+    produce_confluent(reg, topic, [b"v"])
+    assert [v for _, _, v in consume_confluent(reg, topic, 1)] == [b"v"]
+    assert "Traceback" not in reg.log_text()
+
+
+# ---- durability -------------------------------------------------------------------------------------------------
+
+def _ids(c: httpx.Client, subjects: list[str]) -> dict[str, list[int]]:
+    return {s: [ok(c.get(f"/subjects/{s}/versions/{v}"))["id"] for v in ok(c.get(f"/subjects/{s}/versions"))]
+            for s in subjects}
+
+
+def test_ids_survive_restart_and_kill_9(tmp_path: Path) -> None:
+    b = registry_broker(tmp_path / "data")
+    b.start()
+    try:
+        with httpx.Client(base_url=url_of(b), timeout=30) as c:
+            ok(c.post("/subjects/a/versions", json={"schema": V1}))
+            ok(c.post("/subjects/a/versions", json={"schema": V2}))
+            ok(c.post("/subjects/b/versions", json={"schema": V1}))
+            gone = ok(c.post("/subjects/gone/versions", json={"schema": BREAKING}))["id"]
+            ok(c.delete("/subjects/gone"))
+            ok(c.delete("/subjects/gone?permanent=true"))
+            ok(c.put("/config/a", json={"compatibility": "FULL"}))
+            before = _ids(c, ["a", "b"])
+        assert _topics(b) >= {"_schemas"}  # kept in the broker's own log, visible to Kafka clients
+
+        b.restart()
+        with httpx.Client(base_url=url_of(b), timeout=30) as c:
+            assert _ids(c, ["a", "b"]) == before
+            assert ok(c.get("/config/a")) == {"compatibilityLevel": "FULL"}
+            err(c.get(f"/schemas/ids/{gone}"), 404, 40403)
+            later = avro({"name": "id", "type": "long"}, record="Later")
+            later_id = ok(c.post("/subjects/c/versions", json={"schema": later}))["id"]
+            assert later_id > gone  # a permanently deleted schema's id is never given again
+
+        b.kill()
+        b.start()
+        with httpx.Client(base_url=url_of(b), timeout=30) as c:
+            assert _ids(c, ["a", "b", "c"]) == {**before, "c": [later_id]}  # acknowledged = durable
+            newest = avro({"name": "n", "type": "int"}, record="Newest")
+            assert ok(c.post("/subjects/d/versions", json={"schema": newest}))["id"] == later_id + 1
+    finally:
+        b.stop()
+
+
+def _topics(b: BrokerProcess) -> set[str]:
+    md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=30)
+    return set(md.topics)
