@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.helpers.procs import BrokerProcess, free_port
@@ -97,6 +98,29 @@ def test_avro_serializer_round_trip_through_the_brokers_topic(reg: BrokerProcess
     assert [de(v, ctx) for _, _, v in got] == rows
 
 
+def test_json_serializer_round_trip_and_json_compatibility(reg: BrokerProcess) -> None:
+    topic = name("events")
+    create_topic(reg, topic)
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "title": "Event", "type": "object",
+              "properties": {"id": {"type": "integer"}, "kind": {"type": "string"}}, "required": ["id"]}
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    ser = JSONSerializer(json.dumps(schema), client)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    rows = [{"id": i, "kind": "click" if i % 2 else "view"} for i in range(20)]
+    produce_confluent(reg, topic, [ser(r, ctx) for r in rows])
+    registered = client.get_latest_version(f"{topic}-value")
+    assert registered.schema.schema_type == "JSON" and json.loads(registered.schema.schema_str) == schema
+    de = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": url_of(reg)}))
+    assert [de(v, ctx) for _, _, v in consume_confluent(reg, topic, len(rows))] == rows
+    # the open content model: a new property is not BACKWARD compatible, as in Confluent's registry
+    added = {**schema, "properties": {**schema["properties"], "ts": {"type": "integer"}}}
+    with pytest.raises(SchemaRegistryError) as ei:
+        client.register_schema(f"{topic}-value", Schema(json.dumps(added), "JSON"))
+    assert ei.value.http_status_code == 409
+    widened = {**schema, "properties": {**schema["properties"], "id": {"type": "number"}}}
+    assert client.register_schema(f"{topic}-value", Schema(json.dumps(widened), "JSON")) != registered.schema_id
+
+
 def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
     client = SchemaRegistryClient({"url": url_of(reg)})
     subject = name("client")
@@ -117,7 +141,7 @@ def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
     assert client.delete_subject(subject) == [1, 2, 3]
     assert subject not in client.get_subjects()
     assert client.delete_subject(subject, permanent=True) == [1, 2, 3]
-    assert client.get_schema_types() == ["AVRO"]
+    assert client.get_schema_types() == ["AVRO", "JSON"]
 
 
 # ---- endpoint by endpoint ---------------------------------------------------------------------------------------
@@ -147,7 +171,7 @@ def test_register_lookup_and_read(http: httpx.Client) -> None:
     assert ok(http.get(f"/schemas/ids/{first['id']}/versions")) == sorted(
         [{"subject": s, "version": 1}, {"subject": other, "version": 1}], key=lambda d: str(d["subject"]))
     assert ok(http.get(f"/schemas/ids/{first['id']}/subjects")) == sorted([s, other])
-    assert ok(http.get("/schemas/types")) == ["AVRO"]
+    assert ok(http.get("/schemas/types")) == ["AVRO", "JSON"]
     assert ok(http.get("/contexts")) == ["."]
     err(http.get("/schemas/ids/987654"), 404, 40403)
 

@@ -18,6 +18,7 @@ from tabletopic.protocol.records import validate_produce_records
 from tabletopic.registry.avro_format import AvroFormat
 from tabletopic.registry.compat import Level, incompatibilities, parse_level
 from tabletopic.registry.errors import RegistryError
+from tabletopic.registry.json_format import JsonFormat
 from tabletopic.registry.service import RegistryService, parse_version, schema_request
 from tabletopic.registry.store import TOPIC, RegistryState, SchemaStore, encode_batch
 from tabletopic.topics import TopicManager
@@ -285,3 +286,70 @@ def test_malformed_records_in_the_topic_are_skipped(tmp_path: Path) -> None:
             assert svc.store._topics.get(TOPIC) is not None
 
     run(go)
+
+
+# ---- JSON Schema --------------------------------------------------------------------------------------------------
+
+JSON = JsonFormat()
+
+
+def obj(props: dict[str, Any], *, closed: bool = False, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": props, "required": list(required)}
+    if closed:
+        out["additionalProperties"] = False
+    return out
+
+
+def json_reads(reader: Any, writer: Any, deps: tuple[tuple[str, str], ...] = ()) -> bool:
+    """Whether ``reader`` reads everything ``writer`` accepts."""
+    return not JSON.parse(json.dumps(reader), deps).can_read(JSON.parse(json.dumps(writer), deps))
+
+
+INT, NUM, STR = {"type": "integer"}, {"type": "number"}, {"type": "string"}
+
+
+@pytest.mark.parametrize(
+    ("reader", "writer", "readable"),
+    [
+        (obj({"a": INT}), obj({"a": INT}), True),
+        # a property added to the reader: the open writer may have written anything under that name
+        (obj({"a": INT, "b": STR}), obj({"a": INT}), False),
+        (obj({"a": INT, "b": STR}), obj({"a": INT}, closed=True), True),
+        # a property the reader dropped: fine while the reader stays open
+        (obj({"a": INT}), obj({"a": INT, "b": STR}), True),
+        (obj({"a": INT}, closed=True), obj({"a": INT, "b": STR}, closed=True), False),
+        # types widen, never narrow
+        (obj({"a": NUM}), obj({"a": INT}), True),
+        (obj({"a": INT}), obj({"a": NUM}), False),
+        ({"type": ["string", "null"]}, STR, True),
+        (STR, {"type": ["string", "null"]}, False),
+        # required: only what the writer requires too, unless the reader has a default
+        (obj({"a": INT}, required=("a",)), obj({"a": INT}), False),
+        (obj({"a": {**INT, "default": 0}}, required=("a",)), obj({"a": INT}), True),
+        (obj({"a": INT}), obj({"a": INT}, required=("a",)), True),
+        ({"enum": ["x", "y", "z"]}, {"enum": ["x", "y"]}, True),
+        ({"enum": ["x"]}, {"enum": ["x", "y"]}, False),
+        ({"type": "string", "maxLength": 5}, {"type": "string", "maxLength": 10}, False),
+        ({"type": "array", "items": NUM}, {"type": "array", "items": INT}, True),
+        ({"type": "array", "items": INT}, {"type": "array", "items": STR}, False),
+        ({"anyOf": [INT, STR]}, STR, True),
+        (STR, {"oneOf": [INT, STR]}, False),
+    ],
+)
+def test_json_schema_rules(reader: Any, writer: Any, readable: bool) -> None:
+    assert json_reads(reader, writer) == readable
+
+
+def test_json_schema_refs_and_invalid_schemas() -> None:
+    address = json.dumps(obj({"street": STR}))
+    local = {"definitions": {"n": INT}, **obj({"a": {"$ref": "#/definitions/n"}})}
+    assert json_reads(local, obj({"a": INT})) and not json_reads(local, obj({"a": STR}))
+    outer = obj({"ship_to": {"$ref": "address.json"}})
+    assert json_reads(outer, outer, (("address.json", address),))
+    tree = {"definitions": {"node": obj({"children": {"type": "array", "items": {"$ref": "#/definitions/node"}}})},
+            "$ref": "#/definitions/node"}
+    assert json_reads(tree, tree)  # a recursive schema compares in finite time
+    for bad in ('{"type": 5}', "not json", '"text"', json.dumps(outer), '{"$ref": "#/definitions/none"}'):
+        with pytest.raises(RegistryError) as ei:
+            JSON.parse(bad, ())
+        assert ei.value.error_code == 42201

@@ -24,6 +24,7 @@ from tabletopic.registry.compat import (
     incompatibilities,
 )
 from tabletopic.registry.errors import RegistryError
+from tabletopic.registry.json_format import JsonFormat
 from tabletopic.registry.store import (
     Content,
     Record,
@@ -42,7 +43,7 @@ from tabletopic.registry.store import (
 
 log = logging.getLogger(__name__)
 
-FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(),)}
+FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(), JsonFormat())}
 MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
 DEFAULT_MODE = "READWRITE"
 MAX_VERSION = 2**31 - 1
