@@ -5,6 +5,8 @@ same across a restart and a kill -9."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,10 +15,12 @@ from typing import Any
 import httpx
 import pytest
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.test_clients import consume_confluent, create_topic, produce_confluent
@@ -121,6 +125,59 @@ def test_json_serializer_round_trip_and_json_compatibility(reg: BrokerProcess) -
     assert client.register_schema(f"{topic}-value", Schema(json.dumps(widened), "JSON")) != registered.schema_id
 
 
+MONEY_PROTO = 'syntax = "proto3";\npackage common;\nmessage Money { int64 cents = 1; string currency = 2; }\n'
+ORDER_PROTO = ('syntax = "proto3";\npackage shop;\nimport "google/protobuf/timestamp.proto";\n'
+               'import "common/money.proto";\nmessage Order { int64 id = 1; string item = 2; '
+               'google.protobuf.Timestamp at = 3; common.Money price = 4; repeated string tags = 5; }\n')
+
+
+def proto_class(tmp_path: Path, files: dict[str, str], message: str) -> Any:
+    """The message class of ``message``, compiled from ``files`` by grpcio-tools' protoc."""
+    import grpc_tools
+
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    out = tmp_path / "set.pb"
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{tmp_path}",
+                    f"-I{Path(grpc_tools.__file__).parent / '_proto'}", "--include_imports",
+                    f"--descriptor_set_out={out}", *files], check=True, capture_output=True)
+    pool = descriptor_pool.DescriptorPool()
+    for f in descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file:
+        pool.Add(f)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
+
+
+def test_protobuf_serializer_round_trip_with_an_import(reg: BrokerProcess, tmp_path: Path) -> None:
+    topic = name("shipments")
+    create_topic(reg, topic)
+    order = proto_class(tmp_path, {"common/money.proto": MONEY_PROTO, "shop/order.proto": ORDER_PROTO}, "shop.Order")
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    ser = ProtobufSerializer(order, client)  # registers common/money.proto first, then the topic's subject
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    messages = []
+    for i in range(20):
+        m = order(id=i, item=f"item-{i}", tags=["a", str(i)])
+        m.price.cents, m.price.currency, m.at.seconds = 100 * i, "EUR", 1_700_000_000 + i
+        messages.append(m)
+    produce_confluent(reg, topic, [ser(m, ctx) for m in messages])
+    registered = client.get_latest_version(f"{topic}-value")
+    assert registered.schema.schema_type == "PROTOBUF"
+    assert [(r.name, r.subject, r.version) for r in registered.schema.references] == [
+        ("common/money.proto", "common/money.proto", 1)]
+    # a fresh client resolves the writer schema and its import from the registry (format=serialized)
+    de = ProtobufDeserializer(order, {}, SchemaRegistryClient({"url": url_of(reg)}))
+    assert [de(v, ctx) for _, _, v in consume_confluent(reg, topic, len(messages))] == messages
+    # .proto text is accepted too; changing a field's type is refused
+    refs = [SchemaReference("common/money.proto", "common/money.proto", 1)]
+    changed = ORDER_PROTO.replace("int64 id = 1", "string id = 1")
+    with pytest.raises(SchemaRegistryError) as ei:
+        client.register_schema(f"{topic}-value", Schema(changed, "PROTOBUF", refs))
+    assert ei.value.http_status_code == 409 and "FIELD_SCALAR_KIND_CHANGED" in ei.value.error_message
+    added = ORDER_PROTO.replace("repeated string tags = 5;", "repeated string tags = 5; string note = 6;")
+    assert client.register_schema(f"{topic}-value", Schema(added, "PROTOBUF", refs)) > registered.schema_id
+
+
 def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
     client = SchemaRegistryClient({"url": url_of(reg)})
     subject = name("client")
@@ -141,7 +198,7 @@ def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
     assert client.delete_subject(subject) == [1, 2, 3]
     assert subject not in client.get_subjects()
     assert client.delete_subject(subject, permanent=True) == [1, 2, 3]
-    assert client.get_schema_types() == ["AVRO", "JSON"]
+    assert client.get_schema_types() == ["AVRO", "JSON", "PROTOBUF"]
 
 
 # ---- endpoint by endpoint ---------------------------------------------------------------------------------------
@@ -171,7 +228,7 @@ def test_register_lookup_and_read(http: httpx.Client) -> None:
     assert ok(http.get(f"/schemas/ids/{first['id']}/versions")) == sorted(
         [{"subject": s, "version": 1}, {"subject": other, "version": 1}], key=lambda d: str(d["subject"]))
     assert ok(http.get(f"/schemas/ids/{first['id']}/subjects")) == sorted([s, other])
-    assert ok(http.get("/schemas/types")) == ["AVRO", "JSON"]
+    assert ok(http.get("/schemas/types")) == ["AVRO", "JSON", "PROTOBUF"]
     assert ok(http.get("/contexts")) == ["."]
     err(http.get("/schemas/ids/987654"), 404, 40403)
 

@@ -19,6 +19,7 @@ from tabletopic.registry.avro_format import AvroFormat
 from tabletopic.registry.compat import Level, incompatibilities, parse_level
 from tabletopic.registry.errors import RegistryError
 from tabletopic.registry.json_format import JsonFormat
+from tabletopic.registry.protobuf_format import ProtobufFormat
 from tabletopic.registry.service import RegistryService, parse_version, schema_request
 from tabletopic.registry.store import TOPIC, RegistryState, SchemaStore, encode_batch
 from tabletopic.topics import TopicManager
@@ -353,3 +354,58 @@ def test_json_schema_refs_and_invalid_schemas() -> None:
         with pytest.raises(RegistryError) as ei:
             JSON.parse(bad, ())
         assert ei.value.error_code == 42201
+
+
+# ---- Protobuf -----------------------------------------------------------------------------------------------------
+
+PROTO = ProtobufFormat()
+
+
+def proto(body: str, syntax: str = "proto3") -> str:
+    return f'syntax = "{syntax}";\npackage shop;\n{body}\n'
+
+
+ORDER = proto("message Order { int64 id = 1; string item = 2; message Line { int32 n = 1; } }")
+
+
+@pytest.mark.parametrize(
+    ("reader", "problem"),
+    [
+        (ORDER, None),
+        (proto("message Order { int64 id = 1; string item = 2; int32 qty = 3; message Line { int32 n = 1; } }"),
+         None),  # a field added
+        (proto("message Order { int64 id = 1; message Line { int32 n = 1; } }"), None),  # a field removed
+        (proto("message Order { int32 id = 1; bytes item = 2; message Line { sint32 n = 1; } }"),
+         "FIELD_SCALAR_KIND_CHANGED"),  # int64→int32 and string→bytes are wire-compatible, int32→sint32 is not
+        (proto("message Order { string id = 1; string item = 2; message Line { int32 n = 1; } }"),
+         "FIELD_SCALAR_KIND_CHANGED"),
+        (proto("message Order { int64 id = 1; repeated string item = 2; message Line { int32 n = 1; } }"),
+         "FIELD_LABEL_CHANGED"),
+        (proto("message Order { int64 id = 1; Line item = 2; message Line { int32 n = 1; } }"),
+         "FIELD_KIND_CHANGED"),
+        (proto("message Order { int64 id = 1; string item = 2; }"), "MESSAGE_REMOVED"),
+        (proto("message Order { int64 id = 1; oneof pick { string item = 2; } message Line { int32 n = 1; } }"),
+         None),  # one field into a new oneof
+        (proto("message Order { oneof pick { int64 id = 1; string item = 2; } message Line { int32 n = 1; } }"),
+         "MULTIPLE_FIELDS_MOVED_TO_ONEOF"),
+        (proto("message Order { optional int64 id = 1; optional string item = 2; required int32 q = 3; "
+               "message Line { optional int32 n = 1; } }", "proto2"), "REQUIRED_FIELD_ADDED"),
+    ],
+)
+def test_protobuf_rules(reader: str, problem: str | None) -> None:
+    found = PROTO.parse(reader, ()).can_read(PROTO.parse(ORDER, ()))
+    assert (problem is None and not found) or (problem is not None and any(problem in f for f in found)), found
+
+
+def test_protobuf_text_descriptor_imports_and_invalid() -> None:
+    parsed = PROTO.parse(ORDER, ())
+    assert PROTO.parse(parsed.text(False), ()).text(False) == parsed.text(False)  # base64 descriptors are taken
+    money = proto("message Money { int64 cents = 1; }").replace("package shop", "package common")
+    uses = 'syntax = "proto3";\nimport "common/money.proto";\nimport "google/protobuf/timestamp.proto";\n' \
+           "message P { common.Money m = 1; google.protobuf.Timestamp at = 2; }"
+    assert PROTO.parse(uses, (("common/money.proto", money),)).can_read(PROTO.parse(uses, (("common/money.proto",
+                                                                                          money),))) == []
+    for bad, deps in ((uses, ()), ("message {", ()), (proto("message A { Missing m = 1; }"), ())):
+        with pytest.raises(RegistryError) as ei:
+            PROTO.parse(bad, deps)
+        assert ei.value.error_code == 42201 and "Traceback" not in ei.value.message

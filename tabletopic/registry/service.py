@@ -25,6 +25,7 @@ from tabletopic.registry.compat import (
 )
 from tabletopic.registry.errors import RegistryError
 from tabletopic.registry.json_format import JsonFormat
+from tabletopic.registry.protobuf_format import ProtobufFormat
 from tabletopic.registry.store import (
     Content,
     Record,
@@ -43,7 +44,7 @@ from tabletopic.registry.store import (
 
 log = logging.getLogger(__name__)
 
-FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(), JsonFormat())}
+FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(), JsonFormat(), ProtobufFormat())}
 MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
 DEFAULT_MODE = "READWRITE"
 MAX_VERSION = 2**31 - 1
@@ -87,12 +88,13 @@ def _is_reference(r: object) -> bool:
 
 
 def _optional_int(body: dict[str, object], key: str) -> int | None:
+    """An ``id`` / ``version`` given in a register body (0 or negative: not given, as clients send them)."""
     value = body.get(key)
-    if value is None or value == 0:
+    if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_VERSION:
-        raise errors.bad_request(f"{key} must be a positive integer", 422)
-    return value
+    if not isinstance(value, int) or isinstance(value, bool) or value > MAX_VERSION:
+        raise errors.bad_request(f"{key} must be an integer up to 2^31-1", 422)
+    return value if value > 0 else None
 
 
 @functools.lru_cache(maxsize=512)
