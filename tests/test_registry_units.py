@@ -135,8 +135,10 @@ def test_state_applies_every_record_kind() -> None:
     st.apply({"keytype": "MODE", "subject": "s"}, {"mode": "READONLY"})
     st.apply({"keytype": "MODE", "subject": "s"}, None)
     assert (st.high_id, st.config, st.mode) == (20, {None: "FULL"}, {})
-    with pytest.raises(ValueError):
-        st.apply({"keytype": "SOMETHING"}, {})
+    for key, value in (({"keytype": "SOMETHING"}, {}), ({"keytype": "CONFIG"}, {"compatibilityLevel": "SIDEWAYS"}),
+                       ({"keytype": "MODE"}, {"mode": "ANY"})):
+        with pytest.raises(ValueError):
+            st.apply(key, value)
 
 
 # ---- the service on a real log ----------------------------------------------------------------------------------

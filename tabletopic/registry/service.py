@@ -27,6 +27,7 @@ from tabletopic.registry.errors import RegistryError
 from tabletopic.registry.json_format import JsonFormat
 from tabletopic.registry.protobuf_format import ProtobufFormat
 from tabletopic.registry.store import (
+    MODES,
     Content,
     Record,
     Reference,
@@ -45,7 +46,6 @@ from tabletopic.registry.store import (
 log = logging.getLogger(__name__)
 
 FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(), JsonFormat(), ProtobufFormat())}
-MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
 DEFAULT_MODE = "READWRITE"
 MAX_VERSION = 2**31 - 1
 

@@ -38,12 +38,14 @@ from tabletopic.errors import KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.manager import LogManager
 from tabletopic.protocol.records import validate_produce_records
+from tabletopic.registry.compat import Level
 from tabletopic.registry.errors import STORE_ERROR, RegistryError
 from tabletopic.topics import TopicManager
 
 log = logging.getLogger(__name__)
 
 TOPIC = "_schemas"
+MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
 MAX_SCHEMA_BYTES = 4 << 20  # the largest request body the API accepts
 TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
@@ -170,9 +172,13 @@ class RegistryState:
                 else:
                     self._put(replace(v, deleted=True))
         elif kind == "CONFIG":
-            _set_or_unset(self.config, key.get("subject"), None if value is None else str(value["compatibilityLevel"]))
+            level = None if value is None else Level(value["compatibilityLevel"]).value
+            _set_or_unset(self.config, key.get("subject"), level)
         elif kind == "MODE":
-            _set_or_unset(self.mode, key.get("subject"), None if value is None else str(value["mode"]))
+            mode = None if value is None else str(value["mode"])
+            if mode is not None and mode not in MODES:
+                raise ValueError(f"unknown mode {mode!r}")
+            _set_or_unset(self.mode, key.get("subject"), mode)
         elif kind == "ID_HIGH":
             assert value is not None
             self.high_id = max(self.high_id, int(value["id"]))
