@@ -4,7 +4,9 @@ same across a restart and a kill -9."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -335,6 +337,15 @@ def test_bad_input_gets_confluent_errors_and_the_broker_keeps_serving(reg: Broke
     err(http.get("/associations/resources/default/orders"), 404, 404)
     err(http.patch("/subjects"), 405, 405)
     err(http.get("/schemas/ids/abc"), 404, 404)
+    # not HTTP, a broken header, a body cut short by a client that goes away
+    host, port = str(http.base_url.host), int(http.base_url.port or 0)
+    for raw in (b"\x00\x01garbage\r\n\r\n", b"GET / HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+                b"POST /subjects/x/versions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"sch"):
+        with socket.create_connection((host, port), timeout=5) as conn:
+            conn.sendall(raw)
+            conn.settimeout(0.5)
+            with contextlib.suppress(TimeoutError):
+                conn.recv(1024)
     # the registry and the broker still serve
     assert isinstance(ok(http.get("/subjects")), list)
     topic = name("after-bad")

@@ -44,6 +44,8 @@ async def confluent_errors(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return reply({"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"}, exc.status)
+    except ConnectionError:
+        raise  # the client went away mid-request: aiohttp drops the connection quietly
     except Exception:
         log.exception("schema registry: %s %s failed", request.method, request.path)
         return reply({"error_code": STORE_ERROR, "message": "Internal Server Error"}, 500)

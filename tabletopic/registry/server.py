@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from tabletopic.log.manager import LogManager
 from tabletopic.registry.api import make_app
@@ -15,6 +16,24 @@ from tabletopic.topics import TopicManager
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 5.0
+
+
+class _ClientFaults(logging.Filter):
+    """Malformed HTTP or a client gone mid-request is the client's fault, not the broker's: aiohttp answers it
+    (400 / closes) and would log an ERROR with a traceback; here it is one DEBUG line at most."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError | ConnectionError):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        record.msg, record.args = f"{record.getMessage()}: {exc!r}".replace("%", "%%"), ()
+        record.exc_info, record.exc_text = None, None
+        return http_log.isEnabledFor(logging.DEBUG)
+
+
+http_log = logging.getLogger("tabletopic.registry.http")
+http_log.addFilter(_ClientFaults())
 
 
 class RegistryServer:
@@ -32,7 +51,8 @@ class RegistryServer:
         """Replay the store, then bind every listener; returns the bound (host, port) pairs. Raises OSError when
         a listener cannot be bound (the broker does not start half-configured)."""
         await self.store.start()
-        runner = web.AppRunner(make_app(self.service), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
+        runner = web.AppRunner(make_app(self.service), access_log=None, logger=http_log,
+                               shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runner = runner
         try:
