@@ -151,10 +151,12 @@ async def opened(data: Path) -> AsyncIterator[RegistryService]:
     topics = TopicManager(cfg, logs)
     topics.load()
     store = SchemaStore(topics, logs)
+    service = RegistryService(store)
     try:
         await store.start()
-        yield RegistryService(store)
+        yield service
     finally:
+        service.close()
         await logs.close()
 
 

@@ -70,3 +70,4 @@ class RegistryServer:
             runner, self._runner = self._runner, None
             await runner.cleanup()
             log.info("schema registry stopped")
+        self.service.close()

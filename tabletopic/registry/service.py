@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from tabletopic.registry import errors
 from tabletopic.registry.avro_format import AvroFormat
@@ -44,6 +46,7 @@ from tabletopic.registry.store import (
 )
 
 log = logging.getLogger(__name__)
+_R = TypeVar("_R")
 
 FORMATS: dict[str, SchemaFormat] = {f.name: f for f in (AvroFormat(), JsonFormat(), ProtobufFormat())}
 DEFAULT_MODE = "READWRITE"
@@ -150,6 +153,16 @@ class RegistryService:
     def __init__(self, store: SchemaStore) -> None:
         self.store = store
         self._lock = asyncio.Lock()
+        # parsing (protoc runs in a child process) and checks on their own threads: never the broker's default
+        # executor, which its catalog and metadata writes use
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="schema-registry")
+
+    async def _in_thread(self, fn: Callable[..., _R], *args: Any) -> _R:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        """Stop the parsing threads (work not started is dropped)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def state(self) -> RegistryState:
@@ -238,7 +251,7 @@ class RegistryService:
 
     async def _content(self, req: SchemaRequest, normalize: bool) -> tuple[Content, tuple[Dependency, ...]]:
         deps, refs = self._dependencies(req.references)
-        text = await asyncio.to_thread(_parse_text, req, deps, normalize)
+        text = await self._in_thread(_parse_text, req, deps, normalize)
         return Content(req.schema_type, text, refs), deps
 
     async def _incompatibilities(self, level: Level, content: Content, deps: tuple[Dependency, ...],
@@ -247,7 +260,7 @@ class RegistryService:
             return []
         same_type = [v for v in previous if v.content.schema_type == content.schema_type]
         inputs = [(v.version, v.content.schema, self._stored_dependencies(v)) for v in same_type]
-        return await asyncio.to_thread(_check, level, content.schema_type, content.schema, deps, inputs)
+        return await self._in_thread(_check, level, content.schema_type, content.schema, deps, inputs)
 
     def _stored_dependencies(self, v: Version) -> tuple[Dependency, ...]:
         try:
