@@ -91,6 +91,7 @@ def main() -> int:
             with log_path.open("rb") as f:
                 f.seek(size)
                 lines = f.read().decode(errors="replace").splitlines()
+            del p, admin  # destroy the clients while the broker still runs (no reconnect noise after it stops)
 
     by_level: collections.Counter[str] = collections.Counter()
     by_logger: collections.Counter[str] = collections.Counter()
