@@ -459,6 +459,14 @@ class TableTopicCoordinator:
             if not self._ready:
                 await self._initialize()
             report = await self._round()
+        except NoSuchTableError as e:
+            # the table was dropped under a running topic: start over as for a new table topic (the next round
+            # creates it again and writes the topic from its log start offsets)
+            self._ready = False
+            self._settled = None
+            log.warning("table topic %s: its table is gone (%s); creating it again and writing the topic from "
+                        "its log start", self.topic, e)
+            return RoundReport(RoundOutcome.FAILED, error=f"{type(e).__name__}: {e}")
         except Exception as e:
             self._failures += 1
             self.failed_rounds += 1

@@ -303,6 +303,21 @@ def test_runtime_changes(fresh_broker: BrokerProcess) -> None:
     assert props["tabletopic.topic-id"] != old_id and json.loads(props["tabletopic.offsets"]) == {"0": 50}
 
 
+def test_a_dropped_table_is_created_again(broker: BrokerProcess) -> None:
+    """Dropping the table under a running table topic: the next rounds create it again and write the topic from
+    its log start, every record once (before, every round failed with NoSuchTableError until a restart)."""
+    b = broker
+    topic = "dropped"
+    create(b, topic, 2, enable="true", commit_interval_ms="300")
+    produce(b, topic, 200)
+    assert_table_equals_log(b, topic, 2)
+    catalog(b).drop_table(f"default.{topic}")
+    produce(b, topic, 100, start=200)
+    rows = assert_table_equals_log(b, topic, 2)
+    assert len(rows) == 300
+    assert "its table is gone" in b.log_text()
+
+
 def test_invalid_utf8_is_skipped_counted_and_kept(tmp_path: Path) -> None:
     port = free_port()
     b = BrokerProcess(tmp_path / "data", overrides={"automq.table.topic.metrics.port": str(port)})
