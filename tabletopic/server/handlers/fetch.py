@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
+from tabletopic.logs import ConditionLog
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -48,6 +49,10 @@ class _FetchTopic:
     partitions: list[_FetchPartition]
 
 
+# a broken segment fails every fetch that reaches it: logged once, then at most once a minute
+_read_errors = ConditionLog(log)
+
+
 def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
     """Read every partition once; returns the number of record bytes gathered."""
     total = 0
@@ -68,6 +73,12 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
                 # OFFSET_OUT_OF_RANGE keeps the high watermark and log start offset read above, as Kafka
                 # answers, so the client's auto.offset.reset has both ends at hand
                 fp.error = exc.code
+                fp.data = b""
+                continue
+            except OSError as exc:  # an unreadable segment (I/O error): this partition's error, not the request's
+                _read_errors.log((plog.name, exc.errno), logging.ERROR, "fetch from %s at offset %d failed: %s",
+                                 plog.name, fp.fetch_offset, exc)
+                fp.error = ErrorCode.KAFKA_STORAGE_ERROR
                 fp.data = b""
                 continue
             fp.data = res.data
