@@ -156,7 +156,7 @@ def _line(first: int) -> StructType:
                       NestedField(first + 1, "n", IntegerType(), required=True))
 
 
-# fresh ids: the top-level fields 1..25, then each nested level in order
+# pyiceberg's fresh ids: the top-level fields 1..25 first, then the nested ones
 EXPECTED = StructType(
     NestedField(1, "id", LongType(), required=True),
     NestedField(2, "flag", BooleanType(), required=True),
@@ -341,3 +341,31 @@ def test_avro_decoded_table_round_trips_through_parquet(tmp_path: Path) -> None:
     # the Parquet file's field ids and types are the Iceberg schema's, as pyiceberg reads them
     assert pyarrow_to_schema(back.schema).as_struct() == EXPECTED
     assert back.cast(table.schema).to_pylist() == [_expected_row(i, m, d) for i, (_, m, d) in enumerate(CHOICES)]
+
+
+def test_avro_unions_at_the_top_and_inside_lists_and_maps() -> None:
+    top = ["int", "string", "null"]
+    columns = avro_columns(top)
+    assert columns.iceberg_type == StructType(NestedField(1, "int", IntegerType(), required=False),
+                                              NestedField(2, "string", StringType(), required=False))
+    assert not columns.required
+    out = decode(pa.array([avro_bytes(top, v) for v in (1, "a", None)], pa.binary()), columns, "key")
+    assert out.values.to_pylist() == [{"int": 1, "string": None}, {"int": None, "string": "a"}, None]
+    nested = {"type": "record", "name": "R", "fields": [
+        {"name": "xs", "type": {"type": "array", "items": ["null", "float", "double"]}},
+        {"name": "m", "type": {"type": "map", "values": ["boolean", "bytes"]}},
+    ]}
+    columns = avro_columns(nested)
+    xs = ListType(3, StructType(NestedField(4, "float", FloatType(), required=False),
+                                NestedField(5, "double", DoubleType(), required=False)), element_required=False)
+    m = MapType(6, StringType(), 7, StructType(NestedField(8, "boolean", BooleanType(), required=False),
+                                               NestedField(9, "bytes", BinaryType(), required=False)))
+    assert columns.iceberg_type == StructType(NestedField(1, "xs", xs, required=True),
+                                              NestedField(2, "m", m, required=True))
+    value = {"xs": [None, ("float", 0.5), ("double", 0.25)], "m": {"k": True, "b": b"\x00"}}
+    out = decode(pa.array([avro_bytes(nested, value)]), columns, "value")
+    assert out.bad == {}
+    assert out.values.to_pylist() == [{
+        "xs": [None, {"float": 0.5, "double": None}, {"float": None, "double": 0.25}],
+        "m": [("k", {"boolean": True, "bytes": None}), ("b", {"boolean": None, "bytes": b"\x00"})],
+    }]

@@ -11,7 +11,7 @@ The mapping, and who does what:
   decimal (bytes or fixed) → decimal(p, s), date, time-micros → time, timestamp-micros → timestamp or timestamptz
   (``adjust-to-utc``), uuid, record → struct, array → list, map → map<string, V>, ``[null, T]`` → optional T, and
   the field-id annotations that become the Iceberg ids. Fresh ids: pyiceberg's ``assign_fresh_schema_ids``
-  (top-level fields 1..n, then nested levels), deterministic for one schema.
+  (the top-level fields 1..n first, then the nested ones), deterministic for one schema.
 - Written here, because pyiceberg's converter is made for Iceberg's own Avro files (which carry field ids and never
   use these): named-type references (``"type": "com.acme.Address"``) resolved and inlined; recursive records
   refused with the record's name (:class:`AvroSchemaError`); ``[T, null]`` (null not first) → optional T; any other
@@ -24,7 +24,6 @@ The mapping, and who does what:
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import uuid
@@ -82,11 +81,6 @@ def _same(v: Any) -> Any:
 
 def _nullable(fix: Fix) -> Fix:
     return fix if fix is _same else (lambda v: None if v is None else fix(v))
-
-
-def _naive_utc(v: datetime.datetime) -> datetime.datetime:
-    # fastavro gives timestamp-* as aware UTC datetimes; a timestamp (without zone) column takes the UTC wall time
-    return v.astimezone(datetime.UTC).replace(tzinfo=None) if v.tzinfo is not None else v
 
 
 def _uuid_bytes(v: Any) -> bytes:
@@ -188,9 +182,8 @@ class _Walker:
         elif (logical, physical) == ("time-millis", "int"):
             ice = {"type": "long", "logicalType": "time-micros"}
         elif logical in ("timestamp-millis", "timestamp-micros") and physical == "long":
-            utc = t.get("adjust-to-utc", False) is True
-            ice = {**micros, "adjust-to-utc": utc}
-            fix = _same if utc else _naive_utc
+            # fastavro reads an aware UTC datetime; Arrow stores it as UTC in a timestamp column with or without zone
+            ice = {**micros, "adjust-to-utc": t.get("adjust-to-utc", False) is True}
         elif logical in ("local-timestamp-millis", "local-timestamp-micros") and physical == "long":
             ice = {**micros, "adjust-to-utc": False}
         elif logical == "uuid" and (physical == "string" or (physical == "fixed" and t.get("size") == 16)):
