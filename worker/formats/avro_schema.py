@@ -133,13 +133,16 @@ class _Walker:
             self.open_records.pop()
         ice_fields = [{"name": f["name"], "type": n.ice_field_type, "field-id": next(self.ids), "doc": f.get("doc")}
                       for f, n in children]
-        fixes = [(f["name"], _nullable(n.fix)) for f, n in children]
+        # Only the fields whose values need a change are touched (fastavro's dict is fresh, changed in place).
+        fixes = [(f["name"], _nullable(n.fix)) for f, n in children if n.fix is not _same]
 
         def fix(v: dict[str, Any]) -> dict[str, Any]:
-            return {k: fx(v.get(k)) for k, fx in fixes}
+            for k, fx in fixes:
+                v[k] = fx(v[k])
+            return v
 
         dec = {**t, "fields": [{**f, "type": n.dec} for f, n in children]}
-        return _Node({"type": "record", "name": name, "fields": ice_fields}, dec, fix)
+        return _Node({"type": "record", "name": name, "fields": ice_fields}, dec, fix if fixes else _same)
 
     def _enum(self, t: dict[str, Any]) -> _Node:
         self.names[t["name"]] = t
@@ -152,7 +155,7 @@ class _Walker:
     def _array(self, t: dict[str, Any]) -> _Node:
         items = self.walk(t["items"])
         fx = _nullable(items.fix)
-        fix: Fix = list if fx is _same else (lambda v: [fx(x) for x in v])
+        fix: Fix = _same if fx is _same else (lambda v: [fx(x) for x in v])
         ice = {"type": "array", "items": items.ice_field_type, "element-id": next(self.ids)}
         return _Node(ice, {**t, "items": items.dec}, fix)
 
@@ -160,11 +163,11 @@ class _Walker:
         values = self.walk(t["values"])
         fx = _nullable(values.fix)
 
-        def fix(v: dict[str, Any]) -> list[tuple[str, Any]]:
-            return [(k, fx(x)) for k, x in v.items()]
+        def fix(v: dict[str, Any]) -> dict[str, Any]:
+            return {k: fx(x) for k, x in v.items()}
 
         ice = {"type": "map", "values": values.ice_field_type, "key-id": next(self.ids), "value-id": next(self.ids)}
-        return _Node(ice, {**t, "values": values.dec}, fix)
+        return _Node(ice, {**t, "values": values.dec}, _same if fx is _same else fix)  # Arrow takes dicts as maps
 
     def _logical(self, t: dict[str, Any]) -> _Node:
         logical, physical = t["logicalType"], t.get("type")
@@ -278,5 +281,5 @@ def avro_columns(schema: str | dict[str, Any] | list[Any]) -> AvroColumns:
         iceberg_type: IcebergType = assign_fresh_schema_ids(Schema(*column.fields)).as_struct()
     else:
         iceberg_type = assign_fresh_schema_ids(Schema(NestedField(1, "v", column))).fields[0].field_type
-    decode = fastavro.parse_schema(node.dec, _write_hint=False)
+    decode = fastavro.parse_schema(node.dec)  # marked parsed: schemaless_reader then skips parsing it per call
     return AvroColumns(iceberg_type, node.required, decode, _nullable(node.fix))
