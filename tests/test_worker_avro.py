@@ -19,6 +19,7 @@ import fastavro
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import pyarrow_to_schema, schema_to_pyarrow
 from pyiceberg.types import (
     BinaryType,
@@ -369,3 +370,18 @@ def test_avro_unions_at_the_top_and_inside_lists_and_maps() -> None:
         "xs": [None, {"float": 0.5, "double": None}, {"float": None, "double": 0.25}],
         "m": [("k", {"boolean": True, "bytes": None}), ("b", {"boolean": None, "bytes": b"\x00"})],
     }]
+
+
+def test_avro_decoded_table_appends_to_an_iceberg_table(tmp_path: Path) -> None:
+    """pyiceberg itself takes the decoded table into a table of the converted schema, and reads the same rows."""
+    columns = avro_columns(ORDER)
+    raw = _payloads(ORDER, [_order(i, choice) for i, (choice, _, _) in enumerate(CHOICES)])
+    table, bad = decode_table(frame(raw, "value").payloads(raw), columns, "value")
+    assert bad == {}
+    catalog = SqlCatalog("avro", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=f"file://{tmp_path}/wh")
+    catalog.create_namespace("ns")
+    iceberg = catalog.create_table("ns.orders", schema=columns.schema)
+    assert iceberg.schema().as_struct() == EXPECTED
+    iceberg.append(table)
+    back = iceberg.scan().to_arrow()
+    assert back.to_pylist() == [_expected_row(i, m, d) for i, (_, m, d) in enumerate(CHOICES)]
