@@ -385,3 +385,21 @@ def test_avro_decoded_table_appends_to_an_iceberg_table(tmp_path: Path) -> None:
     iceberg.append(table)
     back = iceberg.scan().to_arrow()
     assert back.to_pylist() == [_expected_row(i, m, d) for i, (_, m, d) in enumerate(CHOICES)]
+
+
+def test_avro_unknown_logical_types_read_as_their_type_and_wide_decimals_refused() -> None:
+    schema = {"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": {"type": "array", "items": "int", "logicalType": "tabletopic-unknown"}},
+        {"name": "b", "type": {"type": "string", "logicalType": "timestamp-millis"}},  # misplaced
+        {"name": "c", "type": {"type": "fixed", "name": "Dur", "size": 12, "logicalType": "duration"}},
+    ]}
+    columns = avro_columns(schema)
+    assert columns.iceberg_type == StructType(
+        NestedField(1, "a", ListType(4, IntegerType(), element_required=True), required=True),
+        NestedField(2, "b", StringType(), required=True),
+        NestedField(3, "c", FixedType(12), required=True))
+    value = {"a": [1, 2], "b": "yesterday", "c": bytes(12)}
+    assert decode(pa.array([avro_bytes(schema, value)]), columns, "value").values.to_pylist() == [value]
+    wide = {"type": "bytes", "logicalType": "decimal", "precision": 39, "scale": 2}
+    with pytest.raises(AvroSchemaError, match=r"decimal\(39, 2\) does not fit an Iceberg decimal"):
+        avro_columns({"type": "record", "name": "W", "fields": [{"name": "d", "type": wide}]})

@@ -38,6 +38,7 @@ from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 Fix = Callable[[Any], Any]
 
+MAX_DECIMAL_PRECISION = 38  # Iceberg's
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 _UNION_BRANCH = "tabletopic_union_branch"  # the decode schema's wrapper records (see _union)
 
@@ -171,15 +172,17 @@ class _Walker:
 
     def _logical(self, t: dict[str, Any]) -> _Node:
         logical, physical = t["logicalType"], t.get("type")
-        if isinstance(physical, dict | list):
-            raise AvroSchemaError(f"logical type {logical} on {physical!r}")
         if physical == "fixed":
             self.names[t["name"]] = t
         micros = {"type": "long", "logicalType": "timestamp-micros"}
         ice: Any
         fix: Fix = _same
         if logical == "decimal" and physical in ("bytes", "fixed"):
-            ice = {"type": "bytes", "logicalType": "decimal", "precision": t["precision"], "scale": t.get("scale", 0)}
+            precision, scale = t["precision"], t.get("scale", 0)
+            if not 0 < precision <= MAX_DECIMAL_PRECISION or not 0 <= scale <= precision:
+                raise AvroSchemaError(f"decimal({precision}, {scale}) does not fit an Iceberg decimal (precision "
+                                      f"1..{MAX_DECIMAL_PRECISION}, scale 0..precision)")
+            ice = {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}
         elif (logical, physical) in (("date", "int"), ("time-micros", "long")):
             ice = {"type": physical, "logicalType": logical}
         elif (logical, physical) == ("time-millis", "int"):
@@ -193,9 +196,7 @@ class _Walker:
             ice = {"type": "string", "logicalType": "uuid"}
             fix = _uuid_bytes
         else:  # the Avro spec: an unknown (or misplaced) logical type is read as its underlying type
-            plain = {k: v for k, v in t.items() if k != "logicalType"}
-            node = self.walk(plain if physical == "fixed" else physical)
-            return _Node(node.ice, plain if physical == "fixed" else physical, node.fix)
+            return self.walk({k: v for k, v in t.items() if k != "logicalType"})
         return _Node(ice, t, fix)
 
     def _union(self, branches: list[Any]) -> _Node:
