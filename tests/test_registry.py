@@ -196,7 +196,7 @@ def test_client_api_and_incompatible_schema(reg: BrokerProcess) -> None:
     assert client.get_versions(subject) == [1, 2]  # nothing registered
     client.set_compatibility(subject, "NONE")
     assert client.get_compatibility(subject) == "NONE"
-    assert client.register_schema(subject, Schema(BREAKING, "AVRO")) > second
+    assert client.register_schema(subject, Schema(BREAKING, "AVRO")) not in (first, second)
     assert client.delete_subject(subject) == [1, 2, 3]
     assert subject not in client.get_subjects()
     assert client.delete_subject(subject, permanent=True) == [1, 2, 3]
