@@ -8,7 +8,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	$(VENV)/bin/tabletopic serve --override schema.registry.listeners=http://127.0.0.1:8081 $(ARGS)
+	$(VENV)/bin/tabletopic serve $(ARGS)
 
 test: setup
 	@bash scripts/test.sh

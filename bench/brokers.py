@@ -156,6 +156,8 @@ def start_tabletopic(
         f"listeners=PLAINTEXT://127.0.0.1:{port}",
         "--override",
         f"log.dirs={log_dirs}",
+        "--override",
+        "schema.registry.listeners=",  # the shipped settings serve it on a fixed port; benchmarks set their own
     ]
     for k, v in (overrides or {}).items():
         argv += ["--override", f"{k}={v}"]
