@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from configs.errors import InvalidConfigError
 from configs.model import BrokerConfig
 from tabletopic.log.manager import LogManager
 from tabletopic.protocol.records import validate_produce_records
@@ -413,3 +414,12 @@ def test_protobuf_text_descriptor_imports_and_invalid() -> None:
         with pytest.raises(RegistryError) as ei:
             PROTO.parse(bad, deps)
         assert ei.value.error_code == 42201 and "Traceback" not in ei.value.message
+
+
+def test_the_listeners_setting() -> None:
+    parse = lambda v: BrokerConfig.from_properties({"schema.registry.listeners": v}).schema_registry_listeners  # noqa: E731
+    assert parse("") == [] and BrokerConfig.from_properties({}).schema_registry_listeners == []
+    assert parse("http://127.0.0.1:8081,http://[::1]:0") == [("127.0.0.1", 8081), ("::1", 0)]
+    for bad in ("https://127.0.0.1:8081", "http://127.0.0.1", "127.0.0.1:8081", "http://h:70000", "http://h:1/x"):
+        with pytest.raises(InvalidConfigError, match=r"schema\.registry\.listeners"):
+            parse(bad)
