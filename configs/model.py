@@ -335,7 +335,9 @@ _broker(
 )
 
 _topic(
-    Setting("cleanup.policy", Type.LIST, ("delete",), "delete (compact is accepted but not applied yet).",
+    Setting("cleanup.policy", Type.LIST, ("delete",),
+            "delete: time and size retention; compact is accepted but not applied yet (a compact-only topic keeps "
+            "every record: no retention).",
             list_of("delete", "compact"), broker_synonym="log.cleanup.policy"),
     Setting("retention.ms", Type.LONG, 7 * DAY_MS, "Retention time (-1: forever).", at_least(-1),
             broker_synonym="log.retention.ms"),

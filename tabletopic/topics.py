@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from configs.model import BrokerConfig, Value, effective_topic_config, typed
+from configs.model import BrokerConfig, Value, effective_topic_config, typed, typed_list
 from configs.validation import validate_topic_configs
 from tabletopic.durable import atomic_write_json
 from tabletopic.errors import ConfigError, ErrorCode, KafkaApiError, config_error
@@ -187,11 +187,14 @@ class TopicManager:
 
     def log_config(self, info: TopicInfo) -> LogConfig:
         eff = self.effective_configs(info)
+        # as in Kafka, time and size retention apply only with cleanup.policy "delete": a compact-only topic keeps
+        # every record (compaction itself is not built yet, so nothing is removed from it)
+        deletes = "delete" in typed_list(eff, "cleanup.policy")
         return LogConfig(
             segment_bytes=typed(eff, "segment.bytes", int),
             segment_ms=typed(eff, "segment.ms", int),
-            retention_ms=typed(eff, "retention.ms", int),
-            retention_bytes=typed(eff, "retention.bytes", int),
+            retention_ms=typed(eff, "retention.ms", int) if deletes else -1,
+            retention_bytes=typed(eff, "retention.bytes", int) if deletes else -1,
             max_message_bytes=typed(eff, "max.message.bytes", int),
             index_interval_bytes=typed(eff, "index.interval.bytes", int),
             message_timestamp_type=typed(eff, "message.timestamp.type", str),

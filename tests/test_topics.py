@@ -109,3 +109,22 @@ def test_topic_name_rules(tmp_path: Path) -> None:
         await logs.close()
 
     asyncio.run(run())
+
+
+def test_retention_applies_only_to_topics_that_delete(tmp_path: Path) -> None:
+    """As in Kafka: time and size retention only with cleanup.policy "delete"; a compact-only topic (log compaction
+    is not built yet) keeps every record instead of losing old keys' only values to retention."""
+    cfg = _config(tmp_path)
+
+    async def run() -> None:
+        logs, topics = await _open(cfg)
+        deleting = await topics.create("d", 1, 1, {"retention.ms": "1000", "retention.bytes": "5000"})
+        both = await topics.create("b", 1, 1, {"cleanup.policy": "compact,delete", "retention.ms": "1000"})
+        compact = await topics.create("c", 1, 1, {"cleanup.policy": "compact", "retention.ms": "1000",
+                                                   "retention.bytes": "5000"})
+        assert (topics.log_config(deleting).retention_ms, topics.log_config(deleting).retention_bytes) == (1000, 5000)
+        assert topics.log_config(both).retention_ms == 1000
+        assert (topics.log_config(compact).retention_ms, topics.log_config(compact).retention_bytes) == (-1, -1)
+        await logs.close()
+
+    asyncio.run(run())
