@@ -130,3 +130,28 @@ def test_unusable_log_dirs_is_one_line_and_exit_code_2(case: str, tmp_path: Path
         assert len(lines) == 1, proc.stderr
         assert re.match(f"error: log.dirs {re.escape(str(path))}: {reason}", lines[0]), lines
         assert proc.returncode == 2, proc.stderr
+
+
+@pytest.mark.parametrize("which", ["kafka", "registry"])
+def test_port_in_use_is_one_line_exit_1_and_frees_the_directory(which: str, tmp_path: Path) -> None:
+    """A listener port already taken (Kafka's or the schema registry's): one error line, exit code 1, no traceback,
+    and what had started is stopped, so the same log.dirs starts at once afterwards."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        kafka = busy if which == "kafka" else free_port()
+        registry = f"http://127.0.0.1:{busy if which == 'registry' else free_port()}"
+        cmd = [sys.executable, "-m", "tabletopic", "serve", "--override", f"log.dirs={tmp_path / 'data'}",
+               "--override", f"listeners=PLAINTEXT://127.0.0.1:{kafka}",
+               "--override", f"schema.registry.listeners={registry}"]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot start" in errors[0] and str(busy) in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    b = BrokerProcess(tmp_path / "data")  # the lock was released: the directory is usable at once
+    b.start()
+    assert b.stop() == 0

@@ -41,7 +41,12 @@ async def _serve(config: BrokerConfig, data_lock: DataDirLock) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
     broker = Broker(config, data_lock=data_lock)
-    await broker.start()
+    try:
+        await broker.start()
+    except OSError as exc:  # a listener's port already in use, an address this host does not have
+        print(f"error: cannot start: {exc}", file=sys.stderr)
+        await broker.stop()  # what did start stops in order; the data-dir lock is released last
+        return 1
     await stop.wait()
     await broker.stop()
     return 0
