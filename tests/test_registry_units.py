@@ -416,6 +416,23 @@ def test_protobuf_text_descriptor_imports_and_invalid() -> None:
         assert ei.value.error_code == 42201 and "Traceback" not in ei.value.message
 
 
+def test_protobuf_built_in_imports_without_references() -> None:
+    # confluent-kafka never sends google/protobuf/*, google/type/* or confluent/* imports as references: a base64
+    # descriptor importing them parses against the runtime's copies (googleapis-common-protos, confluent-kafka)
+    import base64
+
+    from google.protobuf import descriptor_pb2, timestamp_pb2
+
+    fdp = descriptor_pb2.FileDescriptorProto(name="shop/dated.proto", package="shop", syntax="proto3",
+                                             dependency=["google/type/date.proto", "confluent/meta.proto"])
+    m = fdp.message_type.add(name="Dated")
+    m.field.add(name="day", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                type_name=".google.type.Date", label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    PROTO.parse(base64.b64encode(fdp.SerializeToString()).decode(), ())
+    # the serializer with skip.known.types=false registers the well-known files as subjects of their own
+    PROTO.parse(base64.b64encode(timestamp_pb2.DESCRIPTOR.serialized_pb).decode(), ())
+
+
 def test_the_listeners_setting() -> None:
     parse = lambda v: BrokerConfig.from_properties({"schema.registry.listeners": v}).schema_registry_listeners  # noqa: E731
     assert parse("") == [] and BrokerConfig.from_properties({}).schema_registry_listeners == []

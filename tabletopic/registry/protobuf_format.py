@@ -1,7 +1,8 @@
 """PROTOBUF schemas: ``.proto`` text compiled by grpcio-tools' bundled protoc (in a child process, no system
 protoc), or the base64 ``FileDescriptorProto`` that confluent-kafka's ``ProtobufSerializer`` registers; checked by
-building a ``protobuf`` DescriptorPool (the well-known types are preloaded, imports come from the references by
-the file name they import). The compatibility rules are hand-written (Confluent's, on descriptors):
+building a ``protobuf`` DescriptorPool (:func:`tabletopic.protobuf_descriptors.build_pool`, shared with the workers:
+imports come from the references by the file name they import, the ones confluent-kafka never sends as references
+from the installed runtime). The compatibility rules are hand-written (Confluent's, on descriptors):
 
 - a message the writer has and the reader lacks: MESSAGE_REMOVED (incompatible);
 - fields matched by number: added or removed fields are compatible, unless ``required`` (proto2) is added or
@@ -19,7 +20,6 @@ Answers carry this form whatever ``format`` asks (what ``format=serialized`` giv
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 import subprocess
 import sys
@@ -27,9 +27,9 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from google.protobuf import descriptor_pb2, descriptor_pool
-from google.protobuf.message import DecodeError
+from google.protobuf import descriptor_pb2
 
+from tabletopic.protobuf_descriptors import build_pool, from_base64
 from tabletopic.registry.compat import Dependency, ParsedSchema
 from tabletopic.registry.errors import invalid_schema
 
@@ -48,40 +48,10 @@ _SCALAR_GROUPS = [
 _NAMED = {FieldProto.TYPE_MESSAGE, FieldProto.TYPE_GROUP, FieldProto.TYPE_ENUM}
 
 
-def _well_known_files() -> list[bytes]:
-    from google.protobuf import (
-        any_pb2,
-        api_pb2,
-        duration_pb2,
-        empty_pb2,
-        field_mask_pb2,
-        source_context_pb2,
-        struct_pb2,
-        timestamp_pb2,
-        type_pb2,
-        wrappers_pb2,
-    )
-
-    modules = (any_pb2, source_context_pb2, type_pb2, api_pb2, descriptor_pb2, duration_pb2, empty_pb2,
-               field_mask_pb2, struct_pb2, timestamp_pb2, wrappers_pb2)
-    return [m.DESCRIPTOR.serialized_pb for m in modules]
-
-
 def _include_dir() -> str:
     import grpc_tools
 
     return str(Path(grpc_tools.__file__).parent / "_proto")
-
-
-def _from_base64(text: str) -> FDP | None:
-    """The descriptor a base64 text holds, or None when the text is not one (then it is ``.proto`` text)."""
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-        fdp = FDP()
-        fdp.ParseFromString(raw)
-    except (binascii.Error, ValueError, DecodeError):
-        return None
-    return fdp
 
 
 def _compile(name: str, text: str, imports: Sequence[FDP]) -> FDP:
@@ -206,13 +176,7 @@ class ProtobufFormat:
                 dep.name = dep_name  # the path the importing file names it by
                 imports[dep_name] = dep
             fdp = self._descriptor("schema.proto", text, list(imports.values()))
-            pool = descriptor_pool.DescriptorPool()
-            for raw in _well_known_files():
-                pool.AddSerializedFile(raw)
-            for dep in imports.values():
-                pool.Add(dep)
-            pool.Add(fdp)
-            pool.FindFileByName(fdp.name)
+            build_pool([*imports.values(), fdp]).FindFileByName(fdp.name)
         # protoc's messages and the pool's refusals (unknown types, duplicate names) all mean an invalid schema
         except Exception as exc:
             raise invalid_schema(f"{type(exc).__name__}: {exc}") from None
@@ -220,7 +184,7 @@ class ProtobufFormat:
 
     @staticmethod
     def _descriptor(name: str, text: str, imports: list[FDP]) -> FDP:
-        fdp = _from_base64(text)
+        fdp = from_base64(text)
         if fdp is None:
             fdp = _compile(name if name.endswith(".proto") else f"{name}.proto", text, imports)
         if not fdp.name:
