@@ -135,6 +135,11 @@ ORDER_PROTO = ('syntax = "proto3";\npackage shop;\nimport "google/protobuf/times
 
 def proto_class(tmp_path: Path, files: dict[str, str], message: str) -> Any:
     """The message class of ``message``, compiled from ``files`` by grpcio-tools' protoc."""
+    return message_factory.GetMessageClass(proto_pool(tmp_path, files).FindMessageTypeByName(message))
+
+
+def proto_pool(tmp_path: Path, files: dict[str, str]) -> descriptor_pool.DescriptorPool:
+    """A pool of ``files`` and their imports, compiled by grpcio-tools' protoc."""
     import grpc_tools
 
     for rel, text in files.items():
@@ -147,7 +152,7 @@ def proto_class(tmp_path: Path, files: dict[str, str], message: str) -> Any:
     pool = descriptor_pool.DescriptorPool()
     for f in descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file:
         pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
+    return pool
 
 
 def test_protobuf_serializer_round_trip_with_an_import(reg: BrokerProcess, tmp_path: Path) -> None:
