@@ -17,6 +17,7 @@ from configs.errors import InvalidConfigError, InvalidRequestError
 from configs.model import (
     BROKER_SETTINGS,
     CATALOG_PREFIX,
+    SPARK_PREFIX,
     TOPIC_SETTINGS,
     BrokerConfig,
     Setting,
@@ -191,7 +192,8 @@ def describe_broker(broker: BrokerConfig, keys: Iterable[str] | None = None) -> 
             continue
         sensitive = is_sensitive_name(name)
         value = None if sensitive else broker.passthrough[name]
-        target = "Iceberg catalog" if name.startswith(CATALOG_PREFIX) else "schema registry client"
+        target = ("Iceberg catalog" if name.startswith(CATALOG_PREFIX)
+                  else "Spark session" if name.startswith(SPARK_PREFIX) else "schema registry client")
         entries.append(ConfigEntry(
             name=name,
             value=value,

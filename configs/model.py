@@ -192,6 +192,20 @@ def key_value_list_validator(name: str, v: Value) -> None:
 _LISTENER = re.compile(r"^(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+)$")
 
 
+def non_blank(name: str, v: Value) -> None:
+    if not _text(name, v).strip():
+        raise InvalidConfigError.invalid_value(name, v, "must not be blank")
+
+
+# a JVM memory size as Spark reads it (JavaUtils.byteStringAs): a number of MiB, or with a unit b/k/m/g/t/p[b]
+_JVM_SIZE = re.compile(r"^[1-9][0-9]*(?:[kmgtp]b?|b)?$", re.IGNORECASE)
+
+
+def jvm_size_validator(name: str, v: Value) -> None:
+    if not _JVM_SIZE.match(_text(name, v).strip()):
+        raise InvalidConfigError.invalid_value(name, v, "expected a JVM memory size such as 512m or 2g")
+
+
 def listeners_validator(name: str, v: Value) -> None:
     for item in _items(name, v):
         if not _LISTENER.match(item):
@@ -332,6 +346,17 @@ _broker(
             "Processes that convert table topic records into Parquet files, shared by all table topics "
             "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
             at_least(1), dynamic=False),
+    # ---- The Spark side process (tabletopic.spark_service): every broker setting starting with spark. goes to its
+    # Spark session (and to `tabletopic sql`'s); the two below are declared for their defaults and checks.
+    Setting("spark.master", Type.STRING, "local[2]",
+            "Spark master of the broker's Spark side process (schema evolution; started when a table first needs "
+            "it), e.g. local[2] (in-process, the default) or spark://host:7077 for a Spark cluster. Every broker "
+            "setting starting with spark. is passed to that Spark session unchanged (and to `tabletopic sql`).",
+            non_blank, dynamic=False),
+    Setting("spark.driver.memory", Type.STRING, "1g",
+            "Heap of the Spark side process's driver JVM (in local mode the executors run in it too), e.g. 512m "
+            "or 2g; its resident size is this plus a few hundred MB of JVM overhead.",
+            jvm_size_validator, dynamic=False),
 )
 
 _topic(
@@ -495,8 +520,10 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
 
 CATALOG_PREFIX = "automq.table.topic.catalog."
 SCHEMA_REGISTRY_CONFIG_PREFIX = "automq.table.topic.schema.registry.config."
-# Prefixes passed through without declaration (forwarded to the Iceberg catalog / schema registry client).
-PASSTHROUGH_PREFIXES = (CATALOG_PREFIX, SCHEMA_REGISTRY_CONFIG_PREFIX)
+SPARK_PREFIX = "spark."
+# Prefixes passed through without declaration (forwarded to the Iceberg catalog / schema registry client / the Spark
+# session); a declared setting under one of them (spark.master) is parsed and checked as declared.
+PASSTHROUGH_PREFIXES = (CATALOG_PREFIX, SCHEMA_REGISTRY_CONFIG_PREFIX, SPARK_PREFIX)
 _SENSITIVE_WORDS = ("password", "credential", "secret", "token")
 
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -608,6 +635,12 @@ def _optional_setting(key: str, kind: type[T]) -> _Read[T | None]:
     return _Read(key, lambda values, k: typed_or_none(values, k, kind))
 
 
+def local_http_url(host: str, port: int) -> str:
+    """The URL a local client reaches an HTTP listener at (a wildcard host is reached on loopback)."""
+    host = "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """The broker's settings, parsed and validated. ``values`` holds every declared setting's value.
@@ -646,6 +679,9 @@ class BrokerConfig:
     """The default Iceberg namespace of table topics."""
     metrics_port = _optional_setting("automq.table.topic.metrics.port", int)
     conversion_pool_size = _setting("table.topic.conversion.pool.size", int)
+    # the Spark side process
+    spark_master = _setting("spark.master", str)
+    spark_driver_memory = _setting("spark.driver.memory", str)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:
@@ -716,10 +752,31 @@ class BrokerConfig:
         return url if url and url.strip() else None
 
     @property
+    def converter_registry_url(self) -> str | None:
+        """The registry the table-topic converters read: ``automq.table.topic.schema.registry.url`` when set, else
+        the broker's own (the first of ``schema.registry.listeners``, a wildcard host read on loopback), else None."""
+        url = self.schema_registry_url
+        if url is not None:
+            return url
+        listeners = self.schema_registry_listeners
+        if not listeners:
+            return None
+        return local_http_url(*listeners[0])
+
+    @property
     def schema_registry_config(self) -> dict[str, str]:
         """``automq.table.topic.schema.registry.config.<key>`` settings with the prefix stripped."""
         n = len(SCHEMA_REGISTRY_CONFIG_PREFIX)
         return {k[n:]: v for k, v in self.passthrough.items() if k.startswith(SCHEMA_REGISTRY_CONFIG_PREFIX)}
+
+    @property
+    def spark_settings(self) -> dict[str, str]:
+        """Every ``spark.*`` setting for the Spark session: the declared ones (defaults included) and the
+        passed-through ones, as strings, prefix kept."""
+        out = {name: s.render(self.values[name]) or "" for name, s in BROKER_SETTINGS.items()
+               if name.startswith(SPARK_PREFIX) and self.values[name] is not None}
+        out.update((k, v) for k, v in self.passthrough.items() if k.startswith(SPARK_PREFIX))
+        return out
 
     def topic_default(self, topic_key: str) -> Value:
         """The effective default of a topic setting: its broker synonym's value when the broker declares it

@@ -4,8 +4,11 @@ AutoMQ's fixed columns (their names and types are part of AutoMQ's table topic c
 with any Kafka client"):
 
 - ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
-- ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``
-- ``_kafka_value`` optional: binary for ``convert.value.type=raw`` (the default), string for ``string``
+- ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``, the
+  record schemas' type (a struct for records) for ``by_schema_id`` / ``by_latest_schema``, added by the first
+  records and evolved by later ones (a new table has no such column yet)
+- ``_kafka_value`` optional: binary for ``convert.value.type=raw`` (the default), string for ``string``, the
+  record schemas' type as for the key
 - ``_kafka_metadata`` optional struct<partition int, offset long, timestamp long> (epoch ms)
 
 The legacy ``schema.type=schemaless`` layout is ``key`` string, ``value`` string, ``timestamp`` long, then
@@ -97,8 +100,10 @@ def table_schema(cfg: TableTopicConfig) -> Schema:
     header = NestedField(next(ids), HEADER, MapType(next(ids), StringType(), next(ids), BinaryType(),
                                                     value_required=False), required=False)
     fields.append(header)
-    fields.append(nf(KEY, converted_type(cfg.convert_key_type)))
-    if not cfg.legacy_columns:
+    # a schema-driven converter's column is added by the first records' schema (schema evolution)
+    if not cfg.convert_key_type.schema_based:
+        fields.append(nf(KEY, converted_type(cfg.convert_key_type)))
+    if not cfg.legacy_columns and not cfg.convert_value_type.schema_based:
         fields.append(nf(VALUE, converted_type(cfg.convert_value_type)))
     meta_id = next(ids)
     meta = StructType(

@@ -103,13 +103,10 @@ class NotBuilt:
     feature: str
 
 
-_REGISTRY_CONVERTERS = frozenset({ConvertType.BY_SCHEMA_ID.value, ConvertType.BY_LATEST_SCHEMA.value})
 
 NOT_BUILT_YET: tuple[NotBuilt, ...] = (
     # schema.type first: its "schema" stands for by_schema_id + flatten, and is the setting the user wrote
-    NotBuilt(SCHEMA_TYPE, frozenset({SchemaType.SCHEMA.value}), "schema registry converters"),
-    NotBuilt(CONVERT_VALUE_TYPE, _REGISTRY_CONVERTERS, "schema registry converters"),
-    NotBuilt(CONVERT_KEY_TYPE, _REGISTRY_CONVERTERS, "schema registry converters"),
+    NotBuilt(SCHEMA_TYPE, frozenset({SchemaType.SCHEMA.value}), "the flatten transform"),
     NotBuilt(TRANSFORM_VALUE_TYPE, frozenset({TransformType.FLATTEN.value, TransformType.FLATTEN_DEBEZIUM.value}),
              "value transforms"),
     NotBuilt(UPSERT_ENABLE, frozenset({"true"}), "upsert tables"),
@@ -185,13 +182,13 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: Broke
             )
     value_type, key_type, transform = _converters(values)
 
-    if broker is not None and broker.schema_registry_url is None:
+    if broker is not None and broker.converter_registry_url is None:
         for key, convert in ((CONVERT_VALUE_TYPE, value_type), (CONVERT_KEY_TYPE, key_type)):
             if convert.schema_based:
                 named = SCHEMA_TYPE if schema_type is not SchemaType.NONE else key
                 shown = schema_type if named == SCHEMA_TYPE else convert
-                raise _invalid(named, shown, f"{convert} needs a schema registry, but {SCHEMA_REGISTRY_URL} is "
-                                             f"not set on the broker")
+                raise _invalid(named, shown, f"{convert} needs a schema registry, but the broker has none: set "
+                                             f"{SCHEMA_REGISTRY_URL} or schema.registry.listeners")
 
     if transform is TransformType.FLATTEN_DEBEZIUM and not value_type.schema_based:
         raise _invalid(TRANSFORM_VALUE_TYPE, transform,

@@ -176,6 +176,9 @@ class CommitResponse:
     watermark: int = -1  # max record timestamp (ms) covered, -1 if none
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped by reason (errors.tolerance)
     error: str | None = None  # for BLOCKED: what blocks the partition, naming offset and reason
+    # the record at next_offset needs the table to take in this first: Iceberg schema JSON of the table's top
+    # level (new columns, wider types, optional fields), applied by union by name before the next round
+    table_change: str | None = None
 
     @property
     def paths(self) -> list[str]:

@@ -71,6 +71,7 @@ from coordinator.contract import (
     PartitionOffset,
     file_spec_id,
 )
+from coordinator.evolution import Evolver, SchemaChanges
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
     TOPIC_ID_PROPERTY,
@@ -218,6 +219,7 @@ class TableTopicCoordinator:
         on_round: Callable[[RoundReport], None] | None = None,
         topic_id: str | None = None,
         partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
+        schema_evolver: Evolver | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -233,6 +235,7 @@ class TableTopicCoordinator:
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         self._partition_log = partition_log
+        self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)  # what workers ask the table to take in
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
@@ -632,6 +635,9 @@ class TableTopicCoordinator:
                 p in accepted and (accepted[p].code is CommitCode.BLOCKED or accepted[p].next_offset >= before[p])
                 for p in rnd.partitions):
             settled = (tuple(rnd.partitions), before)
+        for r in accepted.values():
+            if r.table_change is not None:
+                self.schema_changes.add(r.table_change)
         return _Answers(accepted, timed_out, more, blocked, settled)
 
     async def _close_idle(self, rnd: _Round, answers: _Answers) -> RoundReport:
@@ -718,6 +724,8 @@ class TableTopicCoordinator:
         return out
 
     def _refresh_and_evolve(self, tbl: Table, cfg: TableTopicConfig) -> Table:
+        if self.schema_changes.pending:
+            self.schema_changes.apply(tbl)
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
         if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
             tbl = evolve_partition_spec(tbl, cfg)

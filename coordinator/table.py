@@ -34,7 +34,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
-from configs.table_schema import table_schema
+from configs.table_schema import KEY, VALUE, table_schema
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import DATA_DIR, WorkerFile, parse_data_file_name
 
@@ -84,6 +84,9 @@ def converter_conflicts(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> 
         return name, []
     have = {f.name: f.field_type for f in catalog.load_table(ident).schema().fields}
     out: list[ColumnConflict] = []
+    for column, convert in ((KEY, cfg.convert_key_type), (VALUE, cfg.convert_value_type)):
+        if convert.schema_based and isinstance(have.get(column), PrimitiveType):
+            out.append(ColumnConflict(column, str(have[column]), "the records' schema type (from the registry)"))
     for f in table_schema(cfg).fields:
         if not isinstance(f.field_type, PrimitiveType):
             continue

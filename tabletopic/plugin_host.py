@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
+from configs.model import local_http_url
 from configs.table_topic import (
     CONVERT_KEY_TYPE,
     CONVERT_VALUE_TYPE,
@@ -44,9 +46,11 @@ from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordin
 from coordinator.table import catalog_identifier, converter_conflicts
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
+from tabletopic.spark_service import SparkService
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
 from worker.pool import new_pool
+from worker.schema_source import SchemaSource
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
@@ -78,12 +82,18 @@ class TableTopicHost:
         self._running: dict[str, _TableTopic] = {}
         self._lock = asyncio.Lock()
         self.base_dir = broker.data_dir / "__tables"
+        self.schema_source: SchemaSource | None = None  # the registry the converters read, set at start
+        self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
         t0 = time.monotonic()
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        url = self._registry_url()
+        if url is not None:
+            self.schema_source = SchemaSource(url, self._broker.config.schema_registry_config)
+        self.spark = SparkService(self._broker.config)
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
         for info in self._broker.topics.all():
@@ -98,6 +108,10 @@ class TableTopicHost:
         async with self._lock:
             for topic in list(self._running):
                 await self._stop_topic_locked(topic)
+        if self.schema_source is not None:
+            await self.schema_source.close()
+        if self.spark is not None:
+            await asyncio.to_thread(self.spark.close)
         if self._executor is not None:
             executor, self._executor = self._executor, None
             # joining the pool's processes blocks: keep it off the event loop
@@ -106,6 +120,21 @@ class TableTopicHost:
     @property
     def topics(self) -> list[str]:
         return sorted(self._running)
+
+    def _registry_url(self) -> str | None:
+        """``automq.table.topic.schema.registry.url``, else the broker's own registry where it is bound."""
+        config = self._broker.config
+        if config.schema_registry_url is not None:
+            return config.schema_registry_url
+        registry = self._broker.registry
+        if registry is None or not registry.bound:
+            return None
+        return local_http_url(*registry.bound[0])
+
+    def _evolve_schema(self, tbl: Table, change: str) -> None:
+        """Apply a worker's table change through the Spark side process (blocking; the coordinator's thread)."""
+        assert self.spark is not None
+        self.spark.evolve_schema(".".join(tbl.name()), change)
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
@@ -218,6 +247,7 @@ class TableTopicHost:
             on_round=lambda report: self._observe(topic, report),
             topic_id=str(info.topic_id),
             partition_log=partition_log,
+            schema_evolver=self._evolve_schema,
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt
@@ -244,6 +274,7 @@ class TableTopicHost:
             config_provider=lambda: tt.config,
             executor=self._pool(),
             dlq_dir=self.base_dir / "dlq" / tt.topic,
+            schema_source=self.schema_source,
         )
         await worker.start()
         tt.workers[partition] = worker

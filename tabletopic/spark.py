@@ -12,15 +12,17 @@ tables instead) and ``cache-enabled=false`` (else Spark keeps reading the snapsh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.resources
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from configs.model import BrokerConfig
 from tabletopic.catalog import (
@@ -193,19 +195,22 @@ def spark_conf(
     config: BrokerConfig,
     *,
     app_name: str = "tabletopic-sql",
-    master: str = "local[2]",
-    driver_memory: str = "1g",
+    master: str | None = None,
+    driver_memory: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Every Spark setting :func:`spark_session` uses (no JVM started; ``extra_conf`` wins)."""
+    """Every Spark setting :func:`spark_session` uses (no JVM started).
+
+    Precedence, lowest first: the fixed settings and the catalog wiring below, the broker's ``spark.*`` settings
+    (``spark.master`` and ``spark.driver.memory`` have defaults: local[2], 1g), ``master``/``driver_memory`` when
+    given, ``extra_conf``.
+    """
     catalog, jars = catalog_conf(config)
     for jar in jars:
         if not jar.exists():
             raise SparkUnavailableError(f"JDBC driver {jar} is missing: {SETUP_HINT}")
     conf = {
         "spark.app.name": app_name,
-        "spark.master": master,
-        "spark.driver.memory": driver_memory,
         "spark.driver.host": LOCAL_IP,
         "spark.driver.bindAddress": LOCAL_IP,
         "spark.ui.enabled": "false",
@@ -219,7 +224,12 @@ def spark_conf(
         # keep Spark's own (unused) session-catalog warehouse out of the working directory
         "spark.sql.warehouse.dir": (Path(tempfile.gettempdir()) / "tabletopic-spark-warehouse").as_uri(),
         **catalog,
+        **config.spark_settings,
     }
+    if master is not None:
+        conf["spark.master"] = master
+    if driver_memory is not None:
+        conf["spark.driver.memory"] = driver_memory
     conf.update(extra_conf or {})
     return conf
 
@@ -228,8 +238,8 @@ def spark_session(
     config: BrokerConfig,
     *,
     app_name: str = "tabletopic-sql",
-    master: str = "local[2]",
-    driver_memory: str = "1g",
+    master: str | None = None,
+    driver_memory: str | None = None,
     extra_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """A Spark session whose default catalog is the broker's Iceberg catalog.
@@ -250,7 +260,7 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
-    log.info("spark session %s on %s, catalog %s", app_name, master, config.catalog_name)
+    log.info("spark session %s on %s, catalog %s", app_name, conf["spark.master"], config.catalog_name)
     return session
 
 
@@ -258,8 +268,6 @@ def stop_session(session: SparkSession, timeout: float = 30.0) -> None:
     """Stop the session and its JVM. pyspark's own ``stop()`` keeps the driver JVM (about 1 GB) alive until
     Python exits; a long-lived process (the broker, a test run) wants it back. A later :func:`spark_session`
     starts a fresh JVM."""
-    import subprocess
-
     from pyspark import SparkContext
 
     session.stop()
@@ -279,3 +287,110 @@ def stop_session(session: SparkSession, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# ---- operations of the broker's Spark side process (tabletopic.spark_service runs them in its child) ----
+
+# attempts of a schema commit that lost the catalog's compare-and-set to another committer (the broker's rounds)
+SCHEMA_COMMIT_ATTEMPTS = 4
+_COMMIT_FAILED = "org.apache.iceberg.exceptions.CommitFailedException"
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """(kind, one-line message) of a failed operation. For an exception thrown in the JVM the kind is its Java
+    class (py4j's Py4JJavaError keeps it as ``java_exception``; pyspark's translations of the common ones, e.g.
+    IllegalArgumentException or AnalysisException, as ``_origin``), else the Python class."""
+    kind, text = type(exc).__name__, str(exc)
+    java = getattr(exc, "java_exception", None)
+    origin = java if java is not None else getattr(exc, "_origin", None)
+    if origin is not None:
+        with contextlib.suppress(Exception):  # the JVM is gone: keep the Python text
+            kind = str(origin.getClass().getName())
+            if java is not None:  # Py4JJavaError's own text is "An error occurred while calling ..." + a trace
+                text = str(java.getMessage() or "")
+    lines = text.strip().splitlines()
+    return kind, lines[0] if lines else kind
+
+
+def jvm_connection_lost(exc: BaseException) -> bool:
+    """The py4j gateway to the driver JVM broke (the JVM died or hung up): the session is unusable. py4j raises
+    its Py4JNetworkError mid-call, or the socket's ConnectionError when it opens a new connection."""
+    return isinstance(exc, ConnectionError) or any(cls.__name__ == "Py4JNetworkError" for cls in type(exc).__mro__)
+
+
+def plain(value: Any) -> Any:
+    """A collected value with pyspark's Row (a tuple subclass) turned into a plain tuple, recursively: picklable
+    by a process that has no pyspark."""
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return value
+
+
+def sql_rows(session: SparkSession, statement: str, max_rows: int) -> list[tuple[Any, ...]]:
+    """Run one statement and return its rows as plain tuples; ValueError when it returns more than ``max_rows``."""
+    rows = session.sql(statement).take(max_rows + 1)
+    if len(rows) > max_rows:
+        raise ValueError(f"the statement returned more than {max_rows} rows")
+    return [plain(row) for row in rows]
+
+
+def jvm_process(session: SparkSession) -> subprocess.Popen[bytes] | None:
+    """The session's driver JVM, which pyspark launched as a child of this process (None if it did not)."""
+    proc: subprocess.Popen[bytes] | None = getattr(session.sparkContext._gateway, "proc", None)
+    return proc
+
+
+def iceberg_table(session: SparkSession, catalog_name: str, identifier: Sequence[str]) -> Any:
+    """The Iceberg-Java ``Table`` at ``identifier`` (namespace levels..., table name), loaded through the session's
+    catalog plugin ``catalog_name``: no SQL identifier parsing, so any table name works unquoted."""
+    if len(identifier) < 2:
+        raise ValueError(f"table identifier {'.'.join(identifier)!r} has no namespace")
+    jvm: Any = session._jvm
+    gateway: Any = session.sparkContext._gateway
+    levels = gateway.new_array(jvm.java.lang.String, len(identifier) - 1)
+    for i, level in enumerate(identifier[:-1]):
+        levels[i] = level
+    iceberg = jvm.org.apache.iceberg.catalog
+    ident = iceberg.TableIdentifier.of(iceberg.Namespace.of(levels), identifier[-1])
+    plugin = session._jsparkSession.sessionState().catalogManager().catalog(catalog_name)
+    return plugin.icebergCatalog().loadTable(ident)
+
+
+def evolve_schema(session: SparkSession, catalog_name: str, identifier: Sequence[str], schema_json: str) -> int:
+    """Union the table's schema with ``schema_json`` (Iceberg's JSON schema form, which pyiceberg's
+    ``Schema.model_dump_json()`` writes) in the Spark driver; returns the table's current schema id.
+
+    Why not ``ALTER TABLE`` text: Spark SQL has no uuid, time or fixed type, so such columns could not be added.
+    ``UpdateSchema.unionByNameWith`` is the Iceberg-Java operation Spark's own schema changes drive, run here in
+    the Spark driver's JVM. Fields are matched by name (the ids in ``schema_json`` are ignored) and:
+    - new fields are added, at the top level and inside structs, list-element and map-value structs; a new field
+      is always added as optional, even when ``schema_json`` marks it required (existing rows have no value);
+    - int → long, float → double and decimal precision widening (same scale) are applied; required → optional too;
+    - a field missing from ``schema_json`` is kept; a narrower type in ``schema_json`` (long where the table has
+      int... the other way round) leaves the column as it is; an optional field never becomes required;
+    - any other type change (int → string, decimal scale, struct ↔ primitive) is refused with Java's
+      IllegalArgumentException ("Cannot change column type: ...") and nothing is committed.
+    A commit that loses the catalog's compare-and-set to another committer (the broker's rounds) is redone on the
+    refreshed table, up to ``SCHEMA_COMMIT_ATTEMPTS`` times; with nothing to add, nothing is committed.
+    """
+    jvm: Any = session._jvm
+    new_schema = jvm.org.apache.iceberg.SchemaParser.fromJson(schema_json)
+    table = iceberg_table(session, catalog_name, identifier)
+    for attempt in range(1, SCHEMA_COMMIT_ATTEMPTS + 1):
+        try:
+            table.updateSchema().unionByNameWith(new_schema).commit()
+            break
+        except Exception as exc:
+            if describe_exception(exc)[0] != _COMMIT_FAILED or attempt == SCHEMA_COMMIT_ATTEMPTS:
+                raise
+            log.info("schema commit of %s lost to another commit (attempt %d): retrying on the refreshed table",
+                     ".".join(identifier), attempt)
+            table.refresh()
+    table.refresh()
+    return int(table.schema().schemaId())

@@ -90,10 +90,6 @@ NOT_BUILT = "is not supported yet by this broker"
     (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
     (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
     (P + "transform.value.type", "flatten", {}),
-    (P + "convert.value.type", "by_schema_id", {}),
-    (P + "convert.value.type", "by_latest_schema", {}),
-    (P + "convert.key.type", "by_schema_id", {}),
-    (P + "convert.key.type", "by_latest_schema", {}),
     (P + "schema.type", "schema", {}),
     (P + "id.columns", "[region, name]", {}),
 ])
@@ -103,8 +99,7 @@ def test_not_built_values_refused(key: str, value: str, extra: dict[str, str]) -
             validate_topic_configs({key: value, **extra}, broker)
         assert str(ei.value).startswith(f"Invalid value {value} for configuration {key}: {value} {NOT_BUILT}")
     assert {e.key for e in NOT_BUILT_YET} == {P + "upsert.enable", P + "cdc.field", P + "transform.value.type",
-                                              P + "convert.value.type", P + "convert.key.type", P + "schema.type",
-                                              P + "id.columns"}
+                                              P + "schema.type", P + "id.columns"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SPEC.items() if s[3]))
@@ -152,14 +147,15 @@ def test_kafka_settings_still_validated() -> None:
 @pytest.mark.parametrize("key", [P + "convert.value.type", P + "convert.key.type"])
 @pytest.mark.parametrize("convert", ["by_schema_id", "by_latest_schema"])
 def test_schema_converters_need_a_registry(key: str, convert: str) -> None:
-    # with a registry (or no broker given: broker-dependent rules are skipped) only the not-built rule refuses
-    for broker in (REGISTRY, None):
-        with pytest.raises(InvalidConfigError, match=NOT_BUILT):
-            validate_topic_configs({key: convert}, broker)
+    # with a registry (an external one, the broker's own, or no broker given: broker-dependent rules are
+    # skipped) they are accepted
+    own = BrokerConfig.from_properties({"schema.registry.listeners": "http://127.0.0.1:8081"})
+    for broker in (REGISTRY, own, None):
+        assert validate_topic_configs({key: convert}, broker)[key] == convert
     with pytest.raises(InvalidConfigError) as ei:
         validate_topic_configs({key: convert}, NO_REGISTRY)
     assert key in ei.value.message and convert in ei.value.message  # type: ignore[operator]
-    assert "schema.registry.url" in str(ei.value)
+    assert "schema.registry.url" in str(ei.value) and "schema.registry.listeners" in str(ei.value)
 
 
 def test_blank_registry_url_counts_as_unset() -> None:
@@ -191,7 +187,8 @@ def test_from_debezium_key_needs_by_schema_id_key() -> None:
         validate_topic_configs(cfg, REGISTRY)
     with pytest.raises(InvalidConfigError, match=r"convert.key.type=by_schema_id"):
         validate_topic_configs({**cfg, P + "convert.key.type": "by_latest_schema"}, REGISTRY)
-    with pytest.raises(InvalidConfigError, match=f"convert.key.type: by_schema_id {NOT_BUILT}"):
+    # with a by_schema_id key it passes this rule; id.columns itself waits for upserts
+    with pytest.raises(InvalidConfigError, match=f"id.columns: \\[_from_debezium_key_\\] {NOT_BUILT}"):
         validate_topic_configs({**cfg, P + "convert.key.type": "by_schema_id"}, REGISTRY)
 
 
@@ -249,11 +246,10 @@ def test_legacy_mapping() -> None:
 
 
 def test_by_latest_schema_not_limited_to_protobuf() -> None:
-    # AutoMQ: Protobuf only (weak). Any subject passes the rules here (the message name is just optional); only
-    # the converter itself is not built yet
-    with pytest.raises(InvalidConfigError, match=f"convert.value.type: by_latest_schema {NOT_BUILT}"):
-        validate_topic_configs({P + "convert.value.type": "by_latest_schema",
-                                P + "convert.value.by_latest_schema.subject": "orders-avro-value"}, REGISTRY)
+    # AutoMQ: Protobuf only (weak). Any subject passes the rules here (the message name is just optional)
+    out = validate_topic_configs({P + "convert.value.type": "by_latest_schema",
+                                  P + "convert.value.by_latest_schema.subject": "orders-avro-value"}, REGISTRY)
+    assert out[P + "convert.value.by_latest_schema.subject"] == "orders-avro-value"
 
 
 # ---- TableTopicConfig ----

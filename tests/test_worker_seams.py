@@ -79,7 +79,7 @@ class _UpperConverter:
     def __init__(self) -> None:
         self.name = f"test-upper-{uuid.uuid4().hex[:8]}"
 
-    def convert(self, raw: pa.Array, part: RecordPart) -> ConvertedColumn:
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: object = None) -> ConvertedColumn:
         text = raw.cast(pa.large_string())
         bad = {i: f"starts_with_bad_{part}" for i, v in enumerate(raw.to_pylist()) if v and v.startswith(b"bad")}
         return ConvertedColumn(pc.utf8_upper(text), bad)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from configs.table_schema import HEADER, META_OFFSET, META_PARTITION, META_TIMESTAMP, METADATA
 from configs.table_topic import ErrorsTolerance
 from worker.converters import RecordPart, converter
+from worker.converters.base import Stop
 from worker.decode import Decoded, decode, headers_array
 from worker.plan import LEGACY_TIMESTAMP, ConversionPlan
 from worker.transforms import Columns, value_transform
@@ -62,6 +63,9 @@ class ConvertStats:
     blocked_reason: str | None = None
     dlq_file: str | None = None  # dead-letter Parquet file written for the skipped records
     input_bytes: int = 0
+    # a schema-driven converter stopped at next_offset: schema ids to fetch first, or a change the table needs
+    missing_schemas: frozenset[int] = frozenset()
+    table_change: str | None = None  # Iceberg schema JSON (worker.evolution.needed_change)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,9 @@ def convert_records(
     dead-letter directory is not writable).
     """
     d = decode(data, start_offset)
-    columns, timestamps, bad = _record_columns(d, plan, partition)
+    columns, timestamps, bad, stop = _record_columns(d, plan, partition)
+    if stop is not None:
+        columns, timestamps, bad = _cut(d, columns, timestamps, bad, stop.row)
     columns = value_transform(plan.value_transform).apply(columns)
     table = _fit(columns, plan.arrow_schema, len(d.offsets))
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
@@ -108,11 +114,30 @@ def convert_records(
         max_timestamp=-1 if max_ts is None else int(max_ts), skipped=kept.skipped,
         blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason, dlq_file=kept.dlq_file,
         input_bytes=len(data),
+        missing_schemas=stop.missing_schemas if stop is not None and kept.blocked_offset is None else frozenset(),
+        table_change=stop.table_change if stop is not None and kept.blocked_offset is None else None,
     ))
 
 
-def _record_columns(d: Decoded, plan: ConversionPlan, partition: int) -> tuple[Columns, pa.Array, dict[int, str]]:
-    """(the record columns by name, the timestamps, the reason per bad row: the first reason found wins)."""
+def _cut(d: Decoded, columns: Columns, timestamps: pa.Array, bad: dict[int, str], row: int
+         ) -> tuple[Columns, pa.Array, dict[int, str]]:
+    """Keep only the rows before ``row`` (a converter stopped there): ``d`` is cut in place, so the chunk's next
+    offset is that row's offset and undecodable batches after it are left for the next pass."""
+    stop_offset = d.offsets[row]
+    d.offsets, d.timestamps, d.keys, d.values = d.offsets[:row], d.timestamps[:row], d.keys[:row], d.values[:row]
+    d.headers = d.headers[:row]
+    d.next_offset = stop_offset
+    d.corrupt = [c for c in d.corrupt if c[0] < stop_offset]
+    if d.rows_before_corrupt is not None and d.rows_before_corrupt > row:
+        d.rows_before_corrupt = None if not d.corrupt else d.rows_before_corrupt
+    cut = {name: arr.slice(0, row) for name, arr in columns.items()}
+    return cut, timestamps.slice(0, row), {i: r for i, r in bad.items() if i < row}
+
+
+def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
+                    ) -> tuple[Columns, pa.Array, dict[int, str], Stop | None]:
+    """(the record columns by name, the timestamps, the reason per bad row: the first reason found wins, the
+    earliest row a converter stopped at)."""
     n = len(d.offsets)
     timestamps = pa.array(d.timestamps, pa.int64())
     raw = {RecordPart.KEY: pa.array(d.keys, pa.large_binary()),
@@ -127,16 +152,19 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int) -> tuple[C
         LEGACY_TIMESTAMP: timestamps,
     }
     bad: dict[int, str] = {}
+    stop: Stop | None = None
     converted: dict[tuple[RecordPart, str], pa.Array] = {}  # a part fed to two columns is converted once
     for feed in plan.feeds:
         done = converted.get((feed.part, feed.converter))
         if done is None:
-            out = converter(feed.converter).convert(raw[feed.part], feed.part)
+            out = converter(feed.converter).convert(raw[feed.part], feed.part, plan.context(feed))
             done = converted[(feed.part, feed.converter)] = out.values
             for row, reason in out.bad.items():
                 bad.setdefault(row, reason)
+            if out.stop is not None and (stop is None or out.stop.row < stop.row):
+                stop = out.stop
         columns[feed.column] = done
-    return columns, timestamps, bad
+    return columns, timestamps, bad, stop
 
 
 def _fit(columns: Columns, target: pa.Schema, n: int) -> pa.Table:

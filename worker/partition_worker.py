@@ -56,7 +56,10 @@ from coordinator.contract import (
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
 from tabletopic.logs import ConditionLog
-from worker.plan import ConversionPlan
+from worker.converters.base import RecordPart
+from worker.formats.base import RegistrySchema
+from worker.plan import ConversionPlan, latest_subjects
+from worker.schema_source import RegistryUnavailableError, SchemaSource
 from worker.task import TaskResult, convert_and_write, delete_uncommitted
 from worker.writer import WriteTarget, writer_name
 
@@ -65,6 +68,9 @@ log = logging.getLogger(__name__)
 MiB = 1024 * 1024
 REQUEST_TIMEOUT_MS = 30_000  # AutoMQ drops commit requests older than the coordinator's round time-out
 MAX_RESPONSE_BYTES = 1024 * MiB
+# how long a round waits for the schema registry (retrying) before it answers with what it has: well inside the
+# coordinator's 30 s round time-out
+REGISTRY_WAIT_S = 15.0
 
 
 def _target_key(t: WriteTarget) -> tuple[str, int, int]:
@@ -92,6 +98,8 @@ class _Flushed:
     taken: list[_Chunk]
     blocked: TaskResult | None = None  # the last chunk stops at a record that blocks the partition
     error: str | None = None  # a system error: nothing is handed over
+    table_change: str | None = None  # the last chunk stops at a record the table must be evolved for
+    waiting: str | None = None  # the last chunk stops at a record whose schema the registry did not give yet
 
 
 class PartitionWorker:
@@ -113,6 +121,7 @@ class PartitionWorker:
         max_response_bytes: int = MAX_RESPONSE_BYTES,
         max_inflight: int = 2,
         request_timeout_ms: int = REQUEST_TIMEOUT_MS,
+        schema_source: SchemaSource | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -127,6 +136,7 @@ class PartitionWorker:
         self.max_response_bytes = max(1, max_response_bytes)
         self.max_inflight = max(1, max_inflight)
         self.request_timeout_ms = request_timeout_ms
+        self.schema_source = schema_source  # the registry, for the schema-driven converters
         # -- state (mutated under _lock) --
         self._lock = asyncio.Lock()
         self._position: int | None = None  # start of the range not yet handed to the coordinator
@@ -248,9 +258,16 @@ class PartitionWorker:
     async def _round(self, req: CommitRequest, mine: PartitionOffset, hw: int) -> CommitResponse:
         """One answer: reset to the requested offset if needed, write up to ``hw``, answer with the files."""
         t0 = time.monotonic()
+        deadline = t0 + REGISTRY_WAIT_S
         try:
             target = self._target(req)
-            plan = ConversionPlan.build(target.schema, self._config_provider())
+            plan = await self._plan(target, self._config_provider(), deadline)
+        except RegistryUnavailableError as e:
+            self._conditions.log("registry", logging.WARNING, "%s: commit %s: waiting for the schema registry: %s",
+                                 self.name, req.commit_id, e, state=str(e))
+            return self._respond(CommitResponse(
+                code=CommitCode.NONE, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
+                leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=mine.offset))
         except Exception as e:  # no table: answer "nothing written" rather than let the round time out
             self._conditions.log("no-table", logging.ERROR, "%s: commit %s: cannot load the table: %s: %s",
                                  self.name, req.commit_id, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
@@ -260,7 +277,7 @@ class PartitionWorker:
                 error=f"{type(e).__name__}: {e}"))
         await self._reset_if_moved(req, mine.offset, target)
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
-        flushed = await self._flush(req, mine.offset, hw, target, plan)
+        flushed = await self._flush(req, mine.offset, hw, target, plan, deadline=deadline)
         if flushed.taken:
             crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
         response = self._response(req, mine, hw, target, flushed)
@@ -282,10 +299,29 @@ class PartitionWorker:
         await self._discard(chunks, f"reset to {x}")
         self._position = self._written_to = x
 
-    async def _flush(self, req: CommitRequest, x: int, hw: int, target: WriteTarget, plan: ConversionPlan
-                     ) -> _Flushed:
+    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float) -> ConversionPlan:
+        """The round's plan: the schemas fetched so far, and for ``by_latest_schema`` the subjects' latest
+        (RegistryUnavailableError when the registry cannot give it before ``deadline``)."""
+        source = self.schema_source
+        latest: dict[RecordPart, RegistrySchema | None] = {}
+        for part, subject in latest_subjects(self.topic, cfg).items():
+            if source is None:
+                raise RegistryUnavailableError("no schema registry is configured")
+            latest[part] = await source.latest(subject, deadline)
+            if latest[part] is None:
+                raise RegistryUnavailableError(f"subject {subject} has no schema yet")
+        return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest)
+
+    async def _fetch_schemas(self, ids: frozenset[int], deadline: float) -> None:
+        if self.schema_source is None:
+            raise RegistryUnavailableError("no schema registry is configured")
+        await self.schema_source.schemas(ids, deadline)
+
+    async def _flush(self, req: CommitRequest, x: int, hw: int, target: WriteTarget, plan: ConversionPlan, *,
+                     deadline: float) -> _Flushed:
         """Take chunks in offset order, keeping the pipeline full up to ``hw`` and the round's byte budget, until
-        none is left or one stops at a blocking record. A system error hands nothing over."""
+        none is left or one stops at a blocking record, a record the table must first be evolved for, or the
+        registry cannot give a schema before ``deadline``. A system error hands nothing over."""
         assert self._written_to is not None
         taken: list[_Chunk] = []
         round_bytes = 0
@@ -306,6 +342,17 @@ class PartitionWorker:
                     await self._discard(rest, "blocked earlier")
                     self._written_to = self._blocked_at = result.next_offset
                     return _Flushed(taken, blocked=result)
+                if result.stats.table_change is not None or result.stats.missing_schemas:
+                    rest, self._chunks = self._chunks, []
+                    await self._discard(rest, "a schema stops an earlier chunk")
+                    self._written_to = result.next_offset
+                    if result.stats.table_change is not None:
+                        return _Flushed(taken, table_change=result.stats.table_change)
+                    try:
+                        await self._fetch_schemas(result.stats.missing_schemas, deadline)
+                    except RegistryUnavailableError as e:
+                        return _Flushed(taken, waiting=str(e))
+                    plan = await self._plan(target, self._config_provider(), deadline)
         except asyncio.CancelledError:
             self._chunks = [*taken, *self._chunks]  # stop() discards them
             raise
@@ -346,6 +393,7 @@ class PartitionWorker:
             record_count=records, byte_count=sum(r.file_bytes for r in results),
             field_count=records * len(target.schema.fields),
             watermark=max((r.stats.max_timestamp for r in results), default=-1), skipped=skipped, error=error,
+            table_change=flushed.table_change,
         )
 
     def _advance(self, response: CommitResponse) -> None:
@@ -368,6 +416,14 @@ class PartitionWorker:
                 "[COMMIT_RESPONSE] %s: commit %s %s offsets %d..%d (hw %d): %d records, %d files, %d bytes, "
                 "skipped %s in %.1f ms", self.name, r.commit_id, r.code.name, r.start_offset, r.next_offset, hw,
                 r.record_count, len(r.data_files), r.byte_count, r.skipped or "{}", self.last_round_ms)
+        if flushed.waiting is not None:
+            self._conditions.log("registry", logging.WARNING, "%s: waiting for the schema registry at offset %d: %s",
+                                 self.name, r.next_offset, flushed.waiting, state=flushed.waiting)
+        elif r.error is None:
+            self._conditions.clear("registry", logging.INFO, "%s: the schema registry answers again", self.name)
+        if flushed.table_change is not None:
+            log.info("[SCHEMA_CHANGE] %s: offset %d needs the table to change first: %s", self.name,
+                     r.next_offset, flushed.table_change)
         if flushed.blocked is not None:
             stats = flushed.blocked.stats
             self._conditions.log("blocked", logging.ERROR, "[BLOCKED] %s", r.error,
@@ -482,6 +538,19 @@ class PartitionWorker:
     # pre-write
     # ------------------------------------------------------------------------------------------------------
 
+    def _stopped_chunk(self) -> bool:
+        """True when a finished chunk stopped at a schema: pre-writing past it would be wasted (the round resolves
+        it). Schemas it misses are fetched now, so the round finds them cached."""
+        for c in self._chunks:
+            if c.future.done() and not c.future.cancelled() and c.future.exception() is None:
+                stats = c.future.result().stats
+                if stats.missing_schemas and self.schema_source is not None:
+                    task = asyncio.ensure_future(self._fetch_schemas(stats.missing_schemas, time.monotonic() + 5))
+                    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                if stats.missing_schemas or stats.table_change is not None:
+                    return True
+        return False
+
     def pending_bytes_estimate(self) -> int:
         """Log bytes between what was written ahead and the high watermark (estimated from offsets)."""
         if self._written_to is None:
@@ -527,14 +596,16 @@ class PartitionWorker:
         plan: ConversionPlan | None = None  # one per pass, for the settings as they are now
         async with self._lock:
             while (self._running() < self.max_inflight and self._written_to is not None
-                   and self._written_to != self._blocked_at
+                   and self._written_to != self._blocked_at and not self._stopped_chunk()
                    and self.pending_bytes_estimate() >= self.prewrite_bytes):
                 try:
                     # the table as the last round saw it: its chunks stay valid while schema and spec are the same
                     cfg = self._config_provider()
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
                         self._table_provider(), writer=writer_name(cfg))
-                    plan = plan or ConversionPlan.build(target.schema, cfg)
+                    plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0)
+                except RegistryUnavailableError:
+                    break
                 except Exception as e:
                     self._conditions.log("prewrite-failed", logging.ERROR, "%s: no table to pre-write into: %s: %s",
                                          self.name, type(e).__name__, e, state=(type(e), str(e)))

@@ -13,7 +13,8 @@ type; otherwise the first of :data:`worker.converters.FALLBACKS` that does, else
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -21,10 +22,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType
 
 from configs.table_schema import KEY, VALUE
-from configs.table_topic import ErrorsTolerance, TableTopicConfig
+from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from worker.converters import FALLBACKS, RecordPart, converter
+from worker.converters.base import ConvertContext
 from worker.converters.raw import RAW
 from worker.converters.schemaless import SCHEMALESS
+from worker.formats.base import RegistrySchema
 from worker.transforms import value_transform
 from worker.transforms.none import NONE
 
@@ -49,21 +52,45 @@ class ConversionPlan:
     feeds: tuple[ColumnFeed, ...]  # key order first: a row's first reason for being bad is the key's
     value_transform: str = "none"  # by registry name
     tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
+    # schema-driven converters: the registry schemas fetched so far (None: the registry does not know the id)
+    schemas: Mapping[int, RegistrySchema | None] = field(default_factory=dict)
+    latest: Mapping[RecordPart, RegistrySchema | None] = field(default_factory=dict)  # by_latest_schema
+    messages: Mapping[RecordPart, str | None] = field(default_factory=dict)  # Protobuf message full names
 
     @classmethod
-    def build(cls, schema: Schema, cfg: TableTopicConfig, tolerance: ErrorsTolerance | None = None
-              ) -> ConversionPlan:
+    def build(cls, schema: Schema, cfg: TableTopicConfig, tolerance: ErrorsTolerance | None = None, *,
+              schemas: Mapping[int, RegistrySchema | None] | None = None,
+              latest: Mapping[RecordPart, RegistrySchema | None] | None = None) -> ConversionPlan:
         """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``)."""
         names = {f.name: f.field_type for f in schema.fields}
         wanted = ((KEY, RecordPart.KEY, str(cfg.convert_key_type)),
                   (LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),
                   (VALUE, RecordPart.VALUE, str(cfg.convert_value_type)),
                   (LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name))
-        feeds = tuple(ColumnFeed(column, part, _converter_for(configured, names[column]))
-                      for column, part, configured in wanted if column in names)
+        feeds = tuple(ColumnFeed(column, part, _converter_for(configured, names.get(column)))
+                      for column, part, configured in wanted if column in names or _schema_driven(configured))
         return cls(schema=schema, arrow_schema=schema_to_pyarrow(schema, include_field_ids=True), feeds=feeds,
                    value_transform=_transform_for(str(cfg.transform_value_type)),
-                   tolerance=cfg.errors_tolerance if tolerance is None else tolerance)
+                   tolerance=cfg.errors_tolerance if tolerance is None else tolerance,
+                   schemas=dict(schemas or {}), latest=dict(latest or {}),
+                   messages={RecordPart.KEY: cfg.key_message_full_name,
+                             RecordPart.VALUE: cfg.value_message_full_name})
+
+    def context(self, feed: ColumnFeed) -> ConvertContext:
+        """What the converter of ``feed`` is given besides the bytes."""
+        return ConvertContext(column=feed.column, table_schema=self.schema, schemas=self.schemas,
+                              latest=self.latest.get(feed.part), message=self.messages.get(feed.part))
+
+
+def latest_subjects(topic: str, cfg: TableTopicConfig) -> dict[RecordPart, str]:
+    """The registry subject of each record part read with ``by_latest_schema`` (``<topic>-key`` /
+    ``<topic>-value`` unless ``convert.*.by_latest_schema.subject`` names one)."""
+    out: dict[RecordPart, str] = {}
+    if cfg.convert_key_type is ConvertType.BY_LATEST_SCHEMA:
+        out[RecordPart.KEY] = cfg.key_subject_override or f"{topic}-key"
+    if cfg.convert_value_type is ConvertType.BY_LATEST_SCHEMA:
+        out[RecordPart.VALUE] = cfg.value_subject_override or f"{topic}-value"
+    return out
 
 
 def _transform_for(configured: str) -> str:
@@ -75,9 +102,18 @@ def _transform_for(configured: str) -> str:
         return NONE.name
 
 
-def _converter_for(configured: str, column_type: IcebergType) -> str:
+def _schema_driven(name: str) -> bool:
+    """True for converters whose column type comes from the records' schemas (they evolve the table)."""
     try:
-        if converter(configured).iceberg_type == column_type:
+        return converter(name).iceberg_type is None
+    except KeyError:
+        return False
+
+
+def _converter_for(configured: str, column_type: IcebergType | None) -> str:
+    try:
+        produced = converter(configured).iceberg_type
+        if produced is None or produced == column_type:
             return configured
     except KeyError:  # a converter this broker does not have (refused by the config checks since)
         pass

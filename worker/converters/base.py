@@ -17,12 +17,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
+from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType
 
 from worker.registry import Registry
+
+if TYPE_CHECKING:
+    from worker.formats.base import RegistrySchema
 
 
 class RecordPart(StrEnum):
@@ -33,11 +37,34 @@ class RecordPart(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Stop:
+    """Why a schema-driven converter cannot go past a row yet: the rows before it are converted, the chunk ends
+    there, and the worker resolves the cause before the row is converted again."""
+
+    row: int
+    missing_schemas: frozenset[int] = frozenset()  # registry ids the plan does not hold yet: fetch, then retry
+    table_change: str | None = None  # Iceberg schema JSON the table must take in first (worker.evolution)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ConvertedColumn:
     """A converter's output for one chunk."""
 
-    values: pa.Array  # one value per record, in the Arrow form of the converter's Iceberg type; null where bad
+    values: pa.Array  # one value per record, in the Arrow form of the table column's type; null where bad
     bad: Mapping[int, str] = field(default_factory=dict)  # row → reason, for the rows that could not be converted
+    stop: Stop | None = None  # rows from stop.row on are not converted (schema-driven converters only)
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertContext:
+    """What a schema-driven converter needs beyond the bytes; static converters ignore it."""
+
+    column: str | None  # the table column it feeds; None: the table's top level (a flattened value)
+    table_schema: Schema  # the table's current schema (the target of the values)
+    schemas: Mapping[int, RegistrySchema | None] = field(default_factory=dict)  # by id; None: unknown to it
+    latest: RegistrySchema | None = None  # by_latest_schema: the subject's latest schema
+    message: str | None = None  # Protobuf: by_latest_schema.message.full.name
 
 
 class Converter(Protocol):
@@ -49,11 +76,11 @@ class Converter(Protocol):
         ...
 
     @property
-    def iceberg_type(self) -> IcebergType:
-        """The type of the column it produces."""
+    def iceberg_type(self) -> IcebergType | None:
+        """The type of the column it produces; None when the records' schemas decide it (schema-driven)."""
         ...
 
-    def convert(self, raw: pa.Array, part: RecordPart) -> ConvertedColumn:
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext) -> ConvertedColumn:
         """``raw`` (``large_binary``, one entry per record) → the column's values and the bad rows."""
         ...
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pyarrow as pa
 from pyiceberg.types import BinaryType, IcebergType
 
-from worker.converters.base import ConvertedColumn, RecordPart, register
+from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, register
 
 
 class RawConverter:
     name = "raw"
     iceberg_type: IcebergType = BinaryType()
 
-    def convert(self, raw: pa.Array, part: RecordPart) -> ConvertedColumn:
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None
+                ) -> ConvertedColumn:
         return ConvertedColumn(raw)
 
 

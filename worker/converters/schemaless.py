@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 from pyiceberg.types import IcebergType, StringType
 
-from worker.converters.base import ConvertedColumn, RecordPart, register
+from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, register
 from worker.converters.string import utf8_column
 
 
@@ -17,7 +17,8 @@ class SchemalessConverter:
     name = "schemaless"
     iceberg_type: IcebergType = StringType()
 
-    def convert(self, raw: pa.Array, part: RecordPart) -> ConvertedColumn:
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None
+                ) -> ConvertedColumn:
         return utf8_column(raw, part)
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.types import IcebergType, StringType
 
-from worker.converters.base import ConvertedColumn, RecordPart, register
+from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, register
 
 REASON_INVALID_UTF8_KEY = "invalid_utf8_key"
 REASON_INVALID_UTF8_VALUE = "invalid_utf8_value"
@@ -62,7 +62,8 @@ class StringConverter:
     name = "string"
     iceberg_type: IcebergType = StringType()
 
-    def convert(self, raw: pa.Array, part: RecordPart) -> ConvertedColumn:
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None
+                ) -> ConvertedColumn:
         out = utf8_column(raw, part)
         if part is RecordPart.VALUE and out.values.null_count:
             return ConvertedColumn(pc.fill_null(out.values, ""), out.bad)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,17 +259,23 @@ def _member_name(branch: Any, taken: set[str]) -> str:
     return name
 
 
-def avro_columns(schema: str | dict[str, Any] | list[Any]) -> AvroColumns:
+def avro_columns(schema: str | dict[str, Any] | list[Any], references: Sequence[str] = ()) -> AvroColumns:
     """The Iceberg type of ``schema`` (Avro, as JSON text or parsed) and how to decode its payloads.
 
+    ``references``: the texts of the schemas it references by name (registry references), dependencies first.
     Raises AvroSchemaError for a schema that is not valid Avro, or holds a recursive record (named in the message).
     """
+    named: dict[str, Any] = {}
     try:
+        for ref in references:
+            fastavro.parse_schema(json.loads(ref), named_schemas=named, _write_hint=False)
         parsed = fastavro.parse_schema(json.loads(schema) if isinstance(schema, str) else schema,
-                                       _write_hint=False)
+                                       named_schemas=dict(named), _write_hint=False)
     except Exception as e:  # fastavro raises several kinds for a bad schema
         raise AvroSchemaError(f"not a valid Avro schema: {e}") from e
-    node = _Walker().walk(parsed)
+    walker = _Walker()
+    walker.names.update(named)
+    node = walker.walk(parsed)
     # pyiceberg converts a record's fields: the column is one field of a wrapper record
     wrapper = {"type": "record", "name": "column", "fields": [{"name": "v", "type": node.ice_field_type,
                                                                 "field-id": 0}]}
@@ -282,5 +288,6 @@ def avro_columns(schema: str | dict[str, Any] | list[Any]) -> AvroColumns:
         iceberg_type: IcebergType = assign_fresh_schema_ids(Schema(*column.fields)).as_struct()
     else:
         iceberg_type = assign_fresh_schema_ids(Schema(NestedField(1, "v", column))).fields[0].field_type
-    decode = fastavro.parse_schema(node.dec)  # marked parsed: schemaless_reader then skips parsing it per call
+    # marked parsed: schemaless_reader then skips parsing it per call
+    decode = fastavro.parse_schema(node.dec, named_schemas=dict(named))
     return AvroColumns(iceberg_type, node.required, decode, _nullable(node.fix))

@@ -1,0 +1,185 @@
+"""``convert.*.type=by_schema_id`` and ``by_latest_schema``: payloads of registry schemas → typed columns.
+
+``by_schema_id`` reads the Confluent header of every row (:mod:`worker.formats.confluent`: magic byte, schema
+id, for Protobuf the message indexes), groups the rows by schema (and message), decodes each group with that
+schema's decoder (:mod:`worker.formats.base`) and conforms the values to the table's column
+(:func:`worker.evolution.conform`). ``by_latest_schema`` decodes every payload (no header) with the subject's
+latest schema.
+
+The schemas come in the :class:`~worker.converters.base.ConvertContext` (the worker fetches them on the event
+loop). A row is not converted, and the chunk ends before it (:class:`~worker.converters.base.Stop`), when
+
+- its schema id is not in the context yet (the worker fetches it and submits the rest again), or
+- its schema holds something the table cannot (a new field, a wider type): the rows before it go to the table,
+  the table is evolved, and the next round converts it.
+
+Bad rows (``errors.tolerance``): a missing or malformed header (``null_value``, ``wrong_magic_byte_value``, ...),
+an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
+(``unsupported_schema``: a recursive record), a payload that does not decode, a value the table's column type
+cannot take (``type_mismatch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
+
+import worker.formats  # noqa: F401  (registers the payload formats)
+from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, Stop, register
+from worker.evolution import conform_rows, needed_change, scatter
+from worker.formats.base import Decoder, RegistrySchema, SchemaMappingError, decoder
+from worker.formats.confluent import Flavor, frame
+
+REASON_UNKNOWN_SCHEMA_ID = "unknown_schema_id"
+REASON_UNSUPPORTED_SCHEMA = "unsupported_schema"
+REASON_TYPE_MISMATCH = "type_mismatch"
+REASON_NO_SCHEMA = "no_latest_schema"
+
+
+def column_arrow_type(table_schema: Schema, column: str | None) -> pa.DataType | None:
+    """The Arrow type values for ``column`` must have (None: the column is not in the table yet); for the top level
+    (``column`` None) the struct of every table column."""
+    if column is None:
+        return pa.struct(list(schema_to_pyarrow(table_schema, include_field_ids=True)))
+    found = next((f for f in table_schema.fields if f.name == column), None)
+    if found is None:
+        return None
+    return schema_to_pyarrow(Schema(found), include_field_ids=True).field(0).type
+
+
+GroupKey = tuple[int, tuple[int, ...] | str | None]  # (schema id, Protobuf message)
+
+
+class _Groups:
+    """The rows of a chunk by (schema id, message), each with its decoder or why it has none."""
+
+    def __init__(self) -> None:
+        self.rows: dict[GroupKey, list[int]] = {}
+
+    def add(self, key: GroupKey, row: int) -> None:
+        self.rows.setdefault(key, []).append(row)
+
+
+def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
+                   schemas: Mapping[int, RegistrySchema | None], ctx: ConvertContext, suffix: str,
+                   n: int) -> ConvertedColumn:
+    """Decode each group, stopping at the first row whose schema is missing or needs a table change."""
+    bad: dict[int, str] = {}
+    stop: Stop | None = None
+    decoders: dict[GroupKey, Decoder] = {}
+    missing = frozenset(sid for sid, _ in groups if sid not in schemas)
+    if missing:
+        first = min(row for (sid, _), rows in groups.items() if sid in missing for row in rows)
+        stop = Stop(first, missing_schemas=missing, reason=f"schema ids {sorted(missing)} not fetched yet")
+    for key, rows in groups.items():
+        sid, message = key
+        if sid in missing:
+            continue
+        schema = schemas[sid]
+        if schema is None:
+            bad.update(dict.fromkeys(rows, f"{REASON_UNKNOWN_SCHEMA_ID}_{suffix}"))
+            continue
+        try:
+            dec = decoder(schema, message)
+        except (SchemaMappingError, KeyError):
+            bad.update(dict.fromkeys(rows, f"{REASON_UNSUPPORTED_SCHEMA}_{suffix}"))
+            continue
+        change = needed_change(ctx.table_schema, ctx.column, dec.iceberg_type)
+        if change is not None and (stop is None or rows[0] < stop.row):
+            stop = Stop(rows[0], table_change=change, reason=f"schema id {sid} needs a table change")
+        decoders[key] = dec
+    return _convert_groups(payloads, groups, decoders, ctx=ctx, suffix=suffix, n=n, bad=bad, stop=stop)
+
+
+def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], decoders: Mapping[GroupKey, Decoder],
+                    *, ctx: ConvertContext, suffix: str, n: int, bad: dict[int, str], stop: Stop | None
+                    ) -> ConvertedColumn:
+    target = column_arrow_type(ctx.table_schema, ctx.column)
+    limit = n if stop is None else stop.row
+    if target is None:  # the column does not exist yet: every row is past the stop (a change adds it)
+        return ConvertedColumn(pa.nulls(n, pa.null()), bad, stop)
+    parts: list[tuple[list[int], pa.Array]] = []
+    for key, dec in decoders.items():
+        rows = [r for r in groups[key] if r < limit]
+        if not rows:
+            continue
+        out = dec.decode(payloads.take(pa.array(rows, pa.int64())), suffix)
+        values, mismatched = conform_rows(out.values, target)
+        for j, reason in out.bad.items():
+            bad[rows[j]] = reason
+        for j in mismatched:
+            bad.setdefault(rows[j], f"{REASON_TYPE_MISMATCH}_{suffix}")
+        parts.append((rows, values))
+    return ConvertedColumn(scatter(n, parts, target), bad, stop)
+
+
+class BySchemaId:
+    """Payloads framed with the Confluent header; the schema of each row by its id (see the module doc)."""
+
+    name = "by_schema_id"
+    iceberg_type: IcebergType | None = None
+
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None) -> ConvertedColumn:
+        assert ctx is not None, "by_schema_id needs the plan's context"
+        suffix = str(part)
+        framed = frame(raw, suffix, Flavor.AVRO)
+        bad = dict(framed.bad)
+        ids = framed.schema_ids.to_pylist()
+        proto_ids = {sid for sid in set(ids) if sid is not None and _is_protobuf(ctx.schemas.get(sid))}
+        indexes: dict[int, tuple[int, ...]] = {}
+        if proto_ids:
+            # Protobuf rows carry message indexes after the id: frame those rows again as Protobuf
+            mask = pa.array([sid in proto_ids for sid in ids], pa.bool_())
+            reframed = frame(pc.if_else(mask, raw, pa.scalar(None, raw.type)), suffix, Flavor.PROTOBUF)
+            for i, sid in enumerate(ids):
+                if sid in proto_ids:
+                    if i in reframed.bad:
+                        bad[i] = reframed.bad[i]
+                    else:
+                        found = reframed.message_indexes[i]
+                        indexes[i] = found if found is not None else (0,)
+            starts = pc.if_else(mask, reframed.payload_starts, framed.payload_starts)
+            framed = type(framed)(framed.schema_ids, starts, bad, reframed.message_indexes)
+        payloads = framed.payloads(raw)
+        groups = _Groups()
+        for i, sid in enumerate(ids):
+            if sid is None or i in bad:
+                continue
+            groups.add((sid, indexes.get(i)), i)
+        out = _decode_groups(payloads, groups.rows, schemas=ctx.schemas, ctx=ctx, suffix=suffix, n=len(raw))
+        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop)
+
+
+def _is_protobuf(schema: RegistrySchema | None) -> bool:
+    return schema is not None and schema.schema_type.upper() == "PROTOBUF"
+
+
+class ByLatestSchema:
+    """Payloads without a header, all of the subject's latest schema (see the module doc)."""
+
+    name = "by_latest_schema"
+    iceberg_type: IcebergType | None = None
+
+    def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None) -> ConvertedColumn:
+        assert ctx is not None, "by_latest_schema needs the plan's context"
+        suffix = str(part)
+        n = len(raw)
+        null_rows = pc.indices_nonzero(pc.is_null(raw)).to_pylist()
+        bad = dict.fromkeys(null_rows, f"null_{suffix}")
+        latest = ctx.latest
+        if latest is None:  # the worker waits for the subject to have a schema; this is a safety net
+            return ConvertedColumn(pa.nulls(n, pa.null()), {}, Stop(0, reason=REASON_NO_SCHEMA))
+        key = (latest.schema_id if latest.schema_id is not None else -1, ctx.message)
+        rows = [i for i in range(n) if i not in bad]
+        out = _decode_groups(raw, {key: rows} if rows else {}, schemas={key[0]: latest}, ctx=ctx, suffix=suffix,
+                             n=n)
+        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop)
+
+
+BY_SCHEMA_ID = register(BySchemaId())
+BY_LATEST_SCHEMA = register(ByLatestSchema())
