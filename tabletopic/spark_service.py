@@ -125,6 +125,11 @@ class SparkService:
         return max(0, self._starts - 1)
 
     @property
+    def busy(self) -> bool:
+        """An operation (or a start) is in flight."""
+        return self._lock.locked()
+
+    @property
     def pid(self) -> int | None:
         """The child process's pid while it runs."""
         proc = self._proc

@@ -6,11 +6,12 @@ tables with the broker's own schema (worker.schema), written by pyiceberg in sev
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from tabletopic.catalog import (
     broker_config,
     load_catalog,
     sql_catalog_properties,
+    sqlite_path,
     with_sqlite_timeout,
 )
 from tabletopic.cli.sql import format_table, format_value, split_statements
@@ -98,6 +100,26 @@ def append(catalog: Catalog, identifier: str, rows: list[dict[str, Any]],
         tx.append(data, snapshot_properties={"tabletopic.test": "1"})
         if properties:
             tx.set_properties(dict(properties))
+
+
+@contextlib.contextmanager
+def losing_next_commit(config: BrokerConfig) -> Iterator[Callable[[], bool]]:
+    """The next update of a table's metadata pointer in the SQLite catalog updates no row: exactly what a
+    committer's compare-and-set sees when another process committed first. Yields a function telling whether
+    that happened (a one-shot trigger, dropped on exit)."""
+    db = sqlite3.connect(sqlite_path(sql_catalog_properties(config)["uri"]) or "", isolation_level=None)
+    db.executescript("""
+        CREATE TABLE lose_next_commit (x INTEGER);
+        INSERT INTO lose_next_commit VALUES (1);
+        CREATE TRIGGER lose_next_commit BEFORE UPDATE ON iceberg_tables
+        WHEN EXISTS (SELECT 1 FROM lose_next_commit)
+        BEGIN DELETE FROM lose_next_commit; SELECT RAISE(IGNORE); END;
+    """)
+    try:
+        yield lambda: db.execute("SELECT count(*) FROM lose_next_commit").fetchone() == (0,)
+    finally:
+        db.executescript("DROP TRIGGER lose_next_commit; DROP TABLE lose_next_commit;")
+        db.close()
 
 
 def canonical(offset: Any, partition: Any, timestamp: Any, key: Any, value: Any, headers: Any) -> tuple[Any, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import re
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from configs.model import BrokerConfig
-from tabletopic.catalog import load_catalog, sql_catalog_properties, sqlite_path
+from tabletopic.catalog import load_catalog
 from tabletopic.cli.sql import repl, run_statement
 from tabletopic.readers import pyiceberg_rows
 from tabletopic.spark import spark_session, stop_session
@@ -34,6 +33,7 @@ from tests.test_query_catalog import (
     canonical_dicts,
     create_topic_table,
     duckdb_rows,
+    losing_next_commit,
     make_rows,
     shipped_properties,
     write_properties,
@@ -105,23 +105,11 @@ def test_sql_command_is_quiet_about_a_retried_commit_and_brief_about_errors(env:
     create_topic_table(env.catalog, "retried")
     for start in range(0, 20, 4):  # five small data files
         append(env.catalog, identifier, make_rows(range(start, start + 4)))
-    db = sqlite3.connect(sqlite_path(sql_catalog_properties(env.config)["uri"]) or "", isolation_level=None)
-    # a one-shot trigger skips the next update of a table's metadata pointer, so the committer's compare-and-set
-    # updates no row: exactly what it sees when another process committed first (Iceberg retries the commit)
-    db.executescript("""
-        CREATE TABLE lose_next_commit (x INTEGER);
-        INSERT INTO lose_next_commit VALUES (1);
-        CREATE TRIGGER lose_next_commit BEFORE UPDATE ON iceberg_tables
-        WHEN EXISTS (SELECT 1 FROM lose_next_commit)
-        BEGIN DELETE FROM lose_next_commit; SELECT RAISE(IGNORE); END;
-    """)
-    try:
+    # the first commit attempt loses the compare-and-set, as when another process committed first: Iceberg retries
+    with losing_next_commit(env.config) as lost:
         proc = run_cli(env, f"CALL {CATALOG}.system.rewrite_data_files(table => '{identifier}'); "
                             "SELECT * FROM default.missing")
-        assert db.execute("SELECT count(*) FROM lose_next_commit").fetchone() == (0,)  # the conflict happened
-    finally:
-        db.executescript("DROP TRIGGER lose_next_commit; DROP TABLE lose_next_commit;")
-        db.close()
+        assert lost()  # the conflict happened
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     header = [c.strip() for c in lines[1].strip("|").split("|")]
