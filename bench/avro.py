@@ -49,6 +49,7 @@ import json
 import os
 import platform
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,8 @@ CONVERT_VALUE = "automq.table.topic.convert.value.type"
 REGISTRY_URL = "automq.table.topic.schema.registry.url"
 SENTINEL = 987_654_321_987  # the templates' id, replaced per record (its encoding must occur once per template)
 SAMPLE = 50  # produced values decoded back as a check
+EVOLVED_RE = re.compile(r"\[SCHEMA_EVOLVED\] topic=(?P<topic>\S+) .*?ms=(?P<ms>\d+)")
+SPARK_READY_RE = re.compile(r"Spark side process ready in (?P<s>[\d.]+) s")
 
 STATUSES = ("NEW", "PAID", "SHIPPED", "DELIVERED", "CANCELLED")
 STREETS = ("Main St", "Oak Ave", "Pine Rd", "Maple Dr", "Cedar Ln", "Elm St", "Lake View", "Hill Rd")
@@ -327,6 +330,7 @@ class FormatResult:
     tabletopic_wait_s: float | None = None  # enable -> start of the first round (from the broker log)
     tabletopic_rows: int = 0
     tabletopic_commits: str = ""
+    tabletopic_evolutions: list[int] = field(default_factory=list)  # ms of each [SCHEMA_EVOLVED] of the topic
     tabletopic_error: str | None = None
 
     def rate(self, seconds: float | None) -> float:
@@ -416,6 +420,8 @@ def table_topic_catchup(broker: brokers.Broker, data_dir: Path, res: FormatResul
     res.tabletopic_rows = e2e.table_rows(e2e.open_catalog(data_dir).load_table(f"{e2e.NAMESPACE}.{res.topic}"))
     lines = e2e.commit_lines(broker.log_path, res.topic)
     res.tabletopic_commits = e2e.CommitStats.of(lines).line()
+    text = broker.log_path.read_text(errors="replace")
+    res.tabletopic_evolutions = [int(m["ms"]) for m in EVOLVED_RE.finditer(text) if m["topic"] == res.topic]
     if lines and lines[0].wall is not None:
         res.tabletopic_wait_s = lines[0].wall - lines[0].round_ms / 1000 - t0_wall
     log(f"  {label}: {res.records:,} records in {res.tabletopic_s:.2f} s = {res.rate(res.tabletopic_s):,.0f} "
@@ -480,11 +486,18 @@ def print_report(results: list[FormatResult], phases: list[PhaseStats], env: Env
             print(f"    (= {r.tabletopic_wait_s:.2f} s until the first round starts + {rounds_s:.2f} s of rounds: "
                   f"{r.rate(rounds_s):,.0f} rec/s{extra}; informational)")
         print(f"    commits: {r.tabletopic_commits}")
+        if r.tabletopic_evolutions:
+            print(f"    schema changes applied to the table in the rounds: {len(r.tabletopic_evolutions)}, "
+                  f"{sum(r.tabletopic_evolutions) / 1000:.2f} s in them")
     print("\nper phase                                        seconds  client CPU s  broker CPU s (main)  broker "
           "RSS max MiB (main / tree)")
     for st in phases:
         print(f"  {st.name[:46]:<46}{st.seconds:9.2f}{st.client_cpu_s:14.2f}{st.broker_cpu_s:14.2f} "
               f"({st.broker_main_cpu_s:5.2f}){st.rss_max_mib:10.0f} / {st.rss_tree_max_mib:.0f}")
+    spark = [float(m["s"]) for m in SPARK_READY_RE.finditer(log_path.read_text(errors="replace"))]
+    if spark:
+        print(f"\nthe broker started its Spark side process {len(spark)} time(s), ready after "
+              f"{', '.join(f'{x:.1f} s' for x in spark)}")
     warnings, errors, firsts = e2e.broker_log_problems(log_path)
     print(f"\nbroker log: {warnings} WARNING, {errors} ERROR/Traceback lines")
     for ln in firsts:
