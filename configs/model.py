@@ -250,7 +250,7 @@ def parse_listener(spec: str) -> Listener:
 # ---- the declared tables ----
 
 CATALOG_TYPES = ("sql", "rest", "glue", "nessie", "tablebucket", "hive")
-CONVERT_TYPES = ("raw", "string", "by_schema_id", "by_latest_schema")
+CONVERT_TYPES = ("raw", "string", "json", "by_schema_id", "by_latest_schema")
 TRANSFORM_TYPES = ("none", "flatten", "flatten_debezium")
 ERRORS_TOLERANCES = ("none", "invalid_data", "all")
 
@@ -421,15 +421,19 @@ _topic(
     Setting("automq.table.topic.schema.type", Type.STRING, "none",
             "[DEPRECATED] none; schemaless (string key, string value, legacy key/value/timestamp columns); "
             "schema (string key, by_schema_id value, flatten). Cannot be combined with the convert/transform "
-            "settings. schema is not built yet in tabletopic (refused).",
+            "settings.",
             one_of("none", "schemaless", "schema")),
     Setting("automq.table.topic.convert.value.type", Type.STRING, "raw",
-            "How record values are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
-            "automq.table.topic.schema.registry.url on the broker, and are not built yet in tabletopic: refused).",
+            "How record values are parsed: raw, string, json (plain JSON objects, columns inferred from the "
+            "records; tabletopic's own), by_schema_id (Confluent-framed Avro, Protobuf, JSON Schema), "
+            "by_latest_schema (unframed payloads of the subject's latest schema). The last two need a schema "
+            "registry: automq.table.topic.schema.registry.url, or the broker's own (schema.registry.listeners).",
             one_of(*CONVERT_TYPES)),
     Setting("automq.table.topic.convert.key.type", Type.STRING, "string",
-            "How record keys are parsed: raw, string, by_schema_id, by_latest_schema (the last two need "
-            "automq.table.topic.schema.registry.url on the broker, and are not built yet in tabletopic: refused).",
+            "How record keys are parsed: raw, string, json (plain JSON objects, columns inferred from the "
+            "records; tabletopic's own), by_schema_id (Confluent-framed Avro, Protobuf, JSON Schema), "
+            "by_latest_schema (unframed payloads of the subject's latest schema). The last two need a schema "
+            "registry: automq.table.topic.schema.registry.url, or the broker's own (schema.registry.listeners).",
             one_of(*CONVERT_TYPES)),
     Setting("automq.table.topic.convert.value.by_latest_schema.subject", Type.STRING, None,
             "Subject of the latest value schema for by_latest_schema (default: <topic>-value). "
@@ -441,9 +445,9 @@ _topic(
     Setting("automq.table.topic.convert.key.by_latest_schema.message.full.name", Type.STRING, None,
             "Protobuf only: fully-qualified message name of the key schema (default: the first message)."),
     Setting("automq.table.topic.transform.value.type", Type.STRING, "none",
-            "Transform after conversion: none, flatten (top-level value fields become columns), "
-            "flatten_debezium (flatten + Debezium envelope unwrap; needs a schema-based value converter). "
-            "flatten and flatten_debezium are not built yet in tabletopic (refused).",
+            "Transform after conversion: none, flatten (top-level value fields become columns; needs a json, "
+            "by_schema_id or by_latest_schema value converter), flatten_debezium (flatten + Debezium envelope "
+            "unwrap; needs a schema-based value converter; not built yet in tabletopic: refused).",
             one_of(*TRANSFORM_TYPES)),
     Setting("automq.table.topic.id.columns", Type.STRING, None,
             "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "

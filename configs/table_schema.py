@@ -5,8 +5,8 @@ with any Kafka client"):
 
 - ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
 - ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``, the
-  record schemas' type (a struct for records) for ``by_schema_id`` / ``by_latest_schema``, added by the first
-  records and evolved by later ones (a new table has no such column yet)
+  record schemas' type (a struct for records) for ``by_schema_id`` / ``by_latest_schema``, a struct inferred from
+  the values for ``json``: added by the first records and evolved by later ones (a new table has no such column)
 - ``_kafka_value`` optional: binary for ``convert.value.type=raw`` (the default), string for ``string``, the
   record schemas' type as for the key
 - ``_kafka_metadata`` optional struct<partition int, offset long, timestamp long> (epoch ms)
@@ -84,7 +84,7 @@ def converted_type(convert: ConvertType) -> IcebergType:
 
 def columns_known_up_front(cfg: TableTopicConfig) -> bool:
     """False when a converter's columns come from record schemas (known only once records arrive)."""
-    return not (cfg.convert_key_type.schema_based or cfg.convert_value_type.schema_based)
+    return not (cfg.convert_key_type.columns_from_records or cfg.convert_value_type.columns_from_records)
 
 
 def table_schema(cfg: TableTopicConfig) -> Schema:
@@ -101,9 +101,9 @@ def table_schema(cfg: TableTopicConfig) -> Schema:
                                                     value_required=False), required=False)
     fields.append(header)
     # a schema-driven converter's column is added by the first records' schema (schema evolution)
-    if not cfg.convert_key_type.schema_based:
+    if not cfg.convert_key_type.columns_from_records:
         fields.append(nf(KEY, converted_type(cfg.convert_key_type)))
-    if not cfg.legacy_columns and not cfg.convert_value_type.schema_based:
+    if not cfg.legacy_columns and not cfg.convert_value_type.columns_from_records:
         fields.append(nf(VALUE, converted_type(cfg.convert_value_type)))
     meta_id = next(ids)
     meta = StructType(

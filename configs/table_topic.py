@@ -17,8 +17,8 @@ adds what involves several settings at once (AutoMQ's rules between its table to
   column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it creates
   the table).
 
-Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC, the flatten transforms, the schema
-registry converters) are refused after the rules above, so a combination the rules refuse is still named as such.
+Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC, the Debezium transform) are
+refused after the rules above, so a combination the rules refuse is still named as such.
 
 Every violation is an :class:`InvalidConfigError` naming the key and the value.
 """
@@ -61,6 +61,7 @@ SCHEMA_REGISTRY_URL = "automq.table.topic.schema.registry.url"
 class ConvertType(StrEnum):
     RAW = "raw"
     STRING = "string"
+    JSON = "json"
     BY_SCHEMA_ID = "by_schema_id"
     BY_LATEST_SCHEMA = "by_latest_schema"
 
@@ -68,6 +69,12 @@ class ConvertType(StrEnum):
     def schema_based(self) -> bool:
         """True for the converters that read schemas from the schema registry."""
         return self in (ConvertType.BY_SCHEMA_ID, ConvertType.BY_LATEST_SCHEMA)
+
+    @property
+    def columns_from_records(self) -> bool:
+        """True when the records decide the column's type (registry schemas, or JSON inferred from the values):
+        the column is added by the first records and evolves with them."""
+        return self.schema_based or self is ConvertType.JSON
 
 
 class TransformType(StrEnum):
@@ -105,10 +112,7 @@ class NotBuilt:
 
 
 NOT_BUILT_YET: tuple[NotBuilt, ...] = (
-    # schema.type first: its "schema" stands for by_schema_id + flatten, and is the setting the user wrote
-    NotBuilt(SCHEMA_TYPE, frozenset({SchemaType.SCHEMA.value}), "the flatten transform"),
-    NotBuilt(TRANSFORM_VALUE_TYPE, frozenset({TransformType.FLATTEN.value, TransformType.FLATTEN_DEBEZIUM.value}),
-             "value transforms"),
+    NotBuilt(TRANSFORM_VALUE_TYPE, frozenset({TransformType.FLATTEN_DEBEZIUM.value}), "the Debezium transform"),
     NotBuilt(UPSERT_ENABLE, frozenset({"true"}), "upsert tables"),
     NotBuilt(CDC_FIELD, None, "CDC tables"),
     # a key serves only upserts and CDC; accepted alone it would be a setting that does nothing
@@ -190,6 +194,10 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: Broke
                 raise _invalid(named, shown, f"{convert} needs a schema registry, but the broker has none: set "
                                              f"{SCHEMA_REGISTRY_URL} or schema.registry.listeners")
 
+    if transform is TransformType.FLATTEN and not value_type.columns_from_records:
+        raise _invalid(TRANSFORM_VALUE_TYPE, transform,
+                       f"needs a value converter that gives the value fields ({CONVERT_VALUE_TYPE}=json, "
+                       f"by_schema_id or by_latest_schema), not {value_type}")
     if transform is TransformType.FLATTEN_DEBEZIUM and not value_type.schema_based:
         raise _invalid(TRANSFORM_VALUE_TYPE, transform,
                        f"needs a schema-based value converter ({CONVERT_VALUE_TYPE}=by_schema_id or "

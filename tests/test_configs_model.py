@@ -42,7 +42,7 @@ SPEC: dict[str, tuple[Type, Any, str, str]] = {
     P + "commit.interval.ms": (Type.LONG, 60000, "900000", "900001"),
     P + "namespace": (Type.STRING, None, "analytics", ""),  # any string is valid; "" sentinel skipped below
     P + "schema.type": (Type.STRING, "none", "schemaless", "avro"),
-    P + "convert.value.type": (Type.STRING, "raw", "string", "json"),
+    P + "convert.value.type": (Type.STRING, "raw", "json", "avro"),
     P + "convert.key.type": (Type.STRING, "string", "raw", "bytes"),
     P + "convert.value.by_latest_schema.subject": (Type.STRING, None, "orders-value", ""),
     P + "convert.value.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Order", ""),
@@ -89,8 +89,7 @@ NOT_BUILT = "is not supported yet by this broker"
 @pytest.mark.parametrize(("key", "value", "extra"), [
     (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
     (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
-    (P + "transform.value.type", "flatten", {}),
-    (P + "schema.type", "schema", {}),
+    (P + "transform.value.type", "flatten_debezium", {P + "convert.value.type": "by_schema_id"}),
     (P + "id.columns", "[region, name]", {}),
 ])
 def test_not_built_values_refused(key: str, value: str, extra: dict[str, str]) -> None:
@@ -99,7 +98,17 @@ def test_not_built_values_refused(key: str, value: str, extra: dict[str, str]) -
             validate_topic_configs({key: value, **extra}, broker)
         assert str(ei.value).startswith(f"Invalid value {value} for configuration {key}: {value} {NOT_BUILT}")
     assert {e.key for e in NOT_BUILT_YET} == {P + "upsert.enable", P + "cdc.field", P + "transform.value.type",
-                                              P + "schema.type", P + "id.columns"}
+                                              P + "id.columns"}
+
+
+@pytest.mark.parametrize("convert", ["raw", "string"])
+def test_flatten_needs_a_converter_with_fields(convert: str) -> None:
+    with pytest.raises(InvalidConfigError, match=r"transform.value.type: needs a value converter") as ei:
+        validate_topic_configs({P + "transform.value.type": "flatten", P + "convert.value.type": convert})
+    assert convert in str(ei.value)
+    for ok in ("json", "by_schema_id", "by_latest_schema"):
+        validate_topic_configs({P + "transform.value.type": "flatten", P + "convert.value.type": ok}, REGISTRY)
+    assert validate_topic_configs({P + "schema.type": "schema"}, REGISTRY)[P + "schema.type"] == "schema"
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SPEC.items() if s[3]))
@@ -227,8 +236,7 @@ def test_legacy_schema_type_does_not_combine(legacy: str, new_key: str) -> None:
 
 
 def test_legacy_schema_type_schema_needs_registry() -> None:
-    with pytest.raises(InvalidConfigError, match=f"schema.type: schema {NOT_BUILT}"):
-        validate_topic_configs({P + "schema.type": "schema"}, REGISTRY)
+    assert validate_topic_configs({P + "schema.type": "schema"}, REGISTRY)[P + "schema.type"] == "schema"
     validate_topic_configs({P + "schema.type": "schemaless"}, NO_REGISTRY)
     with pytest.raises(InvalidConfigError, match=r"Invalid value schema for configuration .*schema.type.*registry"):
         validate_topic_configs({P + "schema.type": "schema"}, NO_REGISTRY)

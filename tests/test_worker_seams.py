@@ -38,7 +38,7 @@ def feeds(plan: ConversionPlan) -> list[tuple[str, str, str]]:
     return [(f.column, str(f.part), f.converter) for f in plan.feeds]
 
 
-@pytest.mark.parametrize("ct", [c for c in ConvertType if not c.schema_based])
+@pytest.mark.parametrize("ct", [c for c in ConvertType if not c.columns_from_records])
 def test_built_in_converters_produce_the_column_types_of_new_tables(ct: ConvertType) -> None:
     # configs.table_schema declares the columns a new table gets (the config checks need them before any worker
     # runs); the converters must produce exactly those types

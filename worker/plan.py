@@ -6,9 +6,11 @@ travel by registry name and are looked up in the pool process.
 
 Columns follow the *table's* schema, matched by name, so a table whose schema someone else changed still gets
 what it can. The record's key feeds ``_kafka_key`` (and the legacy ``key``), its value ``_kafka_value`` (and the
-legacy ``value``). Each such column gets the converter its setting names (``convert.key.type`` /
-``convert.value.type``; the legacy columns the schemaless handling) when that converter produces the column's
-type; otherwise the first of :data:`worker.converters.FALLBACKS` that does, else raw bytes.
+legacy ``value``), or with a flattening transform (``flatten``) the table's top level: the converter's struct
+goes under :data:`~worker.transforms.flatten.ROOT` and the transform lifts its fields into columns. Each such
+column gets the converter its setting names (``convert.key.type`` / ``convert.value.type``; the legacy columns
+the schemaless handling) when that converter produces the column's type; otherwise the first of
+:data:`worker.converters.FALLBACKS` that does, else raw bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from worker.converters.raw import RAW
 from worker.converters.schemaless import SCHEMALESS
 from worker.formats.base import RegistrySchema
 from worker.transforms import value_transform
+from worker.transforms.flatten import ROOT
 from worker.transforms.none import NONE
 
 LEGACY_KEY, LEGACY_VALUE, LEGACY_TIMESTAMP = "key", "value", "timestamp"
@@ -63,14 +66,19 @@ class ConversionPlan:
               latest: Mapping[RecordPart, RegistrySchema | None] | None = None) -> ConversionPlan:
         """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``)."""
         names = {f.name: f.field_type for f in schema.fields}
-        wanted = ((KEY, RecordPart.KEY, str(cfg.convert_key_type)),
-                  (LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),
-                  (VALUE, RecordPart.VALUE, str(cfg.convert_value_type)),
-                  (LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name))
+        wanted: tuple[tuple[str, RecordPart, str], ...] = (
+            (KEY, RecordPart.KEY, str(cfg.convert_key_type)),
+            (LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),
+            (VALUE, RecordPart.VALUE, str(cfg.convert_value_type)),
+            (LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name))
+        transform = _transform_for(str(cfg.transform_value_type))
+        if value_transform(transform).flattens:  # the value's fields are top-level columns
+            wanted = tuple((ROOT if column == VALUE else column, part, configured)
+                           for column, part, configured in wanted)
         feeds = tuple(ColumnFeed(column, part, _converter_for(configured, names.get(column)))
                       for column, part, configured in wanted if column in names or _schema_driven(configured))
         return cls(schema=schema, arrow_schema=schema_to_pyarrow(schema, include_field_ids=True), feeds=feeds,
-                   value_transform=_transform_for(str(cfg.transform_value_type)),
+                   value_transform=transform,
                    tolerance=cfg.errors_tolerance if tolerance is None else tolerance,
                    schemas=dict(schemas or {}), latest=dict(latest or {}),
                    messages={RecordPart.KEY: cfg.key_message_full_name,
@@ -78,8 +86,10 @@ class ConversionPlan:
 
     def context(self, feed: ColumnFeed) -> ConvertContext:
         """What the converter of ``feed`` is given besides the bytes."""
-        return ConvertContext(column=feed.column, table_schema=self.schema, schemas=self.schemas,
-                              latest=self.latest.get(feed.part), message=self.messages.get(feed.part))
+        return ConvertContext(column=None if feed.column == ROOT else feed.column, table_schema=self.schema,
+                              schemas=self.schemas, latest=self.latest.get(feed.part),
+                              message=self.messages.get(feed.part),
+                              transform=self.value_transform if feed.part is RecordPart.VALUE else NONE.name)
 
 
 def latest_subjects(topic: str, cfg: TableTopicConfig) -> dict[RecordPart, str]:

@@ -65,6 +65,7 @@ class ConvertContext:
     schemas: Mapping[int, RegistrySchema | None] = field(default_factory=dict)  # by id; None: unknown to it
     latest: RegistrySchema | None = None  # by_latest_schema: the subject's latest schema
     message: str | None = None  # Protobuf: by_latest_schema.message.full.name
+    transform: str = "none"  # the value transform (by name) whose value_type / reshape the values go through
 
 
 class Converter(Protocol):

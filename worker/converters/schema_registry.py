@@ -27,13 +27,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
-from pyiceberg.types import IcebergType
+from pyiceberg.types import IcebergType, NestedField, StructType
 
 import worker.formats  # noqa: F401  (registers the payload formats)
 from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, Stop, register
 from worker.evolution import conform_rows, needed_change, scatter
 from worker.formats.base import Decoder, RegistrySchema, SchemaMappingError, decoder
 from worker.formats.confluent import Flavor, frame
+from worker.transforms import value_transform
+from worker.transforms.flatten import RESERVED
 
 REASON_UNKNOWN_SCHEMA_ID = "unknown_schema_id"
 REASON_UNSUPPORTED_SCHEMA = "unsupported_schema"
@@ -41,11 +43,24 @@ REASON_TYPE_MISMATCH = "type_mismatch"
 REASON_NO_SCHEMA = "no_latest_schema"
 
 
-def column_arrow_type(table_schema: Schema, column: str | None) -> pa.DataType | None:
-    """The Arrow type values for ``column`` must have (None: the column is not in the table yet); for the top level
-    (``column`` None) the struct of every table column."""
+def _value_fields(table_schema: Schema) -> list[NestedField]:
+    """The top-level columns a flattened value fills (all but the record's own: header, key, metadata)."""
+    return [f for f in table_schema.fields if f.name not in RESERVED]
+
+
+def table_column_type(table_schema: Schema, column: str | None) -> IcebergType | None:
+    """The Iceberg type of ``column`` (None: not in the table yet); for the top level (``column`` None, a
+    flattened value) the struct of the columns the value fills."""
     if column is None:
-        return pa.struct(list(schema_to_pyarrow(table_schema, include_field_ids=True)))
+        return StructType(*_value_fields(table_schema))
+    found = next((f for f in table_schema.fields if f.name == column), None)
+    return None if found is None else found.field_type
+
+
+def column_arrow_type(table_schema: Schema, column: str | None) -> pa.DataType | None:
+    """The Arrow type of :func:`table_column_type` (field ids in the metadata); None when there is no column."""
+    if column is None:
+        return pa.struct(list(schema_to_pyarrow(Schema(*_value_fields(table_schema)), include_field_ids=True)))
     found = next((f for f in table_schema.fields if f.name == column), None)
     if found is None:
         return None
@@ -86,10 +101,11 @@ def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
             continue
         try:
             dec = decoder(schema, message)
+            value_type = value_transform(ctx.transform).value_type(dec.iceberg_type)
         except (SchemaMappingError, KeyError):
             bad.update(dict.fromkeys(rows, f"{REASON_UNSUPPORTED_SCHEMA}_{suffix}"))
             continue
-        change = needed_change(ctx.table_schema, ctx.column, dec.iceberg_type)
+        change = needed_change(ctx.table_schema, ctx.column, value_type)
         if change is not None and (stop is None or rows[0] < stop.row):
             stop = Stop(rows[0], table_change=change, reason=f"schema id {sid} needs a table change")
         decoders[key] = dec
@@ -109,8 +125,9 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
         if not rows:
             continue
         out = dec.decode(payloads.take(pa.array(rows, pa.int64())), suffix)
-        values, mismatched = conform_rows(out.values, target)
-        for j, reason in out.bad.items():
+        shaped = value_transform(ctx.transform).reshape(out.values, dec.iceberg_type)
+        values, mismatched = conform_rows(shaped.values, target)
+        for j, reason in {**out.bad, **shaped.bad}.items():
             bad[rows[j]] = reason
         for j in mismatched:
             bad.setdefault(rows[j], f"{REASON_TYPE_MISMATCH}_{suffix}")

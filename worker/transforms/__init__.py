@@ -1,13 +1,13 @@
 """Value transforms: reshape the converted columns before they are matched to the table (interface in
 :mod:`worker.transforms.base`).
 
-Importing this package registers the built-in transforms: :mod:`~worker.transforms.none`. A new transform
-(``flatten``) is a new module here, imported below.
+Importing this package registers the built-in transforms: :mod:`~worker.transforms.none` and
+:mod:`~worker.transforms.flatten`. A new transform is a new module here, imported below.
 """
 
-from worker.transforms import none
-from worker.transforms.base import Columns, ValueTransform, register, value_transform
+from worker.transforms import flatten, none
+from worker.transforms.base import Columns, Reshaped, ValueTransform, register, value_transform
 
-BUILT_IN = (none.NONE,)
+BUILT_IN = (none.NONE, flatten.FLATTEN)
 
-__all__ = ["BUILT_IN", "Columns", "ValueTransform", "register", "value_transform"]
+__all__ = ["BUILT_IN", "Columns", "Reshaped", "ValueTransform", "register", "value_transform"]

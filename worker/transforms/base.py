@@ -13,9 +13,12 @@ under ``worker/transforms/`` that registers a :class:`ValueTransform`, plus its 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
+from pyiceberg.types import IcebergType
 
 from worker.registry import Registry
 
@@ -23,12 +26,39 @@ Columns = dict[str, pa.Array]
 """Column name → one value per record."""
 
 
+@dataclass(frozen=True, slots=True)
+class Reshaped:
+    """Decoded values after :meth:`ValueTransform.reshape`, row for row."""
+
+    values: pa.Array
+    bad: Mapping[int, str] = field(default_factory=dict)  # rows the transform cannot take (errors.tolerance)
+    dropped: Mapping[int, str] = field(default_factory=dict)  # rows left out on purpose (tombstones), by reason
+
+
 class ValueTransform(Protocol):
-    """Reshapes a chunk's converted columns (see the module doc). Implementations are stateless singletons."""
+    """Reshapes a chunk's converted columns (see the module doc). Implementations are stateless singletons.
+
+    For values whose type the records decide (schema-driven converters, plain JSON), :meth:`value_type` and
+    :meth:`reshape` say what the table holds for a decoded value: the converter evolves the table to
+    ``value_type(decoded type)`` and conforms ``reshape(values)`` to it.
+    """
 
     @property
     def name(self) -> str:
         """The registry name: the ``transform.value.type`` value it implements."""
+        ...
+
+    @property
+    def flattens(self) -> bool:
+        """True when the value's fields become top-level columns (the value feeds the table's top level)."""
+        ...
+
+    def value_type(self, decoded: IcebergType) -> IcebergType:
+        """The type the table holds for values decoded as ``decoded``; SchemaMappingError when it cannot."""
+        ...
+
+    def reshape(self, values: pa.Array, decoded: IcebergType) -> Reshaped:
+        """Decoded values (of ``decoded``) → values of :meth:`value_type`, before they are conformed to the table."""
         ...
 
     def apply(self, columns: Columns) -> Columns: ...
