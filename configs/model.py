@@ -639,6 +639,22 @@ def _optional_setting(key: str, kind: type[T]) -> _Read[T | None]:
     return _Read(key, lambda values, k: typed_or_none(values, k, kind))
 
 
+SCHEMA_REGISTRY_CLIENT_KEYS = frozenset({
+    "basic.auth.user.info", "basic.auth.credentials.source", "ssl.ca.location", "ssl.certificate.location",
+    "ssl.key.location", "ssl.key.password", "timeout.ms",
+})
+"""The ``automq.table.topic.schema.registry.config.<key>`` keys the converters' registry client understands
+(confluent-kafka's names); any other is refused rather than accepted and ignored."""
+
+
+def _check_registry_client_key(key: str) -> None:
+    if key.startswith(SCHEMA_REGISTRY_CONFIG_PREFIX) and key[len(SCHEMA_REGISTRY_CONFIG_PREFIX):] not in (
+            SCHEMA_REGISTRY_CLIENT_KEYS):
+        raise InvalidConfigError(
+            f"{key}: the table topics' schema registry client has no such setting (it takes "
+            f"{', '.join(sorted(SCHEMA_REGISTRY_CLIENT_KEYS))})", key=key)
+
+
 def local_http_url(host: str, port: int) -> str:
     """The URL a local client reaches an HTTP listener at (a wildcard host is reached on loopback)."""
     host = "127.0.0.1" if host in ("", "0.0.0.0") else ("::1" if host == "::" else host)
@@ -697,6 +713,7 @@ class BrokerConfig:
             setting = BROKER_SETTINGS.get(key)
             if setting is None:
                 if key.startswith(PASSTHROUGH_PREFIXES):
+                    _check_registry_client_key(key)
                     passthrough[key] = raw
                     continue
                 if strict:

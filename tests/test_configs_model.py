@@ -498,3 +498,12 @@ def test_configs_is_the_bottom_layer() -> None:
     assert out.stdout.strip() == "[]"
     # the broker raises and maps the same class
     assert errors.InvalidConfigError is InvalidConfigError
+
+
+def test_registry_client_settings_are_checked() -> None:
+    key = "automq.table.topic.schema.registry.config."
+    ok = BrokerConfig.from_properties({key + "basic.auth.user.info": "u:p", key + "timeout.ms": "500"})
+    assert ok.schema_registry_config == {"basic.auth.user.info": "u:p", "timeout.ms": "500"}
+    with pytest.raises(InvalidConfigError, match=r"schema.registry.config.bogus: .*no such setting") as ei:
+        BrokerConfig.from_properties({key + "bogus": "1"})
+    assert ei.value.key == key + "bogus"

@@ -27,6 +27,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from configs.model import SCHEMA_REGISTRY_CLIENT_KEYS
 from tabletopic.logs import ConditionLog
 from worker.formats.base import RegistrySchema, SchemaReference
 
@@ -37,12 +38,6 @@ REQUEST_TIMEOUT_S = 10.0
 BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
-# automq.table.topic.schema.registry.config.<key> this client understands (confluent-kafka's names); any other
-# key is refused rather than silently ignored
-KNOWN_CONFIG = frozenset({
-    "basic.auth.user.info", "basic.auth.credentials.source", "ssl.ca.location", "ssl.certificate.location",
-    "ssl.key.location", "ssl.key.password", "timeout.ms",
-})
 
 
 class RegistryUnavailableError(Exception):
@@ -54,11 +49,12 @@ class UnknownSchemaError(Exception):
 
 
 def check_registry_config(config: Mapping[str, str]) -> None:
-    """Raise ValueError naming the first ``schema.registry.config.*`` key this client does not understand."""
+    """Raise ValueError naming the first ``schema.registry.config.*`` key this client does not understand (the
+    broker's settings refuse them at start already; this guards other callers)."""
     for key in config:
-        if key not in KNOWN_CONFIG:
+        if key not in SCHEMA_REGISTRY_CLIENT_KEYS:
             raise ValueError(f"automq.table.topic.schema.registry.config.{key} is not a setting tabletopic's schema "
-                             f"registry client understands (known: {', '.join(sorted(KNOWN_CONFIG))})")
+                             f"registry client understands (known: {', '.join(sorted(SCHEMA_REGISTRY_CLIENT_KEYS))})")
 
 
 class SchemaSource:
