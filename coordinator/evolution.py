@@ -38,6 +38,7 @@ class SchemaChanges:
         self._pending: list[str] = []
         self._conditions = ConditionLog(log)
         self.applied = 0  # a metric
+        self.failing = False  # the last change failed: the next round waits the interval instead of coming quick
 
     def add(self, change: str) -> None:
         if change not in self._pending:  # every partition meeting the same new schema asks for the same change
@@ -55,6 +56,7 @@ class SchemaChanges:
                 self._conditions.log("evolve", logging.ERROR, "table topic %s: records need a table change, but no "
                                      "schema evolver is configured; the partitions wait at them", self.topic,
                                      state="none")
+                self.failing = True
                 return
             t0 = time.perf_counter()
             before = tbl.schema().schema_id
@@ -62,12 +64,14 @@ class SchemaChanges:
             try:
                 self._evolver(tbl, change)
             except Exception as e:  # the worker asks again at its next round: no record is lost
+                self.failing = True
                 self._conditions.log("evolve", logging.ERROR, "table topic %s: evolving table %s failed: %s: %s",
                                      self.topic, ".".join(tbl.name()), type(e).__name__, e, state=str(e))
                 continue
             crash_point("coordinator-after-schema-change")
             self._conditions.clear("evolve", logging.INFO, "table topic %s: table changes apply again", self.topic)
             self.applied += 1
+            self.failing = False
             tbl = self._catalog.load_table(tbl.name())
             log.info("[SCHEMA_EVOLVED] topic=%s table=%s schema_id=%d->%d ms=%.0f change=%s", self.topic,
                      ".".join(tbl.name()), before, tbl.schema().schema_id, (time.perf_counter() - t0) * 1000,
