@@ -13,7 +13,8 @@ loop). A row is not converted, and the chunk ends before it (:class:`~worker.con
 - its schema holds something the table cannot (a new field, a wider type): the rows before it go to the table,
   the table is evolved, and the next round converts it.
 
-Bad rows (``errors.tolerance``): a missing or malformed header (``null_value``, ``wrong_magic_byte_value``, ...),
+A null key or value (no key, a tombstone) is a null in the column. Bad rows (``errors.tolerance``): a missing or
+malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
 an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
 (``unsupported_schema``: a recursive record), a payload that does not decode, a value the table's column type
 cannot take (``type_mismatch``).
@@ -33,7 +34,7 @@ import worker.formats  # noqa: F401  (registers the payload formats)
 from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, Stop, register
 from worker.evolution import conform_rows, needed_change, scatter
 from worker.formats.base import Decoder, RegistrySchema, SchemaMappingError, decoder
-from worker.formats.confluent import Flavor, frame
+from worker.formats.confluent import REASON_NULL, Flavor, frame
 from worker.transforms import value_transform
 from worker.transforms.flatten import RESERVED
 
@@ -145,7 +146,8 @@ class BySchemaId:
         assert ctx is not None, "by_schema_id needs the plan's context"
         suffix = str(part)
         framed = frame(raw, suffix, Flavor.AVRO)
-        bad = dict(framed.bad)
+        # a null key or value (no key, a tombstone) is a null column value, not bad data
+        bad = {i: r for i, r in framed.bad.items() if r != f"{REASON_NULL}_{suffix}"}
         ids = framed.schema_ids.to_pylist()
         proto_ids = {sid for sid in set(ids) if sid is not None and _is_protobuf(ctx.schemas.get(sid))}
         indexes: dict[int, tuple[int, ...]] = {}
@@ -186,13 +188,12 @@ class ByLatestSchema:
         assert ctx is not None, "by_latest_schema needs the plan's context"
         suffix = str(part)
         n = len(raw)
-        null_rows = pc.indices_nonzero(pc.is_null(raw)).to_pylist()
-        bad = dict.fromkeys(null_rows, f"null_{suffix}")
+        bad: dict[int, str] = {}  # a null key or value stays null
         latest = ctx.latest
         if latest is None:  # the worker waits for the subject to have a schema; this is a safety net
             return ConvertedColumn(pa.nulls(n, pa.null()), {}, Stop(0, reason=REASON_NO_SCHEMA))
         key = (latest.schema_id if latest.schema_id is not None else -1, ctx.message)
-        rows = [i for i in range(n) if i not in bad]
+        rows = pc.indices_nonzero(pc.is_valid(raw)).to_pylist()
         out = _decode_groups(raw, {key: rows} if rows else {}, schemas={key[0]: latest}, ctx=ctx, suffix=suffix,
                              n=n)
         return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop)
