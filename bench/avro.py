@@ -400,6 +400,17 @@ def hand_rolled_sink(broker: brokers.Broker, workdir: Path, res: FormatResult, e
         f"{res.peer_appends} appends taking {res.peer_append_s:.2f} s; table holds {res.peer_rows:,} rows")
 
 
+def livelock(broker: brokers.Broker, topic: str, committed: int, partitions: int) -> str | None:
+    """Why waiting on is pointless, if it is: every partition's answer came after the coordinator's round time-out
+    twice (the round committed without it, the next round starts over from the same offsets)."""
+    text = broker.log_path.read_text(errors="replace")
+    stale = len(re.findall(rf"table topic {re.escape(topic)}: dropped a stale answer of round", text))
+    if stale >= 2 * partitions and committed == 0:
+        return (f"{stale} partition answers came after the coordinator's round time-out and were dropped, no round "
+                f"committed: each round redoes the same backlog (see the broker log)")
+    return None
+
+
 def table_topic_catchup(broker: brokers.Broker, data_dir: Path, res: FormatResult, ends: dict[int, int],
                         args: argparse.Namespace, phases: list[PhaseStats]) -> None:
     """Turn the filled topic into a by_schema_id table topic and time it until the table holds every record."""
@@ -410,12 +421,20 @@ def table_topic_catchup(broker: brokers.Broker, data_dir: Path, res: FormatResul
               e2e.CommitWatcher(data_dir, res.topic) as watcher):
             t0 = time.perf_counter()
             e2e.enable_table_topic(broker.bootstrap, res.topic, args.interval_ms, {CONVERT_VALUE: "by_schema_id"})
-            done = watcher.wait_for(ends, args.commit_timeout_s, args, label)
+            done = watcher.wait_for(ends, args.commit_timeout_s, args, label,
+                                    lambda: livelock(broker, res.topic, watcher.committed(), len(ends)))
             res.tabletopic_s = done.perf - t0
     except KafkaException as e:  # the broker refused the settings (say, a converter not built yet)
         err = e.args[0] if e.args else e
-        res.tabletopic_error = err.str() if isinstance(err, KafkaError) else str(err)
-        log(f"  {label}: refused: {res.tabletopic_error}")
+        res.tabletopic_error = f"refused by the broker: {err.str() if isinstance(err, KafkaError) else err}"
+        log(f"  {label}: {res.tabletopic_error}")
+        return
+    except BenchError as e:  # the table did not get there in time: report it, stop it, go on with the others
+        if not broker.alive():
+            raise
+        res.tabletopic_error = f"did not finish: {e}"
+        log(f"  {label}: {res.tabletopic_error}; disabling the table topic")
+        e2e.alter_topic_configs(broker.bootstrap, res.topic, {e2e.ENABLE: "false"})
         return
     res.tabletopic_rows = e2e.table_rows(e2e.open_catalog(data_dir).load_table(f"{e2e.NAMESPACE}.{res.topic}"))
     lines = e2e.commit_lines(broker.log_path, res.topic)
@@ -470,7 +489,7 @@ def print_report(results: list[FormatResult], phases: list[PhaseStats], env: Env
                   f"({r.peer_appends} appends every {args.sink_interval_s:g} s or {args.sink_max_records:,} rows, "
                   f"{r.peer_append_s:.1f} s in them)")
         if r.tabletopic_error is not None:
-            print(f"    {'tabletopic by_schema_id':<32}  refused by the broker: {r.tabletopic_error}")
+            print(f"    {'tabletopic by_schema_id':<32}  {r.tabletopic_error}")
             continue
         if r.tabletopic_s is None:
             continue

@@ -228,14 +228,18 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     raise BenchError(f"topic {topic} not in the metadata 30 s after its creation")
 
 
-def enable_table_topic(bootstrap: str, topic: str, interval_ms: int, extra: dict[str, str] | None = None) -> None:
-    """IncrementalAlterConfigs: SET enable, commit.interval.ms and ``extra``; the topic's other overrides stay."""
-    settings = {ENABLE: "true", INTERVAL: str(interval_ms), **(extra or {})}
+def alter_topic_configs(bootstrap: str, topic: str, settings: dict[str, str]) -> None:
+    """IncrementalAlterConfigs: SET each of ``settings``; the topic's other overrides stay."""
     entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in settings.items()]
     res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=entries)
     admin = admin_client(bootstrap)  # referenced until its futures resolve (else: _DESTROY)
     for f in admin.incremental_alter_configs([res]).values():
         f.result(timeout=30)
+
+
+def enable_table_topic(bootstrap: str, topic: str, interval_ms: int, extra: dict[str, str] | None = None) -> None:
+    """SET enable, commit.interval.ms and ``extra``; the topic's other overrides stay."""
+    alter_topic_configs(bootstrap, topic, {ENABLE: "true", INTERVAL: str(interval_ms), **(extra or {})})
 
 
 def end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
@@ -463,8 +467,16 @@ class CommitWatcher:
     def committed(self) -> int:
         return sum(self.commits[-1].offsets.values()) if self.commits else 0
 
-    def wait_for(self, ends: dict[int, int], timeout: float, args: argparse.Namespace, label: str) -> CommitSeen:
-        """Block until a commit covers ``ends`` (every partition's end offset); that commit is returned."""
+    def wait_for(
+        self,
+        ends: dict[int, int],
+        timeout: float,
+        args: argparse.Namespace,
+        label: str,
+        give_up: Callable[[], str | None] | None = None,
+    ) -> CommitSeen:
+        """Block until a commit covers ``ends`` (every partition's end offset); that commit is returned.
+        ``give_up``, asked every ``--progress-s``, ends the wait early (BenchError) with the reason it returns."""
         want = {p: e for p, e in ends.items() if e > 0}
         total = sum(want.values())
         deadline = time.perf_counter() + timeout
@@ -481,6 +493,8 @@ class CommitWatcher:
             if now - last_progress >= args.progress_s:
                 last_progress = now
                 log(f"  {label}: {self.committed():,}/{total:,} rows committed, {len(self.commits)} commits")
+                if give_up is not None and (why := give_up()):
+                    raise BenchError(f"{label}: {self.committed():,}/{total:,} rows committed: {why}")
             time.sleep(POLL_S)
 
 
