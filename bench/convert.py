@@ -134,7 +134,7 @@ async def worker_round(tmp: Path, table: object, cfg: TableTopicConfig, batches:
     hw = plog.high_watermark
     channel = InProcessChannel()
     w = PartitionWorker("bench", 0, plog, channel, table_provider=lambda: table, config_provider=lambda: cfg,
-                        executor=pool, dlq_dir=tmp / "dlq", max_response_bytes=1 << 40)
+                        executor=pool, max_response_bytes=1 << 40)
     await w.start()
     req = CommitRequest(commit_id=str(uuid.uuid4()), topic="bench", spec_id=0, schema_id=0,
                         offsets=(PartitionOffset(0, 0, 0),), sent_ms=int(time.time() * 1000))
@@ -178,7 +178,7 @@ def main() -> None:
                                  properties={"format-version": "2"})
         target = WriteTarget.from_table(table)
         plan = ConversionPlan.build(table.schema(), cfg, ErrorsTolerance.ALL)
-        job = functools.partial(convert_and_write, partition=0, plan=plan, target=target, dlq_dir=str(tmp / "dlq"))
+        job = functools.partial(convert_and_write, partition=0, plan=plan, target=target)
 
         if "single" not in args.skip:
             job(chunks[0][1], start_offset=chunks[0][0])  # warm up imports and allocator

@@ -2,12 +2,15 @@
 
 - :mod:`coordinator.contract`: what the coordinator and the partition workers share, and the only module of this
   package that ``worker/`` imports: the CommitRequest/CommitResponse handshake and the channel carrying it, the
-  data-file naming and table layout, the narrow view of a partition log both read.
+  data-file naming and table layout (the dead-letter table's schema and location too), the narrow view of a
+  partition log both read.
 - :mod:`coordinator.coordinator`: :class:`~coordinator.coordinator.TableTopicCoordinator`, the round loop
   (request, collect answers or time out, commit, schedule), metrics and the ``[COMMIT_COMPLETE]`` log line.
 - :mod:`coordinator.committer`: every write to the table: creation, partition-spec evolution, and one round's
   single Iceberg transaction (fast append + offsets properties + snapshot summary + snapshot expiry), bounded
-  retry on conflicts with offset re-validation, resolution of unknown outcomes by re-reading the table.
+  retry on conflicts with offset re-validation, resolution of unknown outcomes by re-reading the table; the
+  dead-letter table ``<table>_dlq``: created when records are first skipped, and the round's dead-letter files
+  added to it once, after the table's commit named them.
 - :mod:`coordinator.table`: reading the table: its catalog identifier, the committed offsets, which live in the
   table (``tabletopic.offsets`` / ``tabletopic.commit-id`` properties) and nowhere else, its referenced and
   leftover files, its columns against the converter settings.

@@ -1,9 +1,10 @@
-"""Every write to a table topic's Iceberg table: creation, partition-spec evolution and the round's commit.
+"""Every write to a table topic's Iceberg tables: creation, partition-spec evolution and the round's commits.
 
-The rest of the coordinator only reads the table (:mod:`coordinator.table`). Table creation
-(:func:`load_or_create_table`) and spec evolution (:func:`evolve_partition_spec`) are their own small
-transactions; a round's commit is one transaction that carries data files and offsets, retried and resolved
-exactly once.
+The rest of the coordinator only reads the tables (:mod:`coordinator.table`). Table creation
+(:func:`load_or_create_table`, :func:`load_or_create_dead_letter_table`) and spec evolution
+(:func:`evolve_partition_spec`) are their own small transactions; a round's commit is one transaction that
+carries data files and offsets, retried and resolved exactly once, followed, when the round skipped records, by
+one transaction adding their dead-letter files to the dead-letter table (:func:`commit_dead_letters`).
 
 The transaction of a round (:func:`commit_round`) holds, all or nothing:
 
@@ -11,7 +12,17 @@ The transaction of a round (:func:`commit_round`) holds, all or nothing:
   every commit of ours moves ``main`` and a concurrent committer is always detected by Iceberg's
   ``AssertRefSnapshotId``); its summary carries ``tabletopic.commit-id`` and ``tabletopic.watermark``;
 - the table properties ``tabletopic.offsets`` / ``tabletopic.commit-id`` (:mod:`coordinator.table`);
-- snapshot expiry per ``expire.snapshot.*``.
+- snapshot expiry per ``expire.snapshot.*``;
+- when the round has dead letters, their file paths and the round's offsets in ``tabletopic.dead-letters.pending``
+  (replacing the previous round's, which the coordinator has seen in the dead-letter table first).
+
+Dead letters, exactly once across the two tables (pyiceberg has no multi-table transaction): the main table's
+commit decides which records are dead letters and names their files; :func:`commit_dead_letters` then appends
+exactly those files to the dead-letter table in a transaction that records the round's commit id, and does
+nothing when the dead-letter table already names it. The coordinator runs it after every commit with dead letters
+and again before each round (and at start-up), so a crash or a failure between the two commits is completed
+later: a skipped record is never in both tables, never in neither, and in the dead-letter table once. Its files
+are never deleted by this path: the main table references them until they are appended.
 
 Failure handling (the exactly-once part):
 
@@ -49,6 +60,7 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
     ValidationException,
 )
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
@@ -59,20 +71,26 @@ from configs.errors import InvalidConfigError
 from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import TableTopicConfig
-from coordinator.contract import DataFile, file_spec_id
+from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
 from coordinator.table import (
     COMMIT_ID_PROPERTY,
+    DEAD_LETTERS_OF_PROPERTY,
     OFFSETS_PROPERTY,
     PARTITION_BY_PROBLEM_PROPERTY,
     PARTITION_BY_PROPERTY,
+    PENDING_DEAD_LETTERS_PROPERTY,
     SUMMARY_COMMIT_ID,
     SUMMARY_WATERMARK,
     TOPIC_ID_PROPERTY,
+    PendingDeadLetters,
     catalog_identifier,
     commit_landed,
     committed_offsets,
+    dead_letter_identifier,
+    dead_letters_of,
     encode_offsets,
     partition_by_problem,
+    pending_dead_letters,
     referenced_files,
     same_path,
 )
@@ -105,14 +123,28 @@ def _record_problem(tbl: Table, problem: str | None) -> Table:
     return txn.commit_transaction()
 
 
+class TableConflictError(Exception):
+    """A table of the name a table topic needs is another topic's (a dead-letter table, or a main table where a
+    dead-letter table belongs): nothing is written to it."""
+
+
+def _not_dead_letters(tbl: Table, topic: str) -> Table:
+    owner = dead_letters_of(tbl)
+    if owner is not None:
+        raise TableConflictError(f"table {'.'.join(tbl.name())} holds the dead letters of table {owner}, so topic "
+                                 f"{topic} cannot write to it: rename the topic or that table")
+    return tbl
+
+
 def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> Table:
     """Load the topic's table, creating namespace and table (format v2, schema and spec from ``cfg``) if needed.
 
-    A table another process created first (TableAlreadyExistsError) is loaded instead.
+    A table another process created first (TableAlreadyExistsError) is loaded instead; a dead-letter table of that
+    name raises :class:`TableConflictError`.
     """
     ident = catalog_identifier(topic, cfg)
     if catalog.table_exists(ident):
-        return catalog.load_table(ident)
+        return _not_dead_letters(catalog.load_table(ident), topic)
     namespace = ident[:-1]
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
@@ -128,9 +160,53 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
     try:
         tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
     except TableAlreadyExistsError:
-        return catalog.load_table(ident)
+        return _not_dead_letters(catalog.load_table(ident), topic)
     log.info("created table %s for topic %s (spec %s)", ".".join(ident), topic, tbl.spec())
     return tbl
+
+
+def _ours(tbl: Table, main: Table) -> Table:
+    """``tbl`` when it is ``main``'s dead-letter table with the field ids the workers write; else raises."""
+    owner = ".".join(main.name())
+    if dead_letters_of(tbl) != owner:
+        raise TableConflictError(
+            f"table {'.'.join(tbl.name())} is not the dead-letter table of {owner} (its "
+            f"{DEAD_LETTERS_OF_PROPERTY} is {dead_letters_of(tbl)!r}): the skipped records of {owner} wait until "
+            f"it is renamed or dropped")
+    ids = {f.name: f.field_id for f in tbl.schema().fields}
+    for f in DEAD_LETTER_SCHEMA.fields:
+        if ids.get(f.name) != f.field_id:
+            raise TableConflictError(f"dead-letter table {'.'.join(tbl.name())}: column {f.name} is not field "
+                                     f"{f.field_id} of type {f.field_type} any more; drop the table (it is "
+                                     f"created again) or restore the column")
+    return tbl
+
+
+def load_dead_letter_table(catalog: Catalog, main: Table) -> Table | None:
+    """``main``'s dead-letter table, None when it does not exist; TableConflictError when the name is taken."""
+    ident = dead_letter_identifier(main.name())
+    if not catalog.table_exists(ident):
+        return None
+    return _ours(catalog.load_table(ident), main)
+
+
+def load_or_create_dead_letter_table(catalog: Catalog, main: Table, cfg: TableTopicConfig) -> Table:
+    """``main``'s dead-letter table ``<table>_dlq``, created at :func:`coordinator.contract.dead_letter_location`
+    (where the workers write before it exists) with ``DEAD_LETTER_SCHEMA``, unpartitioned, when missing."""
+    found = load_dead_letter_table(catalog, main)
+    if found is not None:
+        return found
+    ident = dead_letter_identifier(main.name())
+    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2",
+                  DEAD_LETTERS_OF_PROPERTY: ".".join(main.name())}
+    try:
+        tbl = catalog.create_table(ident, schema=DEAD_LETTER_SCHEMA, location=dead_letter_location(main.location()),
+                                   properties=properties)
+    except TableAlreadyExistsError:
+        return _ours(catalog.load_table(ident), main)
+    log.info("created dead-letter table %s for table %s at %s", ".".join(ident), ".".join(main.name()),
+             tbl.location())
+    return _ours(tbl, main)
 
 
 def _spec_key(spec: PartitionSpec) -> set[tuple[int, str, str]]:
@@ -228,10 +304,14 @@ class RoundCommit:
     watermark: int = -1
     expire: ExpirePolicy = field(default_factory=ExpirePolicy)
     topic_id: str | None = None  # recorded with the offsets; offsets of another topic id are replaced
+    dead_letter_files: tuple[DataFile, ...] = ()  # files of the dead-letter table, named in the pending property
+    # the commit id of the table's pending dead letters, which the coordinator saw in the dead-letter table
+    # (None: there were none): only then may this round replace or clear them
+    dead_letters_applied: str | None = None
 
     @property
     def paths(self) -> list[str]:
-        return [f.file_path for f in self.data_files]
+        return [f.file_path for f in (*self.data_files, *self.dead_letter_files)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +355,11 @@ def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
     props = {OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id}
     if rc.topic_id is not None:
         props[TOPIC_ID_PROPERTY] = rc.topic_id
+    if rc.dead_letter_files:
+        props[PENDING_DEAD_LETTERS_PROPERTY] = PendingDeadLetters(
+            rc.commit_id, dict(rc.new_offsets), tuple(f.file_path for f in rc.dead_letter_files)).encode()
+    elif PENDING_DEAD_LETTERS_PROPERTY in tbl.properties:
+        txn.remove_properties(PENDING_DEAD_LETTERS_PROPERTY)  # in the dead-letter table (_check_still_valid)
     txn.set_properties(props)
     summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
     with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
@@ -292,6 +377,10 @@ def _check_still_valid(tbl: Table, rc: RoundCommit) -> str | None:
     if current != dict(rc.table_offsets):
         return (f"the table's offsets moved under us (another committer?): expected {dict(rc.table_offsets)}, "
                 f"found {current} (commit id {tbl.properties.get(COMMIT_ID_PROPERTY)})")
+    pending = pending_dead_letters(tbl)
+    if pending is not None and pending.commit_id != rc.dead_letters_applied:
+        return (f"the dead letters of round {pending.commit_id} are not known to be in the dead-letter table yet "
+                f"(the round saw {rc.dead_letters_applied})")
     spec_id = tbl.spec().spec_id
     wrong = [f.file_path for f in rc.data_files if file_spec_id(f) not in (None, spec_id)]
     if wrong:
@@ -378,3 +467,85 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
     log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), reason)
     remove_files(tbl, rc.paths)
     return CommitResult(Outcome.ABORTED, tbl, max_retries + 1, reason, commit_s * 1000)
+
+
+# ------------------------------------------------------------------------------------------------ dead letters
+
+
+def _dead_letter_file(dlq: Table, path: str, known: Mapping[str, DataFile]) -> DataFile | None:
+    """The entry of a pending dead-letter file: as the worker handed it over, else from its Parquet footer (after a
+    restart); None when the file is gone (logged: its dead letters are lost, the rest still go in)."""
+    if path in known:
+        return known[path]
+    try:
+        return parquet_file_to_data_file(dlq.io, dlq.metadata, path)
+    except FileNotFoundError:
+        log.error("dead-letter file %s of table %s is gone; its records are not in the table", path,
+                  ".".join(dlq.name()))
+        return None
+
+
+def _dead_letter_transaction(dlq: Table, pending: PendingDeadLetters, files: list[DataFile], *, topic_id: str | None,
+                             expire: ExpirePolicy, now_ms: int) -> Transaction:
+    txn = _without_pyiceberg_retries(dlq).transaction()
+    stored_topic = dlq.properties.get(TOPIC_ID_PROPERTY)
+    before = {} if topic_id is not None and stored_topic not in (None, topic_id) else committed_offsets(dlq)
+    offsets = {**before, **{p: max(o, before.get(p, o)) for p, o in pending.offsets.items()}}
+    props = {OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: pending.commit_id}
+    if topic_id is not None:
+        props[TOPIC_ID_PROPERTY] = topic_id
+    txn.set_properties(props)
+    with txn.update_snapshot(snapshot_properties={SUMMARY_COMMIT_ID: pending.commit_id}).fast_append() as append:
+        for data_file in files:
+            append.append_data_file(data_file)
+    expired = snapshots_to_expire(txn.table_metadata, expire, now_ms)
+    if expired:
+        ExpireSnapshots(txn).by_ids(expired).commit()
+    return txn
+
+
+def commit_dead_letters(catalog: Catalog, main: Table, cfg: TableTopicConfig, *, known: Iterable[DataFile] = (),
+                        topic_id: str | None = None, max_retries: int = DEFAULT_MAX_RETRIES,
+                        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
+                        ) -> Table | None:
+    """Append the dead letters ``main`` names (``tabletopic.dead-letters.pending``) to its dead-letter table, once.
+
+    ``main`` must be freshly loaded. Nothing to do (returns the dead-letter table, or None when ``main`` never had
+    dead letters) when the dead-letter table already names the pending round. ``known``: the entries the workers
+    handed over (else they are read from the files' footers). Conflicts are retried; an unknown outcome is
+    resolved by reading the table back. Raises when it cannot be done now (the caller tries again later, before
+    the main table commits anything else); never deletes a file.
+    """
+    pending = pending_dead_letters(main)
+    if pending is None:
+        return load_dead_letter_table(catalog, main)
+    dlq = load_or_create_dead_letter_table(catalog, main, cfg)
+    by_path = {f.file_path: f for f in known}
+    problem = ""
+    for attempt in range(1, max_retries + 2):
+        if attempt > 1:
+            dlq = _ours(catalog.load_table(dlq.name()), main)
+        if commit_landed(dlq, pending.commit_id):
+            return dlq
+        files = [f for path in pending.files if (f := _dead_letter_file(dlq, path, by_path)) is not None]
+        txn = _dead_letter_transaction(dlq, pending, files, topic_id=topic_id, expire=ExpirePolicy.from_config(cfg),
+                                       now_ms=int(clock() * 1000))
+        try:
+            committed = txn.commit_transaction()
+        except (CommitFailedException, ValidationException) as e:
+            problem = f"{type(e).__name__}: {e}"
+            log.info("dead letters of round %s conflicted (attempt %d/%d): %s", pending.commit_id, attempt,
+                     max_retries + 1, e)
+            if attempt <= max_retries:
+                sleep(0.05 * 2 ** (attempt - 1) * (1 + random.random()))
+            continue
+        except Exception as e:  # unknown outcome: the next attempt reads the table back first
+            problem = f"{type(e).__name__}: {e}"
+            log.warning("adding the dead letters of round %s failed with an unknown outcome (%s); re-reading %s",
+                        pending.commit_id, problem, ".".join(dlq.name()))
+            continue
+        log.info("[DEAD_LETTERS] table=%s commit_id=%s files=%d records=%d", ".".join(dlq.name()),
+                 pending.commit_id, len(files), sum(f.record_count for f in files))
+        return committed
+    raise CommitFailedException(f"adding the dead letters of round {pending.commit_id} to "
+                                f"{'.'.join(dlq.name())} failed {max_retries + 1} times: {problem}")

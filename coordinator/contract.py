@@ -10,6 +10,7 @@
   process);
 - the table layout both sides rely on: where and under which names workers write data files (the coordinator's
   start-up clean-up finds uncommitted files by name alone), and how a data file carries its partition spec id;
+- the dead-letter table's schema and location (workers write its files before the committer first creates it);
 - the narrow view of a partition log both sides read (:class:`HighWatermarkSource`, :class:`LogReader`), which
   the broker satisfies by injecting its ``PartitionLog``.
 """
@@ -24,6 +25,16 @@ from enum import IntEnum
 from typing import Protocol
 
 from pyiceberg.manifest import DataFile as _IcebergDataFile
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
 
 # ------------------------------------------------------------------------------------------------ table layout
 
@@ -39,17 +50,20 @@ DATA_DIR = "data"
 only there for leftovers."""
 
 DATA_FILE_PREFIX = "tt-p"
-_DATA_FILE_NAME = re.compile(r"^tt-p(\d+)-(\d+)-[0-9A-Za-z-]+\.parquet$")
+DEAD_LETTER_FILE_PREFIX = "tt-dlq-p"  # files of a dead-letter table: never taken for a main table's files
+_FILE_NAME = {prefix: re.compile(rf"^{prefix}(\d+)-(\d+)-[0-9A-Za-z-]+\.parquet$")
+              for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX)}
 
 
-def data_file_name(partition: int, start_offset: int) -> str:
-    """A new worker file name: ``tt-p<kafka partition>-<start offset>-<uuid>.parquet``.
+def data_file_name(partition: int, start_offset: int, prefix: str = DATA_FILE_PREFIX) -> str:
+    """A new worker file name: ``tt-p<kafka partition>-<start offset>-<uuid>.parquet`` (``tt-dlq-p...`` for the
+    dead-letter table's files).
 
     The start offset is the first Kafka offset of the range the file was written for. Commits move a partition's
     offset past every file they add, so a file whose start offset is at or past the committed offset was never
-    committed: the coordinator's clean-up relies on that.
+    committed: the coordinator's clean-up relies on that (for dead-letter files: the main table's offset).
     """
-    return f"{DATA_FILE_PREFIX}{partition}-{start_offset}-{uuid.uuid4()}.parquet"
+    return f"{prefix}{partition}-{start_offset}-{uuid.uuid4()}.parquet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +75,9 @@ class WorkerFile:
     start_offset: int
 
 
-def parse_data_file_name(path: str) -> WorkerFile | None:
+def parse_data_file_name(path: str, prefix: str = DATA_FILE_PREFIX) -> WorkerFile | None:
     """Kafka partition and start offset of a worker-named file (a path or a bare name), None for other files."""
-    m = _DATA_FILE_NAME.match(path.rsplit("/", 1)[-1])
+    m = _FILE_NAME[prefix].match(path.rsplit("/", 1)[-1])
     if m is None:
         return None
     return WorkerFile(path, int(m.group(1)), int(m.group(2)))
@@ -83,6 +97,33 @@ def file_spec_id(data_file: DataFile) -> int | None:
         return int(data_file.spec_id)
     except AttributeError:
         return None
+
+
+# ------------------------------------------------------------------------------------------------ dead letters
+
+DEAD_LETTER_SUFFIX = "_dlq"
+"""The dead-letter table of ``<namespace>.<table>`` is ``<namespace>.<table>_dlq``."""
+
+DEAD_LETTER_SCHEMA: Schema = assign_fresh_schema_ids(Schema(
+    NestedField(1, "topic", StringType(), required=True),
+    NestedField(2, "partition", IntegerType(), required=True),
+    NestedField(3, "offset", LongType(), required=True),
+    NestedField(4, "timestamp", TimestamptzType(), required=False),  # null for an undecodable batch
+    NestedField(5, "key", BinaryType(), required=False),
+    NestedField(6, "value", BinaryType(), required=False),  # an undecodable batch: its raw bytes
+    NestedField(7, "headers", MapType(8, StringType(), 9, BinaryType(), value_required=False), required=False),
+    NestedField(10, "reason", StringType(), required=True),
+    NestedField(11, "schema_id", IntegerType(), required=False),  # the Confluent header's id (by_schema_id)
+    NestedField(12, "detail", StringType(), required=False),
+))
+"""The columns of a dead-letter table, with the field ids the committer's ``create_table`` gives them (pyiceberg
+assigns fresh ids in this same order), so files written before the table exists read back correctly."""
+
+
+def dead_letter_location(table_location: str) -> str:
+    """Where the dead-letter table of the table at ``table_location`` lives (and is created): its sibling
+    ``<location>_dlq``, which is also a SQL catalog's default location for the name ``<table>_dlq``."""
+    return table_location.rstrip("/") + DEAD_LETTER_SUFFIX
 
 
 # ------------------------------------------------------------------------------------------------ the log view
@@ -145,6 +186,9 @@ class PartitionOffset:
     partition: int
     offset: int  # the first offset not yet committed to the table (the worker starts here)
     leader_epoch: int = 0
+    # dead letters below this offset are in the dead-letter table already (a replay after the main table was
+    # dropped): the worker does not hand them over again
+    dead_letter_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +214,9 @@ class CommitResponse:
     next_offset: int  # the first offset NOT covered by the files
     data_files: tuple[DataFile, ...] = ()
     delete_files: tuple[DeleteFile, ...] = ()  # always empty until an upsert/CDC writer exists
+    # the skipped records (errors.tolerance) as files of the dead-letter table (DEAD_LETTER_SCHEMA's field ids,
+    # under the table's location or dead_letter_location() before it exists), DEAD_LETTER_FILE_PREFIX names
+    dead_letter_files: tuple[DataFile, ...] = ()
     record_count: int = 0  # rows written
     byte_count: int = 0  # bytes of the data files
     field_count: int = 0  # rows times top-level columns (the kafka_tabletopic_fields numerator)
@@ -182,8 +229,8 @@ class CommitResponse:
 
     @property
     def paths(self) -> list[str]:
-        """Every file location this answer hands over (data and delete files)."""
-        return [f.file_path for f in (*self.data_files, *self.delete_files)]
+        """Every file location this answer hands over (data, delete and dead-letter files)."""
+        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files)]
 
 
 # ------------------------------------------------------------------------------------------------ the channel

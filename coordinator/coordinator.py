@@ -10,7 +10,12 @@ A round (every ``automq.table.topic.commit.interval.ms``):
 4. collect the workers' :class:`~coordinator.contract.CommitResponse` for this commit id from every partition,
    or until the round time-out (then commit what arrived and run the next round at once, as for MORE_DATA);
 5. checkpoint PRE_COMMIT (commit id, offsets, file paths), then one Iceberg transaction for the whole topic
-   (:func:`coordinator.committer.commit_round`), then checkpoint COMMITTED (or ABORTED).
+   (:func:`coordinator.committer.commit_round`), then, when records were skipped, one adding their dead-letter
+   files to the dead-letter table (:func:`coordinator.committer.commit_dead_letters`; created before the first
+   commit that needs it), then checkpoint COMMITTED (or ABORTED).
+
+Dead letters that the main table names but the dead-letter table does not have yet (a crash or a failure between
+the two commits) are added at start-up and before the next round, which does not start until they are in.
 
 Nothing new (no files, no offset moved) ⇒ no snapshot. Partitions answering EPOCH_MISMATCH keep their
 offsets; BLOCKED ones commit what precedes the bad record and stop at it; responses of other rounds are dropped
@@ -55,13 +60,18 @@ from coordinator.committer import (
     ExpirePolicy,
     Outcome,
     RoundCommit,
+    TableConflictError,
+    commit_dead_letters,
     commit_round,
     evolve_partition_spec,
+    load_dead_letter_table,
+    load_or_create_dead_letter_table,
     load_or_create_table,
     remove_files,
     resolve_round,
 )
 from coordinator.contract import (
+    DEAD_LETTER_FILE_PREFIX,
     CommitChannel,
     CommitCode,
     CommitRequest,
@@ -69,6 +79,7 @@ from coordinator.contract import (
     DataFile,
     HighWatermarkSource,
     PartitionOffset,
+    dead_letter_location,
     file_spec_id,
 )
 from coordinator.evolution import Evolver, SchemaChanges
@@ -79,6 +90,7 @@ from coordinator.table import (
     committed_offsets,
     list_worker_files,
     partition_by_problem,
+    pending_dead_letters,
     referenced_files,
     same_path,
 )
@@ -119,6 +131,7 @@ class RoundReport:
     watermark: int = -1  # min over answering partitions of their max record timestamp; -1 if unknown/partial
     commit_ms: float = 0.0  # duration of the catalog commit
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped (errors.tolerance) by reason
+    dead_letters: int = 0  # skipped records handed over as dead letters (in the dead-letter table once it is in)
 
 
 class CoordinatorNotReadyError(RuntimeError):
@@ -148,6 +161,7 @@ class _Round:
     request: CommitRequest
     checkpoint: Checkpoint  # the latest one saved for this round
     watermarks_before: dict[int, int] | None  # high watermarks just before the request (None: unknown)
+    dead_letters_applied: str | None = None  # the table's pending dead letters, seen in the dead-letter table
 
     @property
     def commit_id(self) -> str:
@@ -171,6 +185,10 @@ class _Answers:
     @property
     def data_files(self) -> tuple[DataFile, ...]:
         return tuple(f for r in self.accepted.values() for f in r.data_files)
+
+    @property
+    def dead_letter_files(self) -> tuple[DataFile, ...]:
+        return tuple(f for r in self.accepted.values() for f in r.dead_letter_files)
 
     def moved(self, base: dict[int, int]) -> dict[int, int]:
         """The partitions whose offset this round moves, with their new offset."""
@@ -201,6 +219,8 @@ class TableTopicCoordinator:
     lets idle rounds be skipped (without it every interval runs a round). ``clock`` (wall seconds) is for
     snapshot expiry, delay and request times.
     """
+
+    _dead_letter_table: Table | None = None  # the dead-letter table as last loaded; None until dead letters need it
 
     def __init__(
         self,
@@ -325,6 +345,10 @@ class TableTopicCoordinator:
             raise CoordinatorNotReadyError(f"the table of topic {self.topic} is not loaded yet")
         return self._table
 
+    def dead_letter_table(self) -> Table | None:
+        """The dead-letter table as last loaded, None before it exists (the workers' dead-letter provider)."""
+        return self._dead_letter_table
+
     def config_changed(self) -> None:
         """The topic's settings changed: a new interval applies from the next round, ``partition.by`` is
         evolved at the start of the next round."""
@@ -395,8 +419,10 @@ class TableTopicCoordinator:
                 self._schedule(quick=False, backoff_s=min(interval * 2 ** (self._failures - 1),
                                                           max(interval, MAX_BACKOFF_S)))
             else:
+                # a table change that failed is asked for again at the next round: not at once (Spark may be down)
                 self._schedule(quick=bool(report.timed_out or report.more_data
-                                          or report.outcome is RoundOutcome.ABORTED))
+                                          or report.outcome is RoundOutcome.ABORTED)
+                               and not self.schema_changes.failing)
             for w in waiters:
                 if not w.done():
                     w.set_result(report)
@@ -494,6 +520,12 @@ class TableTopicCoordinator:
         self._table = tbl
         if cp is not None and cp.phase is Phase.PRE_COMMIT:
             await self._resolve_pending(cp)
+        try:
+            self._dead_letter_table = await asyncio.to_thread(load_dead_letter_table, self._catalog, self.table())
+        except TableConflictError as e:  # in the way only once records are skipped: the rounds say so then
+            log.error("table topic %s: %s", self.topic, e)
+            self._dead_letter_table = None
+        await self._apply_dead_letters(self.table())
         await asyncio.to_thread(self._cleanup_leftovers, self.table())
         self._ready = True
 
@@ -502,7 +534,7 @@ class TableTopicCoordinator:
         ident = cp.table or self.table().name()
         try:
             outcome, fresh = await asyncio.to_thread(resolve_round, self._catalog, ident, cp.commit_id,
-                                                     cp.data_files)
+                                                     cp.paths)
         except NoSuchTableError:
             log.warning("table topic %s: the table %s of pending round %s is gone; dropping the round",
                         self.topic, ".".join(ident), cp.commit_id)
@@ -513,9 +545,9 @@ class TableTopicCoordinator:
         done = cp.advance(phase, self._now_ms())
         await asyncio.to_thread(self._store.save, done)
         self._checkpoint = done
-        self._remember(cp.commit_id, cp.data_files if outcome is Outcome.COMMITTED else ())
+        self._remember(cp.commit_id, cp.paths if outcome is Outcome.COMMITTED else ())
         log.warning("[COMMIT_RESOLVED] topic=%s commit_id=%s outcome=%s files=%d", self.topic, cp.commit_id,
-                    phase.value, len(cp.data_files))
+                    phase.value, len(cp.paths))
 
     def _cleanup_leftovers(self, tbl: Table) -> None:
         """Delete worker files that no commit can include any more (local warehouses only).
@@ -532,10 +564,42 @@ class TableTopicCoordinator:
             return
         offsets = committed_offsets(tbl)
         candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
-        if not candidates:
-            return
-        n = remove_files(tbl, candidates, keep=referenced_files(tbl))
-        log.info("table topic %s: deleted %d uncommitted data files left by earlier rounds", self.topic, n)
+        if candidates:
+            n = remove_files(tbl, candidates, keep=referenced_files(tbl))
+            log.info("table topic %s: deleted %d uncommitted data files left by earlier rounds", self.topic, n)
+        # dead-letter files: those of rounds whose main commit did not land (start offset at or past the main
+        # table's offset), except any the dead-letter table references or the main table names as pending
+        dlq = self._dead_letter_table
+        files = list_worker_files(dlq.location() if dlq is not None else dead_letter_location(tbl.location()),
+                                  DEAD_LETTER_FILE_PREFIX) or []
+        candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
+        if candidates:
+            n = remove_files(tbl, candidates, keep=self._committed_dead_letter_files(tbl))
+            log.info("table topic %s: deleted %d uncommitted dead-letter files left by earlier rounds", self.topic,
+                     n)
+
+    def _committed_dead_letter_files(self, tbl: Table) -> set[str]:
+        """Dead-letter files the dead-letter table references or ``tbl`` names as pending (reads manifests)."""
+        pending = pending_dead_letters(tbl)
+        keep = set(pending.files) if pending is not None else set()
+        if self._dead_letter_table is not None:
+            keep |= referenced_files(self._dead_letter_table)
+        return keep
+
+    async def _apply_dead_letters(self, tbl: Table, known: tuple[DataFile, ...] = ()) -> str | None:
+        """Make sure the dead letters ``tbl`` (freshly loaded) names are in the dead-letter table; returns their
+        round's commit id (None: it names none). Raises when they cannot be added now: nothing else may be
+        committed to ``tbl`` before they are."""
+        pending = pending_dead_letters(tbl)
+        if pending is None:
+            return None
+        dlq = self._dead_letter_table
+        if dlq is None or not commit_landed(dlq, pending.commit_id):
+            self._dead_letter_table = await asyncio.to_thread(
+                commit_dead_letters, self._catalog, tbl, self._config_provider(), known=known,
+                topic_id=self._topic_id, max_retries=self._max_commit_retries, clock=self._clock)
+            crash_point("coordinator-after-dead-letter-commit")
+        return pending.commit_id
 
     # ------------------------------------------------------------------ one round
 
@@ -560,14 +624,15 @@ class TableTopicCoordinator:
             await self._resolve_pending(self._checkpoint)
         tbl = await asyncio.to_thread(self._refresh_and_evolve, self.table(), cfg)
         self._table = tbl
+        applied = await self._apply_dead_letters(tbl)
 
-        rnd = await self._request_commit(tbl, cfg, t0)
+        rnd = replace(await self._request_commit(tbl, cfg, t0), dead_letters_applied=applied)
         try:
             collected = await self._collect(rnd.request, set(rnd.partitions))
         except _StoppedError as stopped:
             return await self._abort_stopped(rnd, stopped.args[0] if stopped.args else {})
         answers = await self._judge(rnd, collected)
-        if not answers.data_files and not answers.moved(rnd.base):
+        if not answers.data_files and not answers.dead_letter_files and not answers.moved(rnd.base):
             return await self._close_idle(rnd, answers)
         rnd = await self._pre_commit(rnd, answers)
         crash_point("coordinator-after-pre-commit")
@@ -588,6 +653,14 @@ class TableTopicCoordinator:
         base = {p: applicable[p] if p in applicable else self._log_start_offset(p) for p in partitions}
         return table_offsets, base
 
+    def _dead_letter_offsets(self) -> dict[int, int]:
+        """Up to where each partition's dead letters are in the dead-letter table (of this topic's incarnation)."""
+        dlq = self._dead_letter_table
+        if dlq is None or (self._topic_id is not None
+                           and dlq.properties.get(TOPIC_ID_PROPERTY) not in (None, self._topic_id)):
+            return {}
+        return committed_offsets(dlq)
+
     async def _request_commit(self, tbl: Table, cfg: TableTopicConfig, t0: float) -> _Round:
         """Phase REQUEST_COMMIT: checkpoint it, then ask every partition's worker for its files."""
         partitions = sorted(set(self._partitions()))
@@ -596,9 +669,10 @@ class TableTopicCoordinator:
         cp = Checkpoint(Phase.REQUEST_COMMIT, commit_id, tbl.name(), base_offsets=base, updated_ms=self._now_ms())
         await self._save(cp)
         epoch = self._leader_epoch
+        dead = self._dead_letter_offsets()
         request = CommitRequest(
             commit_id=commit_id, topic=self.topic, spec_id=tbl.spec().spec_id, schema_id=tbl.schema().schema_id,
-            offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0) for p in partitions),
+            offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0, dead.get(p, 0)) for p in partitions),
             sent_ms=self._now_ms(),
         )
         # the high watermarks before the request: each worker writes up to at least these
@@ -653,28 +727,41 @@ class TableTopicCoordinator:
     async def _pre_commit(self, rnd: _Round, answers: _Answers) -> _Round:
         """Phase PRE_COMMIT: checkpoint the round's files and offsets before the commit is tried."""
         paths = tuple(f.file_path for f in answers.data_files)
-        cp = rnd.checkpoint.advance(Phase.PRE_COMMIT, self._now_ms(),
-                                    new_offsets={**rnd.base, **answers.new_offsets}, data_files=paths)
+        dead = tuple(f.file_path for f in answers.dead_letter_files)
+        cp = rnd.checkpoint.advance(Phase.PRE_COMMIT, self._now_ms(), new_offsets={**rnd.base, **answers.new_offsets},
+                                    data_files=paths, dead_letter_files=dead)
         try:
             await self._save(cp)
         except Exception:
             # No commit was tried, so the files may go (should the checkpoint have reached the disk anyway,
             # resolving it finds no commit id in the table).
-            await asyncio.to_thread(remove_files, rnd.table, paths)
+            await asyncio.to_thread(remove_files, rnd.table, cp.paths)
             self._remember(rnd.commit_id, ())
             raise
         return replace(rnd, checkpoint=cp)
 
     async def _commit(self, rnd: _Round, answers: _Answers) -> RoundReport:
         """The Iceberg commit, then phase COMMITTED (or ABORTED when it did not land)."""
+        dead = answers.dead_letter_files
+        if dead and self._dead_letter_table is None:  # the first dead letters: the table they go to, first
+            self._dead_letter_table = await asyncio.to_thread(load_or_create_dead_letter_table, self._catalog,
+                                                              rnd.table, rnd.cfg)
         rc = RoundCommit(rnd.commit_id, rnd.table_offsets, answers.new_offsets, answers.data_files,
-                         answers.watermark, ExpirePolicy.from_config(rnd.cfg), topic_id=self._topic_id)
+                         answers.watermark, ExpirePolicy.from_config(rnd.cfg), topic_id=self._topic_id,
+                         dead_letter_files=dead, dead_letters_applied=rnd.dead_letters_applied)
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
             commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
+        if result.outcome is Outcome.COMMITTED and dead:
+            try:
+                await self._apply_dead_letters(result.table, dead)
+            except Exception as e:  # the round stays committed; the next round adds them before anything else
+                self._conditions.log("dead-letters", logging.ERROR, "table topic %s: adding the dead letters of "
+                                     "round %s failed; retried before the next round: %s: %s", self.topic,
+                                     rnd.commit_id, type(e).__name__, e, state=str(e))
         if result.outcome is Outcome.ABORTED:
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
             self._remember(rnd.commit_id, ())
@@ -682,7 +769,7 @@ class TableTopicCoordinator:
             return RoundReport(RoundOutcome.ABORTED, rnd.commit_id, offsets=committed_offsets(result.table),
                                commit_attempts=result.attempts, error=result.reason, **answers.report_fields())
         await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))
-        self._remember(rnd.commit_id, rnd.checkpoint.data_files)
+        self._remember(rnd.commit_id, rnd.checkpoint.paths)
         self._settled = answers.settled
         return self._committed(rnd, answers, result)
 
@@ -709,7 +796,9 @@ class TableTopicCoordinator:
         return RoundReport(RoundOutcome.COMMITTED, rnd.commit_id, files=files, records=records, bytes=nbytes,
                            offsets=committed_offsets(result.table), commit_attempts=result.attempts, fields=fields,
                            watermark=-1 if answers.timed_out else watermark, commit_ms=result.commit_ms,
-                           skipped=_sum_skipped(accepted), **answers.report_fields())
+                           skipped=_sum_skipped(accepted),
+                           dead_letters=sum(f.record_count for f in answers.dead_letter_files),
+                           **answers.report_fields())
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
@@ -791,8 +880,9 @@ class TableTopicCoordinator:
             doomed = [p for p in paths if not any(same_path(p, k) for k in included)]
             await asyncio.to_thread(remove_files, tbl, doomed)
         elif commit_landed(tbl, r.commit_id):
-            # A round from before this coordinator started that did land: spare whatever the table references.
-            await asyncio.to_thread(lambda: remove_files(tbl, paths, keep=referenced_files(tbl)))
+            # A round from before this coordinator started that did land: spare whatever the tables reference.
+            await asyncio.to_thread(lambda: remove_files(
+                tbl, paths, keep=referenced_files(tbl) | self._committed_dead_letter_files(tbl)))
         else:
             await asyncio.to_thread(remove_files, tbl, paths)
 

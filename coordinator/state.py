@@ -4,8 +4,8 @@ One small JSON document per table topic (``<state dir>/coordinator.json``), repl
 (write temp, fsync, rename, fsync dir) **before** each irreversible step of a round:
 
 - ``REQUEST_COMMIT`` before the CommitRequest goes out (workers start writing files for ``commit_id``);
-- ``PRE_COMMIT`` before the Iceberg commit: it lists the round's data files and offsets, so a restart can
-  resolve the round by re-reading the table (our commit id there ⇒ committed, else delete the files);
+- ``PRE_COMMIT`` before the Iceberg commit: it lists the round's data files, dead-letter files and offsets, so a
+  restart can resolve the round by re-reading the table (our commit id there ⇒ committed, else delete the files);
 - ``COMMITTED`` after the commit landed (or when the round had nothing to commit); ``ABORTED`` after a round
   that did not land was cleaned up.
 
@@ -19,7 +19,10 @@ Format (version 1)::
 
     {"version": 1, "phase": "PRE_COMMIT", "commit_id": "<uuid>", "table": ["ns", "topic"],
      "base_offsets": {"0": 120, "1": 98}, "new_offsets": {"0": 170, "1": 98},
-     "data_files": ["file:///.../tt-p0-120-<uuid>.parquet"], "delete_files": [], "updated_ms": 1700000000000}
+     "data_files": ["file:///.../tt-p0-120-<uuid>.parquet"], "delete_files": [],
+     "dead_letter_files": ["file:///..._dlq/data/tt-dlq-p0-120-<uuid>.parquet"], "updated_ms": 1700000000000}
+
+(``dead_letter_files`` may be missing: none.)
 """
 
 from __future__ import annotations
@@ -64,13 +67,21 @@ class Checkpoint:
     data_files: tuple[str, ...] = ()
     delete_files: tuple[str, ...] = ()
     updated_ms: int = 0
+    dead_letter_files: tuple[str, ...] = ()
 
     def advance(self, phase: Phase, updated_ms: int, *, new_offsets: dict[int, int] | None = None,
-                data_files: tuple[str, ...] | None = None) -> Checkpoint:
+                data_files: tuple[str, ...] | None = None,
+                dead_letter_files: tuple[str, ...] | None = None) -> Checkpoint:
         """The same round in ``phase`` (with the round's new offsets and files, when given)."""
         return replace(self, phase=phase, updated_ms=updated_ms,
                        new_offsets=self.new_offsets if new_offsets is None else new_offsets,
-                       data_files=self.data_files if data_files is None else data_files)
+                       data_files=self.data_files if data_files is None else data_files,
+                       dead_letter_files=self.dead_letter_files if dead_letter_files is None else dead_letter_files)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every file the round wrote (data, delete and dead-letter files)."""
+        return (*self.data_files, *self.delete_files, *self.dead_letter_files)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -82,6 +93,7 @@ class Checkpoint:
             "new_offsets": {str(p): o for p, o in sorted(self.new_offsets.items())},
             "data_files": list(self.data_files),
             "delete_files": list(self.delete_files),
+            "dead_letter_files": list(self.dead_letter_files),
             "updated_ms": self.updated_ms,
         }
 
@@ -98,6 +110,7 @@ class Checkpoint:
             data_files=tuple(str(f) for f in doc.get("data_files", ())),
             delete_files=tuple(str(f) for f in doc.get("delete_files", ())),
             updated_ms=int(doc.get("updated_ms", 0)),
+            dead_letter_files=tuple(str(f) for f in doc.get("dead_letter_files", ())),
         )
 
 

@@ -15,6 +15,13 @@ append (see :mod:`coordinator.committer`), so they are exactly as durable and as
 ``partition.by`` is not applied, while it is not (a value stored before the config checks refused it), for
 ``tabletopic tables`` and anyone reading the table.
 
+Dead letters (records ``errors.tolerance`` skipped) go to the topic's dead-letter table ``<table>_dlq``
+(:func:`dead_letter_identifier`), marked by ``tabletopic.dead-letters-of`` (the main table's name). The main
+table's commit decides which records are dead letters: it names the round's dead-letter files in
+``tabletopic.dead-letters.pending`` (:class:`PendingDeadLetters`), and the committer adds exactly those to the
+dead-letter table afterwards, once (its ``tabletopic.commit-id`` then names that round; its ``tabletopic.offsets``
+say up to where the dead letters are in it).
+
 Snapshot summaries carry ``tabletopic.commit-id`` and ``tabletopic.watermark`` too (for humans and for resolving
 an unknown commit outcome while the snapshot is still in the metadata), but unlike table properties they do not
 survive Spark compaction followed by snapshot expiry.
@@ -36,7 +43,7 @@ from pyiceberg.types import PrimitiveType
 
 from configs.table_schema import KEY, VALUE, table_schema
 from configs.table_topic import TableTopicConfig
-from coordinator.contract import DATA_DIR, WorkerFile, parse_data_file_name
+from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
 COMMIT_ID_PROPERTY = "tabletopic.commit-id"
@@ -47,6 +54,8 @@ SUMMARY_COMMIT_ID = "tabletopic.commit-id"
 SUMMARY_WATERMARK = "tabletopic.watermark"
 PARTITION_BY_PROPERTY = "tabletopic.partition-by"
 PARTITION_BY_PROBLEM_PROPERTY = "tabletopic.partition-by.problem"
+DEAD_LETTERS_OF_PROPERTY = "tabletopic.dead-letters-of"  # on a dead-letter table: the main table's dotted name
+PENDING_DEAD_LETTERS_PROPERTY = "tabletopic.dead-letters.pending"  # on the main table
 
 DEFAULT_NAMESPACE = "default"
 """Used when ``automq.table.topic.namespace`` is blank: pyiceberg catalogs refuse namespace-less tables."""
@@ -57,6 +66,44 @@ def catalog_identifier(topic: str, cfg: TableTopicConfig) -> tuple[str, ...]:
     with :data:`DEFAULT_NAMESPACE` when the namespace is blank."""
     ident = cfg.table_identifier(topic)
     return ident if len(ident) > 1 else (DEFAULT_NAMESPACE, *ident)
+
+
+def dead_letter_identifier(table: tuple[str, ...]) -> tuple[str, ...]:
+    """The dead-letter table of the table ``table``: ``<namespace>.<table>_dlq``."""
+    return (*table[:-1], table[-1] + DEAD_LETTER_SUFFIX)
+
+
+def dead_letters_of(tbl: Table) -> str | None:
+    """The dotted name of the table whose dead letters ``tbl`` holds (None: ``tbl`` is no dead-letter table)."""
+    return tbl.properties.get(DEAD_LETTERS_OF_PROPERTY)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDeadLetters:
+    """The dead letters of the main table's round ``commit_id``: its dead-letter files and new offsets."""
+
+    commit_id: str
+    offsets: dict[int, int]
+    files: tuple[str, ...]
+
+    def encode(self) -> str:
+        return json.dumps({"commit-id": self.commit_id, "offsets": {str(p): o for p, o in self.offsets.items()},
+                           "files": list(self.files)}, separators=(",", ":"))
+
+
+def pending_dead_letters(tbl: Table) -> PendingDeadLetters | None:
+    """The dead letters the main table's last round with dead letters named (they may be in the dead-letter
+    table already: compare its commit id); raises ValueError when the property is not what we write."""
+    raw = tbl.properties.get(PENDING_DEAD_LETTERS_PROPERTY)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        return PendingDeadLetters(str(doc["commit-id"]), {int(p): int(o) for p, o in doc["offsets"].items()},
+                                  tuple(str(f) for f in doc["files"]))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"table {'.'.join(tbl.name())} has a malformed {PENDING_DEAD_LETTERS_PROPERTY}: "
+                         f"{e!r}") from None
 
 
 def partition_by_problem(tbl: Table) -> str | None:
@@ -150,20 +197,21 @@ def referenced_files(tbl: Table) -> set[str]:
     return out
 
 
-def list_worker_files(tbl: Table) -> list[WorkerFile] | None:
-    """Worker-named files under the table's ``data/`` directory; None when its location is not ``file://``.
+def list_worker_files(tbl: Table | str, prefix: str = DATA_FILE_PREFIX) -> list[WorkerFile] | None:
+    """Worker-named files (``prefix``) under the ``data/`` directory of a table (or a table location); None when
+    the location is not ``file://``.
 
     Listing is only implemented for local warehouses: object stores would need a paginated listing per
     FileIO, which pyiceberg does not offer.
     """
-    parts = urlsplit(tbl.location())
+    parts = urlsplit(tbl if isinstance(tbl, str) else tbl.location())
     if parts.scheme not in ("file", ""):
         return None
     root = os.path.join(unquote(parts.path), DATA_DIR)
     out: list[WorkerFile] = []
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
-            wf = parse_data_file_name(name)
+            wf = parse_data_file_name(name, prefix)
             if wf is not None:
                 path = os.path.join(dirpath, name)
                 out.append(WorkerFile(f"file://{path}" if parts.scheme == "file" else path,

@@ -273,7 +273,7 @@ class TableTopicHost:
             table_provider=tt.coordinator.table,
             config_provider=lambda: tt.config,
             executor=self._pool(),
-            dlq_dir=self.base_dir / "dlq" / tt.topic,
+            dead_letter_provider=tt.coordinator.dead_letter_table,
             schema_source=self.schema_source,
         )
         await worker.start()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaPythonBuilder
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -23,7 +23,13 @@ from tests.test_worker_support import (
     make_batch,
     open_log,
 )
-from worker.convert import REASON_CORRUPT_BATCH, ConvertResult, convert_records
+from worker.convert import (
+    DEAD_LETTER_ARROW_SCHEMA,
+    REASON_CORRUPT_BATCH,
+    ConvertResult,
+    DeadLetters,
+    convert_records,
+)
 from worker.converters.string import REASON_INVALID_UTF8_KEY, REASON_INVALID_UTF8_VALUE
 from worker.plan import ConversionPlan
 from worker.schema import table_schema
@@ -44,10 +50,16 @@ MIXED = [
 
 
 def convert(buf: bytes | bytearray, cfg: TableTopicConfig = RAW, *, start: int = 0, partition: int = 7,
-            tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA, dlq: Path | None = None,
+            tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA, dlq: DeadLetters | None = None,
             schema: Schema | None = None) -> ConvertResult:
     plan = ConversionPlan.build(schema or table_schema(cfg), cfg, tolerance)
-    return convert_records(bytes(buf), partition=partition, start_offset=start, plan=plan, dlq_dir=dlq)
+    return convert_records(bytes(buf), partition=partition, start_offset=start, plan=plan, dead_letters=dlq)
+
+
+def dead_rows(result: ConvertResult) -> list[dict[str, object]]:
+    assert result.dead_letters is not None
+    assert result.dead_letters.schema == DEAD_LETTER_ARROW_SCHEMA
+    return result.dead_letters.to_pylist()  # type: ignore[no-any-return]
 
 
 def rows(result: ConvertResult) -> list[dict[str, object]]:
@@ -162,7 +174,7 @@ def test_start_offset_inside_a_batch_and_control_batches() -> None:
     assert past_all.stats.next_offset == 17
 
 
-def test_repeated_header_keys_keep_the_last_value(tmp_path: Path) -> None:
+def test_repeated_header_keys_keep_the_last_value() -> None:
     # neighbours share keys across record boundaries (not repeats); repeats at distances 1..3 and in a record
     # with more headers than the vectorized check looks at
     many = [(f"h{i % 20}", b"%d" % i) for i in range(25)]
@@ -180,11 +192,10 @@ def test_repeated_header_keys_keep_the_last_value(tmp_path: Path) -> None:
     assert got[2] == [("x", b"2")] and got[3] == [("x", None), ("y", None), ("z", b"")]
     assert got[5] == [(f"h{i}", b"%d" % (i + 20 if i < 5 else i)) for i in range(20)]
     assert [len(h) for h in got] == [2, 2, 1, 3, 1, 20, 20]
-    # the dead-letter file stores the same map
+    # the dead-letter rows store the same map
     bad = [(BAD_KEY, b"v", [("a", b"1"), ("a", b"2")], 8)]
-    r = convert(make_batch(recs + bad), tolerance=ErrorsTolerance.ALL, dlq=tmp_path)
-    assert r.stats.dlq_file is not None
-    assert pq.read_table(r.stats.dlq_file).to_pylist()[0]["headers"] == [("a", b"2")]
+    r = convert(make_batch(recs + bad), STRING, tolerance=ErrorsTolerance.ALL, dlq=DeadLetters("t"))
+    assert dead_rows(r)[0]["headers"] == [("a", b"2")]
 
 
 def test_empty_input() -> None:
@@ -221,11 +232,10 @@ def bad_records(n: int = 3000) -> list[tuple[bytes | None, bytes | None, list[tu
 
 
 @pytest.mark.parametrize("tolerance", [ErrorsTolerance.INVALID_DATA, ErrorsTolerance.ALL])
-def test_invalid_utf8_skipped_and_dead_lettered(tmp_path: Path, tolerance: ErrorsTolerance) -> None:
+def test_invalid_utf8_skipped_and_dead_lettered(tolerance: ErrorsTolerance) -> None:
     recs = bad_records()
     buf = make_batch(recs[:2000], base_offset=100) + make_batch(recs[2000:], base_offset=2100, codec=3)
-    dlq = tmp_path / "dlq" / "orders"
-    r = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=dlq)
+    r = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=DeadLetters("orders"))
     assert r.stats.skipped == {REASON_INVALID_UTF8_VALUE: 3, REASON_INVALID_UTF8_KEY: 1}
     assert r.stats.records == 2996
     assert r.stats.next_offset == 3100
@@ -233,23 +243,26 @@ def test_invalid_utf8_skipped_and_dead_lettered(tmp_path: Path, tolerance: Error
     offsets = [g["_kafka_metadata"]["offset"] for g in rows(r)]  # type: ignore[index]
     assert 105 not in offsets and 800 not in offsets and 1600 not in offsets and 3099 not in offsets
     assert len(offsets) == len(set(offsets)) == 2996
-    # dead letters: deterministic name, full record content
-    assert r.stats.dlq_file == str(dlq / "p2-105-3099.parquet")
-    dead = pq.read_table(r.stats.dlq_file).to_pylist()
+    # dead letters: the full record, by offset
+    dead = dead_rows(r)
     assert [d["offset"] for d in dead] == [105, 800, 1600, 3099]
-    assert dead[0] == {"partition": 2, "offset": 105, "timestamp": recs[5][3], "key": b"k5",
-                       "value": BAD_VALUE + b"5", "headers": [("why", b"bad")], "reason": REASON_INVALID_UTF8_VALUE}
+    assert dead[0] == {"topic": "orders", "partition": 2, "offset": 105,
+                       "timestamp": dt.datetime.fromtimestamp(recs[5][3] / 1000, dt.UTC), "key": b"k5",
+                       "value": BAD_VALUE + b"5", "headers": [("why", b"bad")], "reason": REASON_INVALID_UTF8_VALUE,
+                       "schema_id": None, "detail": None}
     assert dead[1]["key"] == BAD_KEY
     assert dead[1]["reason"] == REASON_INVALID_UTF8_KEY
-    # a replay overwrites the same file
-    again = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=dlq)
-    assert again.stats.dlq_file == r.stats.dlq_file
-    assert sorted(p.name for p in dlq.iterdir()) == ["p2-105-3099.parquet"]
+    # those below from_offset are in the dead-letter table already: left out
+    again = convert(buf, STRING, partition=2, tolerance=tolerance, dlq=DeadLetters("orders", from_offset=1600))
+    assert [d["offset"] for d in dead_rows(again)] == [1600, 3099]
+    assert again.stats.skipped == r.stats.skipped  # still counted as skipped
+    assert convert(buf, STRING, tolerance=tolerance, dlq=DeadLetters("orders", 3100)).dead_letters is None
+    assert convert(buf, STRING, tolerance=tolerance).dead_letters is None  # not asked for
 
 
-def test_invalid_utf8_blocks_with_tolerance_none(tmp_path: Path) -> None:
+def test_invalid_utf8_blocks_with_tolerance_none() -> None:
     buf = make_batch(bad_records(), base_offset=100)
-    r = convert(buf, STRING, tolerance=ErrorsTolerance.NONE, dlq=tmp_path)
+    r = convert(buf, STRING, tolerance=ErrorsTolerance.NONE, dlq=DeadLetters("orders"))
     assert r.stats.blocked_offset == 105
     assert r.stats.blocked_reason == REASON_INVALID_UTF8_VALUE
     assert r.stats.next_offset == 105
@@ -257,7 +270,7 @@ def test_invalid_utf8_blocks_with_tolerance_none(tmp_path: Path) -> None:
     assert [g["_kafka_metadata"]["offset"] for g in rows(r)] == [100, 101, 102, 103, 104]  # type: ignore[index]
     assert r.stats.max_timestamp == json_records(5)[4][3]
     assert r.stats.skipped == {}
-    assert list(tmp_path.iterdir()) == []  # nothing dead-lettered: the partition waits
+    assert r.dead_letters is None  # nothing dead-lettered: the partition waits
     # resumed right at the bad record: blocks again with nothing before it
     again = convert(buf, STRING, start=105, tolerance=ErrorsTolerance.NONE)
     assert (again.stats.records, again.stats.blocked_offset, again.stats.next_offset) == (0, 105, 105)
@@ -283,18 +296,19 @@ def corrupt_compressed_batch(base_offset: int) -> bytearray:
     return compress_batch(buf, 0)
 
 
-def test_corrupt_batch_per_tolerance(tmp_path: Path) -> None:
+def test_corrupt_batch_per_tolerance() -> None:
     buf = make_batch(json_records(3), base_offset=0) + corrupt_compressed_batch(3) + make_batch(
         json_records(2, start=7), base_offset=7)
     blocked = convert(buf, tolerance=ErrorsTolerance.NONE)
     assert blocked.stats.records == 3
     assert blocked.stats.blocked_offset == 3
     assert blocked.stats.blocked_reason is not None and blocked.stats.blocked_reason.startswith(REASON_CORRUPT_BATCH)
-    skipped = convert(buf, tolerance=ErrorsTolerance.ALL, dlq=tmp_path)
+    skipped = convert(buf, tolerance=ErrorsTolerance.ALL, dlq=DeadLetters("t"))
     assert skipped.stats.records == 5
     assert skipped.stats.skipped == {REASON_CORRUPT_BATCH: 4}
     assert skipped.stats.next_offset == 9
-    dead = pq.read_table(tmp_path / "p7-3-3.parquet").to_pylist()
+    dead = dead_rows(skipped)
     assert len(dead) == 1
-    assert dead[0]["offset"] == 3
+    assert (dead[0]["offset"], dead[0]["reason"], dead[0]["timestamp"]) == (3, REASON_CORRUPT_BATCH, None)
+    assert dead[0]["detail"]
     assert dead[0]["value"] == bytes(buf[len(make_batch(json_records(3))):][: len(dead[0]["value"])])

@@ -24,6 +24,7 @@ from pyiceberg.table import Table
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel, PartitionOffset
+from tabletopic.fileio import local_path
 from tabletopic.log import PartitionLog
 from tests.test_worker_support import (
     append,
@@ -63,7 +64,6 @@ class Env:
         self.channel = InProcessChannel()
         self.logs: dict[int, PartitionLog] = {}
         self.workers: dict[int, PartitionWorker] = {}
-        self.dlq = tmp / "__tables" / "dlq" / TOPIC
 
     def log(self, partition: int = 0) -> PartitionLog:
         if partition not in self.logs:
@@ -72,7 +72,7 @@ class Env:
 
     async def start(self, partition: int = 0, **kw: Any) -> PartitionWorker:
         w = PartitionWorker(TOPIC, partition, self.log(partition), self.channel, table_provider=lambda: self.table,
-                            config_provider=lambda: self.cfg, executor=self.pool, dlq_dir=self.dlq, **kw)
+                            config_provider=lambda: self.cfg, executor=self.pool, **kw)
         await w.start()
         self.workers[partition] = w
         return w
@@ -83,11 +83,12 @@ class Env:
         for plog in self.logs.values():
             plog.close()
 
-    def request(self, offsets: dict[int, int], *, epoch: int = 0, sent_ms: int | None = None) -> CommitRequest:
+    def request(self, offsets: dict[int, int], *, epoch: int = 0, sent_ms: int | None = None,
+                dead_letter_offset: int = 0) -> CommitRequest:
         return CommitRequest(
             commit_id=str(uuid.uuid4()), topic=TOPIC, spec_id=self.table.spec().spec_id,
             schema_id=self.table.schema().schema_id,
-            offsets=tuple(PartitionOffset(p, o, epoch) for p, o in offsets.items()),
+            offsets=tuple(PartitionOffset(p, o, epoch, dead_letter_offset) for p, o in offsets.items()),
             sent_ms=int(time.time() * 1000) if sent_ms is None else sent_ms,
         )
 
@@ -308,10 +309,16 @@ def test_blocked_then_unblocked_by_tolerance(tmp_path: Path, pool: ProcessPoolEx
             CommitCode.NONE, 600, 162, {REASON_INVALID_UTF8_VALUE: 1})
         env.commit(ok)
         assert env.table_offsets() == [o for o in range(600) if o != 437]
-        (dead,) = env.dlq.iterdir()
-        assert dead.name == "p0-437-437.parquet"
-        assert pq.read_table(dead).column("offset").to_pylist() == [437]
+        # the skipped record as a file of the dead-letter table, where the committer creates it
+        (dead,) = ok.dead_letter_files
+        assert dead.file_path.startswith(f"{env.table.location()}_dlq/data/tt-dlq-p0-437-")
+        assert dead.record_count == 1
+        assert pq.read_table(str(local_path(dead.file_path))).column("offset").to_pylist() == [437]
         assert w.skipped_by_reason == {REASON_INVALID_UTF8_VALUE: 1}
+        # a replay of a range whose dead letters are in the dead-letter table already leaves them out
+        replay = await env.ask(437, dead_letter_offset=438)
+        assert (replay.next_offset, replay.skipped, replay.dead_letter_files) == (
+            600, {REASON_INVALID_UTF8_VALUE: 1}, ())
 
     run(tmp_path, pool, body, cfg=cfg)
 
@@ -383,7 +390,7 @@ async def main(tmp: Path) -> None:
     append_records(plog, json_records(100))
     channel = InProcessChannel()
     w = PartitionWorker(TOPIC, 0, plog, channel, table_provider=lambda: table, config_provider=lambda: STRING,
-                        executor=ThreadPoolExecutor(1), dlq_dir=tmp / "dlq")
+                        executor=ThreadPoolExecutor(1))
     await w.start()
     channel.broadcast(CommitRequest("c1", TOPIC, 0, 0, (PartitionOffset(0, 0),), int(time.time() * 1000)))
     await channel.next_response(30)

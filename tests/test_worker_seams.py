@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 import uuid
 from dataclasses import replace
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +20,7 @@ from configs.table_topic import ConvertType, ErrorsTolerance, SchemaType, TableT
 from coordinator.contract import CommitCode, CommitRequest, CommitResponse, PartitionOffset
 from coordinator.coordinator import TableTopicCoordinator
 from tests.test_worker_support import make_batch
-from worker.convert import convert_records
+from worker.convert import DeadLetters, convert_records
 from worker.converters import ConvertedColumn, RecordPart, converter, register
 from worker.plan import ColumnFeed, ConversionPlan
 from worker.schema import table_schema
@@ -95,7 +94,7 @@ class _LengthTransform:
         return {**columns, "value_length": pc.utf8_length(columns["_kafka_value"])}
 
 
-def test_a_registered_converter_and_transform_are_used_by_name(tmp_path: Path) -> None:
+def test_a_registered_converter_and_transform_are_used_by_name() -> None:
     upper = register(_UpperConverter())
     length = register_transform(_LengthTransform())
     base = table_schema(STRING)
@@ -104,12 +103,13 @@ def test_a_registered_converter_and_transform_are_used_by_name(tmp_path: Path) -
                    feeds=(ColumnFeed("_kafka_value", RecordPart.VALUE, upper.name),),
                    value_transform=length.name)
     recs = [(b"k0", b"abc", [], 1), (b"k1", b"bad!", [], 2), (b"k2", b"xy", [], 3)]
-    r = convert_records(bytes(make_batch(recs)), partition=0, start_offset=0, plan=plan, dlq_dir=tmp_path)
+    r = convert_records(bytes(make_batch(recs)), partition=0, start_offset=0, plan=plan,
+                        dead_letters=DeadLetters("t"))
     got = r.table.to_pylist()
     assert [g["_kafka_value"] for g in got] == ["ABC", "XY"]
     assert [g["value_length"] for g in got] == [3, 2]
     assert r.stats.skipped == {"starts_with_bad_value": 1}  # errors.tolerance applies to any converter's reasons
-    assert r.stats.dlq_file is not None
+    assert r.dead_letters is not None and r.dead_letters.column("reason").to_pylist() == ["starts_with_bad_value"]
 
 
 def test_registry_names_are_unique() -> None:

@@ -185,7 +185,7 @@ def plan_for(tbl: Table, cfg: TableTopicConfig = STRING,
 
 def convert_write(tbl: Table, buf: bytes, *, partition: int, start: int = 0) -> TaskResult:
     return convert_and_write(buf, partition=partition, start_offset=start, plan=plan_for(tbl),
-                             target=WriteTarget.from_table(tbl), dlq_dir=None)
+                             target=WriteTarget.from_table(tbl))
 
 
 def test_commit_and_read_back_with_pyiceberg_and_duckdb(tmp_path: Path) -> None:
@@ -310,7 +310,7 @@ def test_task_in_a_spawned_process_pool(tmp_path: Path) -> None:
     buf = bytes(make_batch(json_records(300)))
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(functools.partial(convert_and_write, buf, partition=p, start_offset=0, plan=plan,
-                                                 target=target, dlq_dir=str(tmp_path / "dlq")))
+                                                 target=target))
                    for p in (0, 1)]
         results = [f.result(timeout=60) for f in futures]
     files = [f for r in results for f in r.data_files]

@@ -13,25 +13,22 @@ The steps of :func:`convert_records`, each on whole Arrow columns:
 
 A record that cannot be converted is handled per ``errors.tolerance``: ``none`` stops right before it
 (``ConvertStats.blocked_offset``/``blocked_reason``), ``invalid_data``/``all`` skip it, count it by reason and,
-when a dead-letter directory is given, keep it there as one Parquet file per call named
-``p<partition>-<first skipped offset>-<last skipped offset>.parquet`` (headers as the same map as the table's):
-a replay of the same range overwrites the file instead of adding a second copy (replays that chunk the log
-differently can still overlap: readers of the dead-letter files should deduplicate on ``(partition, offset)``).
+when :class:`DeadLetters` are asked for, return it as a row of the topic's dead-letter table
+(:data:`coordinator.contract.DEAD_LETTER_SCHEMA`: topic, partition, offset, timestamp, key, value, headers as the
+same map as the table's, reason, the Confluent schema id, detail), which the task writes as that table's files.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from configs.table_schema import HEADER, META_OFFSET, META_PARTITION, META_TIMESTAMP, METADATA
 from configs.table_topic import ErrorsTolerance
+from coordinator.contract import DEAD_LETTER_SCHEMA
 from worker.converters import RecordPart, converter
 from worker.converters.base import Stop
 from worker.decode import Decoded, decode, headers_array
@@ -39,16 +36,18 @@ from worker.plan import LEGACY_TIMESTAMP, ConversionPlan
 from worker.transforms import Columns, value_transform
 
 REASON_CORRUPT_BATCH = "corrupt_batch"
+SCHEMA_ID_CONVERTER = "by_schema_id"  # the converter whose records carry the Confluent header's schema id
 
-DLQ_SCHEMA = pa.schema([
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.int64()),
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("headers", pa.map_(pa.string(), pa.binary())),
-    pa.field("reason", pa.string()),
-])
+DEAD_LETTER_ARROW_SCHEMA = schema_to_pyarrow(DEAD_LETTER_SCHEMA, include_field_ids=True)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    """Keep the skipped records as dead-letter rows of ``topic``, those at ``from_offset`` and after (the ones
+    below are in the dead-letter table already)."""
+
+    topic: str
+    from_offset: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +60,6 @@ class ConvertStats:
     skipped: dict[str, int] = field(default_factory=dict)  # skipped records by reason
     blocked_offset: int | None = None  # errors.tolerance=none: the offset of the record that blocks
     blocked_reason: str | None = None
-    dlq_file: str | None = None  # dead-letter Parquet file written for the skipped records
     input_bytes: int = 0
     # a schema-driven converter stopped at next_offset: schema ids to fetch first, or a change the table needs
     missing_schemas: frozenset[int] = frozenset()
@@ -72,6 +70,7 @@ class ConvertStats:
 class ConvertResult:
     table: pa.Table  # in ``schema_to_pyarrow(schema, include_field_ids=True)``
     stats: ConvertStats
+    dead_letters: pa.Table | None = None  # in DEAD_LETTER_ARROW_SCHEMA, by offset; None when not asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +83,7 @@ class _Kept:
     skipped: dict[str, int] = field(default_factory=dict)
     blocked_offset: int | None = None
     blocked_reason: str | None = None
-    dlq_file: str | None = None
+    dead_letters: pa.Table | None = None
 
 
 def convert_records(
@@ -93,12 +92,12 @@ def convert_records(
     partition: int,
     start_offset: int,
     plan: ConversionPlan,
-    dlq_dir: str | os.PathLike[str] | None = None,
+    dead_letters: DeadLetters | None = None,
 ) -> ConvertResult:
     """Convert the records at ``start_offset`` and after in ``data`` into an Arrow table for ``plan``'s table.
 
-    See the module doc for the steps and for ``plan.tolerance``. Raises only for system errors (e.g. the
-    dead-letter directory is not writable).
+    See the module doc for the steps and for ``plan.tolerance``; ``dead_letters``: return the skipped records as
+    dead-letter rows too.
     """
     d = decode(data, start_offset)
     columns, timestamps, bad, stop = _record_columns(d, plan, partition)
@@ -107,16 +106,16 @@ def convert_records(
     columns = value_transform(plan.value_transform).apply(columns)
     table = _fit(columns, plan.arrow_schema, len(d.offsets))
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
-                            dlq_dir=dlq_dir)
+                            dead_letters=dead_letters, plan=plan)
     max_ts = pc.max(kept.timestamps).as_py() if len(kept.timestamps) else None
     return ConvertResult(kept.table, ConvertStats(
         records=kept.table.num_rows, next_offset=kept.next_offset,
         max_timestamp=-1 if max_ts is None else int(max_ts), skipped=kept.skipped,
-        blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason, dlq_file=kept.dlq_file,
+        blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason,
         input_bytes=len(data),
         missing_schemas=stop.missing_schemas if stop is not None and kept.blocked_offset is None else frozenset(),
         table_change=stop.table_change if stop is not None and kept.blocked_offset is None else None,
-    ))
+    ), kept.dead_letters)
 
 
 def _cut(d: Decoded, columns: Columns, timestamps: pa.Array, bad: dict[int, str], row: int
@@ -142,7 +141,7 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
     timestamps = pa.array(d.timestamps, pa.int64())
     raw = {RecordPart.KEY: pa.array(d.keys, pa.large_binary()),
            RecordPart.VALUE: pa.array(d.values, pa.large_binary())}
-    headers, d.headers = headers_array(d.headers)  # the dead-letter file gets the same headers
+    headers, d.headers = headers_array(d.headers)  # the dead-letter rows get the same headers
     columns: Columns = {
         HEADER: headers,
         METADATA: pa.StructArray.from_arrays(
@@ -167,6 +166,13 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
     return columns, timestamps, bad, stop
 
 
+def fit_table(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """``table``'s columns as a table of ``target``'s fields, by name (see :func:`_fit`)."""
+    if table.schema == target:
+        return table
+    return _fit({name: table.column(name).combine_chunks() for name in table.column_names}, target, table.num_rows)
+
+
 def _fit(columns: Columns, target: pa.Schema, n: int) -> pa.Table:
     """``columns`` as a table of ``target``'s fields (matched by name; missing ones are nulls)."""
     arrays = []
@@ -180,12 +186,13 @@ def _fit(columns: Columns, target: pa.Schema, n: int) -> pa.Table:
 
 
 def _apply_tolerance(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *,
-                     tolerance: ErrorsTolerance, partition: int, dlq_dir: str | os.PathLike[str] | None) -> _Kept:
+                     tolerance: ErrorsTolerance, partition: int, dead_letters: DeadLetters | None,
+                     plan: ConversionPlan) -> _Kept:
     if not bad and not d.corrupt:
         return _Kept(table, timestamps, d.next_offset)
     if tolerance is ErrorsTolerance.NONE:
         return _stop_at_first_bad(table, timestamps, d, bad)
-    return _skip_bad(table, timestamps, d, bad, partition=partition, dlq_dir=dlq_dir)
+    return _skip_bad(table, timestamps, d, bad, partition=partition, dead_letters=dead_letters, plan=plan)
 
 
 def _stop_at_first_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str]) -> _Kept:
@@ -203,7 +210,7 @@ def _stop_at_first_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: d
 
 
 def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *, partition: int,
-              dlq_dir: str | os.PathLike[str] | None) -> _Kept:
+              dead_letters: DeadLetters | None, plan: ConversionPlan) -> _Kept:
     """``errors.tolerance=invalid_data|all``: drop the bad rows, count them by reason, keep them as dead letters."""
     bad_rows = sorted(bad)
     if bad_rows:
@@ -218,36 +225,57 @@ def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, 
         skipped[bad[i]] = skipped.get(bad[i], 0) + 1
     for _, count, _, _ in d.corrupt:
         skipped[REASON_CORRUPT_BATCH] = skipped.get(REASON_CORRUPT_BATCH, 0) + count
-    dlq_file = None
-    if dlq_dir is not None:
-        dlq_file = _write_dlq(Path(dlq_dir), partition=partition, d=d, bad=bad, bad_rows=bad_rows)
-    return _Kept(table, timestamps, d.next_offset, skipped, dlq_file=dlq_file)
+    rows = None
+    if dead_letters is not None:
+        rows = _dead_letter_rows(dead_letters, partition=partition, d=d, bad=bad, bad_rows=bad_rows, plan=plan)
+    return _Kept(table, timestamps, d.next_offset, skipped, dead_letters=rows)
 
 
-def _write_dlq(directory: Path, *, partition: int, d: Decoded, bad: dict[int, str], bad_rows: list[int]) -> str:
-    rows: dict[str, list[object]] = {name: [] for name in DLQ_SCHEMA.names}
+def _header_schema_id(raw: bytes | None) -> int | None:
+    """The schema id of a Confluent header (magic byte 0, then a 4-byte big-endian id), None without one."""
+    if raw is None or len(raw) < 5 or raw[0] != 0:
+        return None
+    return int.from_bytes(raw[1:5], "big", signed=True)
+
+
+def _dead_letter_rows(dead_letters: DeadLetters, *, partition: int, d: Decoded, bad: dict[int, str],
+                      bad_rows: list[int], plan: ConversionPlan) -> pa.Table | None:
+    """The skipped records of the chunk at ``dead_letters.from_offset`` and after, by offset (None if none).
+
+    ``schema_id`` is the Confluent header's id of the part the reason names (``..._key`` → the key, else the
+    value) when a ``by_schema_id`` converter reads that part and the header has the magic byte; else null.
+    """
+    by_id = {feed.part.value for feed in plan.feeds if feed.converter == SCHEMA_ID_CONVERTER}
+    rows: dict[str, list[object]] = {name: [] for name in DEAD_LETTER_ARROW_SCHEMA.names}
     for i in bad_rows:
+        if d.offsets[i] < dead_letters.from_offset:
+            continue
+        reason = bad[i]
+        part = "key" if reason.endswith("_key") else "value"
         rows["offset"].append(d.offsets[i])
-        rows["timestamp"].append(d.timestamps[i])
+        rows["timestamp"].append(d.timestamps[i] * 1000 if d.timestamps[i] >= 0 else None)  # ms → µs
         rows["key"].append(d.keys[i])
         rows["value"].append(d.values[i])
         rows["headers"].append(d.headers[i])
-        rows["reason"].append(bad[i])
-    for base, _count, raw, err in d.corrupt:
+        rows["reason"].append(reason)
+        raw = d.keys[i] if part == "key" else d.values[i]
+        rows["schema_id"].append(_header_schema_id(raw) if part in by_id else None)
+        rows["detail"].append(None)
+    for base, _count, raw_batch, err in d.corrupt:
+        if base < dead_letters.from_offset:
+            continue
         # an undecodable batch is kept whole: its raw bytes as the value, the batch's base offset as the offset
         rows["offset"].append(base)
-        rows["timestamp"].append(-1)
+        rows["timestamp"].append(None)
         rows["key"].append(None)
-        rows["value"].append(raw)
+        rows["value"].append(raw_batch)
         rows["headers"].append([])
-        rows["reason"].append(f"{REASON_CORRUPT_BATCH} ({err})")
-    rows["partition"] = [partition] * len(rows["offset"])
-    dlq = pa.Table.from_pydict(rows, schema=DLQ_SCHEMA).sort_by("offset")
-    first, last = dlq.column("offset")[0].as_py(), dlq.column("offset")[-1].as_py()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"p{partition}-{first}-{last}.parquet"
-    tmp = directory / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(dlq, tmp, compression="zstd")
-    os.replace(tmp, path)  # atomic: a replay overwrites, a reader never sees half a file
-    return str(path)
-
+        rows["reason"].append(REASON_CORRUPT_BATCH)
+        rows["schema_id"].append(None)
+        rows["detail"].append(err)
+    if not rows["offset"]:
+        return None
+    n = len(rows["offset"])
+    rows["topic"] = [dead_letters.topic] * n
+    rows["partition"] = [partition] * n
+    return pa.Table.from_pydict(rows, schema=DEAD_LETTER_ARROW_SCHEMA).sort_by("offset")

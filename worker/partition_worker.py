@@ -9,8 +9,10 @@ partition:
   X below the log start offset (retention) → it starts at the log start offset and logs the gap;
 - the worker writes every record from X up to the high watermark *as it was when the request arrived* (only
   fsynced data: nothing a crash could take back) and answers ``NONE`` with the files, the next offset, counts and
-  the max record timestamp as watermark. After answering, its position is that next offset (optimistic: a failed
-  commit shows up as a request for the old offset, which resets the worker);
+  the max record timestamp as watermark, and the records ``errors.tolerance`` skipped as files of the topic's
+  dead-letter table (leaving out those below the request's ``dead_letter_offset``). After answering, its
+  position is that next offset (optimistic: a failed commit shows up as a request for the old offset, which
+  resets the worker);
 - one answer covers at most ``max_response_bytes`` of log data: beyond that it answers ``MORE_DATA``;
 - ``errors.tolerance=none`` and a record that cannot be converted → ``BLOCKED``: the files up to that record,
   ``next_offset`` = its offset and an error naming topic, partition, offset and reason. Every later round retries
@@ -39,7 +41,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pyiceberg.table import Table
 
@@ -56,11 +57,12 @@ from coordinator.contract import (
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
 from tabletopic.logs import ConditionLog
+from worker.convert import DeadLetters
 from worker.converters.base import RecordPart
 from worker.formats.base import RegistrySchema
 from worker.plan import ConversionPlan, latest_subjects
 from worker.schema_source import RegistryUnavailableError, SchemaSource
-from worker.task import TaskResult, convert_and_write, delete_uncommitted
+from worker.task import TaskResult, convert_and_write, dead_letter_target, delete_uncommitted
 from worker.writer import WriteTarget, writer_name
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,7 @@ class PartitionWorker:
         table_provider: Callable[[], Table],
         config_provider: Callable[[], TableTopicConfig],
         executor: Executor,
-        dlq_dir: Path,
+        dead_letter_provider: Callable[[], Table | None] = lambda: None,
         prewrite_bytes: int = 32 * MiB,
         read_chunk_bytes: int = 8 * MiB,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
@@ -130,7 +132,8 @@ class PartitionWorker:
         self._table_provider = table_provider
         self._config_provider = config_provider
         self._executor = executor
-        self.dlq_dir = dlq_dir
+        self._dead_letter_provider = dead_letter_provider  # the dead-letter table, None before it exists
+        self._dead_letter_offset = 0  # dead letters below it are in the dead-letter table already
         self.prewrite_bytes = max(1, prewrite_bytes)
         self.read_chunk_bytes = max(1, read_chunk_bytes)
         self.max_response_bytes = max(1, max_response_bytes)
@@ -276,6 +279,7 @@ class PartitionWorker:
                 leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=mine.offset,
                 error=f"{type(e).__name__}: {e}"))
         await self._reset_if_moved(req, mine.offset, target)
+        self._dead_letter_offset = mine.dead_letter_offset
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
         flushed = await self._flush(req, mine.offset, hw, target, plan, deadline=deadline)
         if flushed.taken:
@@ -390,6 +394,7 @@ class PartitionWorker:
             leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=next_offset,
             data_files=tuple(f for r in results for f in r.data_files),
             delete_files=tuple(f for r in results for f in r.delete_files),
+            dead_letter_files=tuple(f for r in results for f in r.dead_letter_files),
             record_count=records, byte_count=sum(r.file_bytes for r in results),
             field_count=records * len(target.schema.fields),
             watermark=max((r.stats.max_timestamp for r in results), default=-1), skipped=skipped, error=error,
@@ -487,8 +492,10 @@ class PartitionWorker:
             bpr = size / (offset - start)
             self._bytes_per_record = bpr if self._bytes_per_record is None else 0.5 * (self._bytes_per_record + bpr)
         loop = asyncio.get_running_loop()
+        dead_letters = (DeadLetters(self.topic, self._dead_letter_offset),
+                        dead_letter_target(target, self._dead_letter_provider()))
         job = functools.partial(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
-                                target=target, dlq_dir=str(self.dlq_dir))
+                                target=target, dead_letters=dead_letters)
         fut = loop.run_in_executor(self._executor, job)
         fut.add_done_callback(self._chunk_done)
         self._chunks.append(_Chunk(start, offset, size, target, plan, fut))

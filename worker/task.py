@@ -2,9 +2,9 @@
 
 Everything crossing the process boundary pickles: the log file ranges (or bytes), plain values, the round's
 :class:`~worker.plan.ConversionPlan` (converters and transform by name), a :class:`~worker.writer.WriteTarget`
-(pyiceberg ``Schema``/``PartitionSpec`` and property tuples), and back a :class:`TaskResult` of file entries and
-stats. The pool should use the ``spawn`` or ``forkserver`` context (the broker's event loop and flusher threads
-must not be forked).
+(pyiceberg ``Schema``/``PartitionSpec`` and property tuples) for the table and one for its dead-letter table, and
+back a :class:`TaskResult` of file entries and stats. The pool should use the ``spawn`` or ``forkserver`` context
+(the broker's event loop and flusher threads must not be forked).
 """
 
 from __future__ import annotations
@@ -13,10 +13,21 @@ import os
 import time
 from dataclasses import dataclass
 
-from coordinator.contract import DataFile, DeleteFile, FileRange
-from worker.convert import ConvertStats, convert_records
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.table import Table
+
+from coordinator.contract import (
+    DEAD_LETTER_FILE_PREFIX,
+    DEAD_LETTER_SCHEMA,
+    DataFile,
+    DeleteFile,
+    FileRange,
+    dead_letter_location,
+)
+from worker.convert import ConvertStats, DeadLetters, convert_records, fit_table
 from worker.plan import ConversionPlan
-from worker.writer import WriteTarget, remove_files, writer_for
+from worker.writer import WriteTarget, remove_files, write_data_files, writer_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +41,7 @@ class TaskResult:
     convert_ms: float
     write_ms: float
     delete_files: tuple[DeleteFile, ...] = ()
+    dead_letter_files: tuple[DataFile, ...] = ()  # files of the dead-letter table (the skipped records)
 
     @property
     def next_offset(self) -> int:
@@ -37,7 +49,16 @@ class TaskResult:
 
     @property
     def paths(self) -> list[str]:
-        return [f.file_path for f in (*self.data_files, *self.delete_files)]
+        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files)]
+
+
+def dead_letter_target(table: WriteTarget, dead_letter_table: Table | None) -> WriteTarget:
+    """Where a chunk's dead letters go: the dead-letter table when it exists, else the location and schema the
+    committer creates it with (:func:`coordinator.contract.dead_letter_location`, ``DEAD_LETTER_SCHEMA``)."""
+    if dead_letter_table is not None:
+        return WriteTarget.from_table(dead_letter_table)
+    return WriteTarget(location=dead_letter_location(table.location), schema=DEAD_LETTER_SCHEMA,
+                       spec=UNPARTITIONED_PARTITION_SPEC, io_properties=table.io_properties)
 
 
 def pread_ranges(ranges: list[FileRange]) -> bytes:
@@ -71,9 +92,10 @@ def convert_and_write(
     start_offset: int,
     plan: ConversionPlan,
     target: WriteTarget,
-    dlq_dir: str | None,
+    dead_letters: tuple[DeadLetters, WriteTarget] | None = None,
 ) -> TaskResult:
-    """Convert the records of ``data`` from ``start_offset`` on per ``plan`` and write them as files of ``target``.
+    """Convert the records of ``data`` from ``start_offset`` on per ``plan`` and write them as files of ``target``;
+    with ``dead_letters``, the skipped records as files of the dead-letter table (``TaskResult.dead_letter_files``).
 
     Top-level and picklable for ``ProcessPoolExecutor.submit`` (keywords via ``functools.partial``). Data errors
     are reported in ``stats`` (skipped counts, or ``blocked_offset`` under ``errors.tolerance=none``); other
@@ -81,9 +103,15 @@ def convert_and_write(
     """
     t0 = time.perf_counter()
     converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset, plan=plan,
-                                dlq_dir=dlq_dir)
+                                dead_letters=dead_letters[0] if dead_letters else None)
     t1 = time.perf_counter()
     written = writer_for(target).write(converted.table, target, partition=partition, start_offset=start_offset)
+    dead: list[DataFile] = []
+    if dead_letters is not None and converted.dead_letters is not None:
+        dlq_target = dead_letters[1]
+        rows = fit_table(converted.dead_letters, schema_to_pyarrow(dlq_target.schema, include_field_ids=True))
+        dead = write_data_files(rows, dlq_target, partition=partition, start_offset=start_offset,
+                                prefix=DEAD_LETTER_FILE_PREFIX)
     t2 = time.perf_counter()
     return TaskResult(
         start_offset=start_offset,
@@ -93,6 +121,7 @@ def convert_and_write(
         convert_ms=(t1 - t0) * 1000,
         write_ms=(t2 - t1) * 1000,
         delete_files=written.delete_files,
+        dead_letter_files=tuple(dead),
     )
 
 

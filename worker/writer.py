@@ -54,7 +54,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
 
 from configs.table_topic import TableTopicConfig
-from coordinator.contract import DeleteFile, data_file_name, set_file_spec_id
+from coordinator.contract import DATA_FILE_PREFIX, DeleteFile, data_file_name, set_file_spec_id
 from tabletopic.fileio import DurableFileIO, fsync_file, local_path
 
 TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
@@ -216,11 +216,13 @@ def write_data_files(
     partition: int,
     start_offset: int,
     io: FileIO | None = None,
+    prefix: str = DATA_FILE_PREFIX,
 ) -> list[DataFile]:
     """Write ``table`` (already in ``schema_to_pyarrow(target.schema, include_field_ids=True)``) as data files.
 
     One or more files per table partition (rolled at the target size); returns their ``DataFile`` entries with
-    the partition record and ``target.spec``'s id. Nothing is written for an empty table.
+    the partition record and ``target.spec``'s id. Nothing is written for an empty table. ``prefix``: the file
+    names' (:func:`coordinator.contract.data_file_name`).
     """
     if table.num_rows == 0:
         return []
@@ -239,7 +241,7 @@ def write_data_files(
         rows_per_file = max(1, int(target_size * part.num_rows / max(part.nbytes, 1)))
         for lo in range(0, part.num_rows, rows_per_file):
             piece = part.slice(lo, rows_per_file)
-            path = locations.new_data_location(data_file_name(partition, start_offset), key)
+            path = locations.new_data_location(data_file_name(partition, start_offset, prefix), key)
             with io.new_output(path).create(overwrite=True) as stream:
                 writer = pq.ParquetWriter(stream, schema=piece.schema, store_decimal_as_integer=True, **kwargs)
                 writer.write_table(piece, row_group_size=row_group_rows)

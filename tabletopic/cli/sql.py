@@ -257,10 +257,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    """List the catalog's tables with their current snapshot (pyiceberg only: no Spark, answers at once)."""
+    """List the catalog's tables with their current snapshot (pyiceberg only: no Spark, answers at once), and for a
+    table topic's table the records in its dead-letter table."""
     try:
         config = load_config(args.config, args.override or [])
-        from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY
+        from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY, dead_letters_of
         from tabletopic.catalog import CatalogUnavailableError, load_catalog
 
         try:
@@ -274,6 +275,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
         return 2
     rows: list[tuple[Any, ...]] = []
     problems: list[str] = []
+    dead_letters: dict[str, int] = {}  # table → records in its dead-letter table
     for namespace in catalog.list_namespaces():
         for identifier in catalog.list_tables(namespace):
             table = catalog.load_table(identifier)
@@ -284,15 +286,23 @@ def cmd_tables(args: argparse.Namespace) -> int:
                 problems.append(f"{name}: {problem}")
                 spec += " (!)"
             snapshot = table.current_snapshot()
+            owner = dead_letters_of(table)
+            if owner is not None:
+                dead_letters[name] = -1
             if snapshot is None:
                 rows.append((name, 0, 0, spec, None, None))
                 continue
             summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
             committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
-            rows.append((name, int(summary.get("total-records", 0)), int(summary.get("total-data-files", 0)), spec,
-                         snapshot.snapshot_id, committed.isoformat(sep=" ", timespec="seconds")))
-    print(format_table(["table", "records", "data files", "partitioned by", "snapshot", "committed at (UTC)"],
-                       rows))
+            records = int(summary.get("total-records", 0))
+            rows.append((name, records, int(summary.get("total-data-files", 0)), spec, snapshot.snapshot_id,
+                         committed.isoformat(sep=" ", timespec="seconds")))
+            if owner is not None:
+                dead_letters[owner] = records
+    # a table's dead letters (records errors.tolerance skipped) beside it; "-" for the dead-letter tables themselves
+    rows = [(*row, "-" if dead_letters.get(row[0]) == -1 else dead_letters.get(row[0], 0)) for row in rows]
+    print(format_table(["table", "records", "data files", "partitioned by", "snapshot", "committed at (UTC)",
+                        "dead letters"], rows))
     for line in problems:  # a topic setting the broker could not apply: say so here, not only in its log
         print(f"(!) partition.by of {line}")
     return 0
@@ -336,7 +346,9 @@ examples:
 TABLES_SUMMARY = "list the Iceberg tables with their records, data files and last commit (no Spark)"
 TABLES_DESCRIPTION = """\
 List the Iceberg tables of the broker's catalog with their current snapshot:
-records, data files, snapshot id and commit time. Reads the catalog with
+records, data files, snapshot id and commit time, and for a table topic's table
+the records in its dead-letter table (<table>_dlq: the records that
+errors.tolerance skipped). Reads the catalog with
 pyiceberg (no Spark), so it answers at once. Give the same --config and
 --override settings as the broker runs with."""
 TABLES_EPILOG = """\
