@@ -11,6 +11,7 @@ import io
 import json
 import struct
 import uuid
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,28 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from worker.formats import avro_decode, avro_duckdb
 from worker.formats.avro_decode import decode, decode_table
 from worker.formats.avro_schema import AvroSchemaError, avro_columns
 from worker.formats.confluent import Flavor, frame
 
 UTC = datetime.UTC
+
+
+# tests whose chunks are all valid: the DuckDB path reads them (the others hand their chunks to fastavro)
+READ_BY_DUCKDB = {"test_avro_decode_every_type_into_arrow", "test_avro_unions_at_the_top_and_inside_lists_and_maps",
+                  "test_avro_decoded_table_appends_to_an_iceberg_table",
+                  "test_avro_unknown_logical_types_read_as_their_type_and_wide_decimals_refused"}
+
+
+@pytest.fixture(autouse=True, params=["duckdb", "fastavro"])
+def avro_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every test on both decode paths: DuckDB first (fastavro for what it hands back), and fastavro only."""
+    monkeypatch.setattr(avro_decode, "DUCKDB", request.param == "duckdb")
+    chunks = avro_duckdb.STATS["chunks"]
+    yield request.param
+    read = avro_duckdb.STATS["chunks"] > chunks
+    assert read == (request.param == "duckdb" and request.node.originalname in READ_BY_DUCKDB)
 
 
 def confluent(schema_id: int, payload: bytes, indexes: bytes = b"") -> bytes:
