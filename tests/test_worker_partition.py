@@ -279,6 +279,35 @@ def test_more_data_when_a_response_is_bounded(tmp_path: Path, pool: ProcessPoolE
     run(tmp_path, pool, body)
 
 
+def test_a_round_answers_within_its_time_budget(tmp_path: Path, pool: ProcessPoolExecutor,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    # A backlog that takes longer to convert than a round may last: each round answers with the chunks done by
+    # then (MORE_DATA); the chunks still converting are kept for the next round, not thrown away.
+    monkeypatch.setattr("worker.partition_worker.ROUND_BUDGET_S", 0.0)
+
+    async def body(env: Env) -> None:
+        plog = env.log()
+        append_records(plog, json_records(2000), per_batch=100)  # ~260 KB
+        await env.start(prewrite_bytes=16 * 1024)
+        offset, codes = 0, []
+        while True:
+            r = await env.ask(offset)
+            codes.append(r.code)
+            assert r.start_offset == offset and r.next_offset > offset
+            env.commit(r)
+            offset = r.next_offset
+            if r.code is CommitCode.NONE:
+                break
+        assert offset == 2000 and len(codes) >= 3
+        assert set(codes[:-1]) == {CommitCode.MORE_DATA}
+        assert env.table_offsets() == list(range(2000))
+
+    with caplog.at_level(logging.INFO, logger="worker.partition_worker"):
+        run(tmp_path, pool, body)
+    assert "discarding" not in caplog.text and "deleted" not in caplog.text  # pre-written chunks were used
+
+
 def bad_at(n: int, bad: int, start: int = 0) -> list[Any]:
     recs = json_records(n, start=start)
     k, _, h, ts = recs[bad - start]

@@ -73,6 +73,14 @@ MAX_RESPONSE_BYTES = 1024 * MiB
 # how long a round waits for the schema registry (retrying) before it answers with what it has: well inside the
 # coordinator's 30 s round time-out
 REGISTRY_WAIT_S = 15.0
+# A round answers once it has taken chunks for this long: the chunks still converting stay as pre-writes for the
+# next (quick, MORE_DATA) round. Without it a slow format (Avro at ~20k records/s per core) over a long backlog
+# would answer after the coordinator's 30 s round time-out, and every answer would be dropped.
+ROUND_BUDGET_S = 10.0
+# Chunks are sized to about this much pool time (from the measured rate), so one chunk fits a round's budget.
+CHUNK_TARGET_S = 3.0
+MIN_CHUNK_BYTES = 256 * 1024
+FIRST_CHUNK_BYTES = 4 * MiB
 
 
 def _target_key(t: WriteTarget) -> tuple[str, int, int]:
@@ -147,6 +155,7 @@ class PartitionWorker:
         self._chunks: list[_Chunk] = []
         self._blocked_at: int | None = None  # do not pre-write into a record that blocks the partition
         self._bytes_per_record: float | None = None
+        self._bytes_per_s: float | None = None  # log bytes a chunk converts per second of pool time (EMA)
         self._queue: asyncio.Queue[CommitRequest] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
@@ -281,7 +290,8 @@ class PartitionWorker:
         await self._reset_if_moved(req, mine.offset, target)
         self._dead_letter_offset = mine.dead_letter_offset
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
-        flushed = await self._flush(req, mine.offset, hw, target, plan, deadline=deadline)
+        flushed = await self._flush(req, mine.offset, hw, target, plan, deadline=deadline,
+                                    answer_by=t0 + ROUND_BUDGET_S)
         if flushed.taken:
             crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
         response = self._response(req, mine, hw, target, flushed)
@@ -322,20 +332,22 @@ class PartitionWorker:
         await self.schema_source.schemas(ids, deadline)
 
     async def _flush(self, req: CommitRequest, x: int, hw: int, target: WriteTarget, plan: ConversionPlan, *,
-                     deadline: float) -> _Flushed:
+                     deadline: float, answer_by: float = float("inf")) -> _Flushed:
         """Take chunks in offset order, keeping the pipeline full up to ``hw`` and the round's byte budget, until
-        none is left or one stops at a blocking record, a record the table must first be evolved for, or the
-        registry cannot give a schema before ``deadline``. A system error hands nothing over."""
+        none is left, ``answer_by`` has passed (chunks still running stay pre-written for the next round), or one
+        stops at a blocking record, a record the table must first be evolved for, or the registry cannot give a
+        schema before ``deadline``. A system error hands nothing over."""
         assert self._written_to is not None
         taken: list[_Chunk] = []
         round_bytes = 0
         try:
             while True:
-                while self._running() < self.max_inflight and self._written_to < hw:
+                while (self._running() < self.max_inflight and self._written_to < hw
+                       and (time.monotonic() < answer_by or not (taken or self._chunks))):
                     budget = self.max_response_bytes - round_bytes - sum(c.input_bytes for c in self._chunks)
-                    if budget <= 0 or not await self._submit(hw, target, plan, min(self.prewrite_bytes, budget)):
+                    if budget <= 0 or not await self._submit(hw, target, plan, min(self._chunk_bytes(), budget)):
                         break
-                if not self._chunks:
+                if not self._chunks or (taken and time.monotonic() >= answer_by):
                     return _Flushed(taken)
                 chunk = self._chunks[0]
                 result = await asyncio.shield(chunk.future)
@@ -513,8 +525,19 @@ class PartitionWorker:
                 log.debug("%s: chunk failed: %r", self.name, exc)
             else:
                 result = fut.result()
-                self.busy_ms += result.convert_ms + result.write_ms
+                spent_ms = result.convert_ms + result.write_ms
+                self.busy_ms += spent_ms
+                if spent_ms > 0 and result.stats.input_bytes > 0:
+                    rate = result.stats.input_bytes / (spent_ms / 1000)
+                    self._bytes_per_s = rate if self._bytes_per_s is None else 0.7 * self._bytes_per_s + 0.3 * rate
         self._wake.set()
+
+    def _chunk_bytes(self) -> int:
+        """Log bytes per chunk: about :data:`CHUNK_TARGET_S` of pool time at the measured rate, at most
+        ``prewrite_bytes``."""
+        if self._bytes_per_s is None:  # the first chunk measures the rate: keep it small
+            return min(self.prewrite_bytes, FIRST_CHUNK_BYTES)
+        return int(min(self.prewrite_bytes, max(MIN_CHUNK_BYTES, self._bytes_per_s * CHUNK_TARGET_S)))
 
     async def _discard(self, chunks: list[_Chunk], why: str) -> None:
         """Wait for ``chunks`` and delete their files (never handed to the coordinator)."""
@@ -617,7 +640,7 @@ class PartitionWorker:
                     self._conditions.log("prewrite-failed", logging.ERROR, "%s: no table to pre-write into: %s: %s",
                                          self.name, type(e).__name__, e, state=(type(e), str(e)))
                     break
-                if not await self._submit(self.plog.high_watermark, target, plan, self.prewrite_bytes):
+                if not await self._submit(self.plog.high_watermark, target, plan, self._chunk_bytes()):
                     break
                 n += 1
                 self.prewrite_chunks += 1
