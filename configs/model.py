@@ -446,8 +446,10 @@ _topic(
             "Protobuf only: fully-qualified message name of the key schema (default: the first message)."),
     Setting("automq.table.topic.transform.value.type", Type.STRING, "none",
             "Transform after conversion: none, flatten (top-level value fields become columns; needs a json, "
-            "by_schema_id or by_latest_schema value converter), flatten_debezium (flatten + Debezium envelope "
-            "unwrap; needs a schema-based value converter; not built yet in tabletopic: refused).",
+            "by_schema_id or by_latest_schema value converter), flatten_debezium (Debezium change events: the "
+            "row after the change (before it for deletes) as columns plus _cdc struct<op I/U/D, ts ms, offset, "
+            "source schema-or-db.table>; tombstones skipped; needs a by_schema_id or by_latest_schema value "
+            "converter).",
             one_of(*TRANSFORM_TYPES)),
     Setting("automq.table.topic.id.columns", Type.STRING, None,
             "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "

@@ -17,8 +17,8 @@ adds what involves several settings at once (AutoMQ's rules between its table to
   column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it creates
   the table).
 
-Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC, the Debezium transform) are
-refused after the rules above, so a combination the rules refuse is still named as such.
+Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC) are refused after the rules
+above, so a combination the rules refuse is still named as such.
 
 Every violation is an :class:`InvalidConfigError` naming the key and the value.
 """
@@ -112,7 +112,6 @@ class NotBuilt:
 
 
 NOT_BUILT_YET: tuple[NotBuilt, ...] = (
-    NotBuilt(TRANSFORM_VALUE_TYPE, frozenset({TransformType.FLATTEN_DEBEZIUM.value}), "the Debezium transform"),
     NotBuilt(UPSERT_ENABLE, frozenset({"true"}), "upsert tables"),
     NotBuilt(CDC_FIELD, None, "CDC tables"),
     # a key serves only upserts and CDC; accepted alone it would be a setting that does nothing

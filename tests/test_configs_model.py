@@ -48,7 +48,7 @@ SPEC: dict[str, tuple[Type, Any, str, str]] = {
     P + "convert.value.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Order", ""),
     P + "convert.key.by_latest_schema.subject": (Type.STRING, None, "orders-key", ""),
     P + "convert.key.by_latest_schema.message.full.name": (Type.STRING, None, "shop.Key", ""),
-    P + "transform.value.type": (Type.STRING, "none", "none", "unwrap"),  # flatten*: not built yet (below)
+    P + "transform.value.type": (Type.STRING, "none", "none", "unwrap"),  # flatten*: need a converter (below)
     P + "id.columns": (Type.STRING, None, "", "[a b]"),  # any key: not built yet (below)
     P + "partition.by": (Type.STRING, None, "[bucket(_kafka_key, 16), _kafka_metadata.partition]", "[week(ts)]"),
     P + "upsert.enable": (Type.BOOLEAN, False, "false", "1"),
@@ -89,7 +89,6 @@ NOT_BUILT = "is not supported yet by this broker"
 @pytest.mark.parametrize(("key", "value", "extra"), [
     (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
     (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
-    (P + "transform.value.type", "flatten_debezium", {P + "convert.value.type": "by_schema_id"}),
     (P + "id.columns", "[region, name]", {}),
 ])
 def test_not_built_values_refused(key: str, value: str, extra: dict[str, str]) -> None:
@@ -97,8 +96,7 @@ def test_not_built_values_refused(key: str, value: str, extra: dict[str, str]) -
         with pytest.raises(InvalidConfigError) as ei:
             validate_topic_configs({key: value, **extra}, broker)
         assert str(ei.value).startswith(f"Invalid value {value} for configuration {key}: {value} {NOT_BUILT}")
-    assert {e.key for e in NOT_BUILT_YET} == {P + "upsert.enable", P + "cdc.field", P + "transform.value.type",
-                                              P + "id.columns"}
+    assert {e.key for e in NOT_BUILT_YET} == {P + "upsert.enable", P + "cdc.field", P + "id.columns"}
 
 
 @pytest.mark.parametrize("convert", ["raw", "string"])
@@ -185,9 +183,12 @@ def test_flatten_debezium_needs_schema_converter(convert: str) -> None:
 
 @pytest.mark.parametrize("convert", ["by_schema_id", "by_latest_schema"])
 def test_flatten_debezium_with_schema_converter(convert: str) -> None:
-    with pytest.raises(InvalidConfigError, match=NOT_BUILT):  # the cross-field rule passes
-        validate_topic_configs({P + "transform.value.type": "flatten_debezium", P + "convert.value.type": convert},
-                               REGISTRY)
+    out = validate_topic_configs({P + "transform.value.type": "flatten_debezium", P + "convert.value.type": convert},
+                                 REGISTRY)
+    assert out[P + "transform.value.type"] == "flatten_debezium"
+    assert TableTopicConfig.from_topic({P + "transform.value.type": "flatten_debezium",
+                                        P + "convert.value.type": convert}, REGISTRY).transform_value_type is (
+        TransformType.FLATTEN_DEBEZIUM)
 
 
 def test_from_debezium_key_needs_by_schema_id_key() -> None:

@@ -302,7 +302,6 @@ NOT_BUILT = [
     # (key, value, settings the cross-field rules need alongside)
     (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
     (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
-    (P + "transform.value.type", "flatten_debezium", {P + "convert.value.type": "by_schema_id"}),
     (P + "id.columns", "[id]", {}),
 ]
 

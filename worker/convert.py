@@ -100,17 +100,19 @@ def convert_records(
     dead-letter rows too.
     """
     d = decode(data, start_offset)
-    columns, timestamps, bad, stop = _record_columns(d, plan, partition)
+    columns, timestamps, bad, dropped, stop = _record_columns(d, plan, partition)
     if stop is not None:
         columns, timestamps, bad = _cut(d, columns, timestamps, bad, stop.row)
+        dropped = {i: r for i, r in dropped.items() if i < stop.row}
     columns = value_transform(plan.value_transform).apply(columns)
     table = _fit(columns, plan.arrow_schema, len(d.offsets))
+    table, timestamps, bad, left_out = _leave_out(d, table, timestamps, bad, dropped)
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
                             dead_letters=dead_letters, plan=plan)
     max_ts = pc.max(kept.timestamps).as_py() if len(kept.timestamps) else None
     return ConvertResult(kept.table, ConvertStats(
         records=kept.table.num_rows, next_offset=kept.next_offset,
-        max_timestamp=-1 if max_ts is None else int(max_ts), skipped=kept.skipped,
+        max_timestamp=-1 if max_ts is None else int(max_ts), skipped=_count_left_out(kept, left_out),
         blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason,
         input_bytes=len(data),
         missing_schemas=stop.missing_schemas if stop is not None and kept.blocked_offset is None else frozenset(),
@@ -133,10 +135,37 @@ def _cut(d: Decoded, columns: Columns, timestamps: pa.Array, bad: dict[int, str]
     return cut, timestamps.slice(0, row), {i: r for i, r in bad.items() if i < row}
 
 
+def _leave_out(d: Decoded, table: pa.Table, timestamps: pa.Array, bad: dict[int, str], dropped: dict[int, str]
+               ) -> tuple[pa.Table, pa.Array, dict[int, str], list[tuple[int, str]]]:
+    """Take the dropped rows (no table row on purpose: tombstones under ``flatten_debezium``) out of the chunk before
+    ``errors.tolerance`` sees it: out of the table, the timestamps and ``d`` (in place), the bad rows renumbered.
+    Returns them as (offset, reason): they are counted, never blocking, never dead letters."""
+    if not dropped:
+        return table, timestamps, bad, []
+    left_out = [(d.offsets[i], dropped[i]) for i in sorted(dropped)]
+    keep = [i for i in range(len(d.offsets)) if i not in dropped]
+    d.offsets, d.timestamps = [d.offsets[i] for i in keep], [d.timestamps[i] for i in keep]
+    d.keys, d.values, d.headers = [d.keys[i] for i in keep], [d.values[i] for i in keep], [d.headers[i] for i in keep]
+    if d.rows_before_corrupt is not None:
+        d.rows_before_corrupt -= sum(1 for i in dropped if i < d.rows_before_corrupt)
+    renumbered = {old: new for new, old in enumerate(keep)}
+    rows = pa.array(keep, pa.int64())
+    return table.take(rows), timestamps.take(rows), {renumbered[i]: r for i, r in bad.items()}, left_out
+
+
+def _count_left_out(kept: _Kept, left_out: list[tuple[int, str]]) -> dict[str, int]:
+    """``kept.skipped`` plus the dropped rows the chunk covers (below its next offset), by reason."""
+    skipped = dict(kept.skipped)
+    for offset, reason in left_out:
+        if offset < kept.next_offset:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    return skipped
+
+
 def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
-                    ) -> tuple[Columns, pa.Array, dict[int, str], Stop | None]:
+                    ) -> tuple[Columns, pa.Array, dict[int, str], dict[int, str], Stop | None]:
     """(the record columns by name, the timestamps, the reason per bad row: the first reason found wins, the
-    earliest row a converter stopped at)."""
+    reason per dropped row that is not bad, the earliest row a converter stopped at)."""
     n = len(d.offsets)
     timestamps = pa.array(d.timestamps, pa.int64())
     raw = {RecordPart.KEY: pa.array(d.keys, pa.large_binary()),
@@ -151,6 +180,7 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
         LEGACY_TIMESTAMP: timestamps,
     }
     bad: dict[int, str] = {}
+    dropped: dict[int, str] = {}
     stop: Stop | None = None
     converted: dict[tuple[RecordPart, str], pa.Array] = {}  # a part fed to two columns is converted once
     for feed in plan.feeds:
@@ -160,10 +190,12 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
             done = converted[(feed.part, feed.converter)] = out.values
             for row, reason in out.bad.items():
                 bad.setdefault(row, reason)
+            for row, reason in out.dropped.items():
+                dropped.setdefault(row, reason)
             if out.stop is not None and (stop is None or out.stop.row < stop.row):
                 stop = out.stop
         columns[feed.column] = done
-    return columns, timestamps, bad, stop
+    return columns, timestamps, bad, {i: r for i, r in dropped.items() if i not in bad}, stop
 
 
 def fit_table(table: pa.Table, target: pa.Schema) -> pa.Table:

@@ -4,7 +4,9 @@ A converter turns the raw bytes of every record's key or value (an Arrow ``large
 null key/value) into the values of one table column, all at once: converters work on whole Arrow columns, never
 record by record, since they run on the hot path of every chunk. It also says which Iceberg type it produces
 (the column type a new table gets), and which rows it could not convert and why: the reason is what
-``errors.tolerance`` counts, keeps in the dead-letter files or reports in a BLOCKED answer.
+``errors.tolerance`` counts, keeps in the dead-letter table or reports in a BLOCKED answer. Rows that are no
+table row on purpose (a tombstone under ``flatten_debezium``) are reported apart, as dropped: counted by reason,
+never blocking, never dead letters.
 
 Converters are registered by their ``convert.key.type`` / ``convert.value.type`` name (:func:`register`); pool
 processes look them up by that name in the picklable :class:`~worker.plan.ConversionPlan`, so a converter never
@@ -54,6 +56,9 @@ class ConvertedColumn:
     values: pa.Array  # one value per record, in the Arrow form of the table column's type; null where bad
     bad: Mapping[int, str] = field(default_factory=dict)  # row → reason, for the rows that could not be converted
     stop: Stop | None = None  # rows from stop.row on are not converted (schema-driven converters only)
+    # row → reason, for the rows that are no table row on purpose (a tombstone under flatten_debezium): left out,
+    # counted, neither bad nor dead letters
+    dropped: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ loop). A row is not converted, and the chunk ends before it (:class:`~worker.con
 - its schema holds something the table cannot (a new field, a wider type): the rows before it go to the table,
   the table is evolved, and the next round converts it.
 
-A null key or value (no key, a tombstone) is a null in the column. Bad rows (``errors.tolerance``): a missing or
-malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
+A null key or value (no key, a tombstone) is a null in the column; under a transform that skips tombstones
+(``flatten_debezium``) a null value is no row at all (dropped, ``tombstone``). Bad rows (``errors.tolerance``): a
+missing or malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
 an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
 (``unsupported_schema``: a recursive record), a payload that does not decode, a value the table's column type
 cannot take (``type_mismatch``).
@@ -35,7 +36,7 @@ from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, 
 from worker.evolution import conform_rows, needed_change, scatter
 from worker.formats.base import Decoder, RegistrySchema, SchemaMappingError, decoder
 from worker.formats.confluent import REASON_NULL, Flavor, frame
-from worker.transforms import value_transform
+from worker.transforms import REASON_TOMBSTONE, value_transform
 from worker.transforms.flatten import RESERVED
 
 REASON_UNKNOWN_SCHEMA_ID = "unknown_schema_id"
@@ -121,6 +122,7 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
     if target is None:  # the column does not exist yet: every row is past the stop (a change adds it)
         return ConvertedColumn(pa.nulls(n, pa.null()), bad, stop)
     parts: list[tuple[list[int], pa.Array]] = []
+    dropped: dict[int, str] = {}
     for key, dec in decoders.items():
         rows = [r for r in groups[key] if r < limit]
         if not rows:
@@ -132,8 +134,9 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
             bad[rows[j]] = reason
         for j in mismatched:
             bad.setdefault(rows[j], f"{REASON_TYPE_MISMATCH}_{suffix}")
+        dropped.update((rows[j], reason) for j, reason in shaped.dropped.items() if rows[j] not in bad)
         parts.append((rows, values))
-    return ConvertedColumn(scatter(n, parts, target), bad, stop)
+    return ConvertedColumn(scatter(n, parts, target), bad, stop, dropped)
 
 
 class BySchemaId:
@@ -148,6 +151,7 @@ class BySchemaId:
         framed = frame(raw, suffix, Flavor.AVRO)
         # a null key or value (no key, a tombstone) is a null column value, not bad data
         bad = {i: r for i, r in framed.bad.items() if r != f"{REASON_NULL}_{suffix}"}
+        tombstones = _tombstones(raw, part, ctx)
         ids = framed.schema_ids.to_pylist()
         proto_ids = {sid for sid in set(ids) if sid is not None and _is_protobuf(ctx.schemas.get(sid))}
         indexes: dict[int, tuple[int, ...]] = {}
@@ -171,7 +175,14 @@ class BySchemaId:
                 continue
             groups.add((sid, indexes.get(i)), i)
         out = _decode_groups(payloads, groups.rows, schemas=ctx.schemas, ctx=ctx, suffix=suffix, n=len(raw))
-        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop)
+        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop, {**tombstones, **out.dropped})
+
+
+def _tombstones(raw: pa.Array, part: RecordPart, ctx: ConvertContext) -> dict[int, str]:
+    """The null values a transform that skips tombstones leaves out of the table (else they are null values)."""
+    if part is not RecordPart.VALUE or not value_transform(ctx.transform).skips_tombstones:
+        return {}
+    return dict.fromkeys(pc.indices_nonzero(pc.is_null(raw)).to_pylist(), REASON_TOMBSTONE)
 
 
 def _is_protobuf(schema: RegistrySchema | None) -> bool:
@@ -196,7 +207,8 @@ class ByLatestSchema:
         rows = pc.indices_nonzero(pc.is_valid(raw)).to_pylist()
         out = _decode_groups(raw, {key: rows} if rows else {}, schemas={key[0]: latest}, ctx=ctx, suffix=suffix,
                              n=n)
-        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop)
+        dropped = {**_tombstones(raw, part, ctx), **out.dropped}
+        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop, dropped)
 
 
 BY_SCHEMA_ID = register(BySchemaId())

@@ -1,7 +1,7 @@
 """The transform interface: the record columns after conversion → the columns matched to the table.
 
 A transform runs after the converters, on whole Arrow columns (never record by record), and may reshape them:
-``transform.value.type=flatten`` will lift the fields of a structured ``_kafka_value`` into top-level columns.
+``transform.value.type=flatten`` lifts the fields of a structured ``_kafka_value`` into top-level columns.
 Its input and output map column names to arrays of one value per record; the conversion then matches them to
 the table's columns by name (unknown ones are dropped, missing ones written as nulls).
 
@@ -24,6 +24,9 @@ from worker.registry import Registry
 
 Columns = dict[str, pa.Array]
 """Column name → one value per record."""
+
+REASON_TOMBSTONE = "tombstone"
+"""The reason a null value is dropped by a transform that :attr:`~ValueTransform.skips_tombstones`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,12 @@ class ValueTransform(Protocol):
     @property
     def flattens(self) -> bool:
         """True when the value's fields become top-level columns (the value feeds the table's top level)."""
+        ...
+
+    @property
+    def skips_tombstones(self) -> bool:
+        """True when a null value (a tombstone) is no row: the converters leave it out as dropped (reason
+        :data:`REASON_TOMBSTONE`: counted, never a dead letter, never blocking) instead of reporting it bad."""
         ...
 
     def value_type(self, decoded: IcebergType) -> IcebergType:

@@ -48,6 +48,7 @@ def lift(columns: Columns) -> Columns:
 class Flatten:
     name = "flatten"
     flattens = True
+    skips_tombstones = False
 
     def value_type(self, decoded: IcebergType) -> IcebergType:
         return check_flattenable(decoded)

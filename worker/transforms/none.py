@@ -11,6 +11,7 @@ from worker.transforms.base import Columns, Reshaped, register
 class NoTransform:
     name = "none"
     flattens = False
+    skips_tombstones = False
 
     def value_type(self, decoded: IcebergType) -> IcebergType:
         return decoded
