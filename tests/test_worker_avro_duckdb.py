@@ -307,6 +307,20 @@ def test_cut_payloads_never_shift_rows(name: str) -> None:
         assert _decoded_alike(payloads, columns) is None, f"a payload cut to {cut} bytes was read"
 
 
+def test_a_record_read_again_from_the_middle_of_a_broken_payload_is_not_taken() -> None:
+    """DuckDB takes a failed read for the end of a vector and reads on from where the read failed, inside the
+    block: ``7e`` says a string of 63 bytes and fails; read again from the next byte, ``02 04 'xy' 02`` is a whole
+    record of the file's schema ``{m: long, s: string, n: long}`` (1, "xy", 1), every row count right. Only the
+    markers (1 is not the chunk's) show it: the chunk goes to fastavro, which calls the row bad."""
+    schema = record("S", ("s", "string"))
+    columns = columns_of(schema)
+    payloads = pa.array([b"\x06abc", b"\x7e\x02\x04xy\x02", b"\x06def"], pa.large_binary())
+    assert _decoded_alike(payloads, columns) is None
+    out = avro_decode.decode(payloads, columns, "value")
+    assert out.bad == {1: "undecodable_avro_value"}
+    assert out.values.to_pylist() == [{"s": "abc"}, None, {"s": "def"}]
+
+
 @pytest.mark.parametrize("name", CORRUPT_SCHEMAS)
 def test_extra_trailing_bytes_are_not_taken_for_the_next_row(name: str) -> None:
     """fastavro ignores bytes after a record; the DuckDB path sees that its marker is not there and hands the
@@ -386,6 +400,9 @@ def test_values_fastavro_reads_but_arrow_or_python_refuse_go_to_fastavro() -> No
         (record("R", ("e", {"type": "enum", "name": "E", "symbols": ["A", "B"]})), [avro_bytes("int", 2)]),
         (record("I", ("i", "int")), [long_bytes(2**31)]),  # an int wider than 32 bits
         (record("M", ("m", {"type": "map", "values": "int"})), [b"\x04\x02k\x02\x02k\x04\x00"]),  # k twice
+        (record("M", ("m", {"type": "map", "values": "int"})), [  # a long map (another check) with k0 twice
+            avro_bytes("long", 12) + b"".join(avro_bytes("string", f"k{i % 11}") + avro_bytes("int", i)
+                                              for i in range(12)) + b"\x00"]),
         (record("S", ("s", "string")), [b"\x06\xed\xa0\x80"]),  # a UTF-16 surrogate
         (record("S", ("s", "string")), [b"\x04\xc0\x80"]),  # overlong NUL
         (record("B", ("b", "boolean")), [b"\x02"]),  # neither 0 nor 1: both read True

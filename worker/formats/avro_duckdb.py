@@ -586,6 +586,7 @@ def _connect() -> _Connection | None:
                 "autoinstall_known_extensions": False, "autoload_known_extensions": False,
                 "threads": 1,  # one pool process per core
                 "enable_external_file_cache": False,  # a path is reused for other contents
+                "temp_directory": "",  # never spill to disk (a chunk that does not fit fails: fastavro reads it)
                 "arrow_large_buffer_size": True,  # large_string / large_binary / large_list, as the table has
             })
             con.execute("LOAD '{}'".format(str(duckdb_extension_path("avro")).replace("'", "''")))
