@@ -134,7 +134,7 @@ class TableTopicHost:
     def _evolve_schema(self, tbl: Table, change: str) -> None:
         """Apply a worker's table change through the Spark side process (blocking; the coordinator's thread)."""
         assert self.spark is not None
-        self.spark.evolve_schema(".".join(tbl.name()), change)
+        self.spark.evolve_schema(tbl.name(), change)
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
