@@ -132,8 +132,8 @@ def converter_conflicts(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> 
     have = {f.name: f.field_type for f in catalog.load_table(ident).schema().fields}
     out: list[ColumnConflict] = []
     for column, convert in ((KEY, cfg.convert_key_type), (VALUE, cfg.convert_value_type)):
-        if convert.schema_based and isinstance(have.get(column), PrimitiveType):
-            out.append(ColumnConflict(column, str(have[column]), "the records' schema type (from the registry)"))
+        if convert.columns_from_records and isinstance(have.get(column), PrimitiveType):
+            out.append(ColumnConflict(column, str(have[column]), "a struct of the records' fields"))
     for f in table_schema(cfg).fields:
         if not isinstance(f.field_type, PrimitiveType):
             continue
