@@ -25,35 +25,15 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from worker.converters.base import ConvertedColumn
 from worker.formats import avro_duckdb
+from worker.formats.avro_arrow import arrow_type, storage_type
 from worker.formats.avro_schema import AvroColumns
 
 REASON_UNDECODABLE = "undecodable_avro"
 DUCKDB = True  # try the DuckDB path first (False: fastavro only)
 
 
-def arrow_type(columns: AvroColumns) -> pa.DataType:
-    """The Arrow type of the column (pyiceberg's ``schema_to_pyarrow``, with the Parquet field ids)."""
-    return schema_to_pyarrow(columns.iceberg_type, include_field_ids=True)
-
-
-def _storage(typ: pa.DataType) -> pa.DataType:
-    """``typ`` with extension types (uuid) replaced by their storage: ``pa.array`` cannot build those from Python
-    values inside nested types, a cast from the storage type can."""
-    if isinstance(typ, pa.BaseExtensionType):
-        return typ.storage_type
-    if pa.types.is_struct(typ):
-        return pa.struct([f.with_type(_storage(f.type)) for f in typ])
-    if pa.types.is_map(typ):
-        return pa.map_(typ.key_field.with_type(_storage(typ.key_type)),
-                       typ.item_field.with_type(_storage(typ.item_type)))
-    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
-        make = pa.list_ if pa.types.is_list(typ) else pa.large_list
-        return make(typ.value_field.with_type(_storage(typ.value_type)))
-    return typ
-
-
 def _build(values: list[Any], typ: pa.DataType) -> pa.Array:
-    built = pa.array(values, _storage(typ))
+    built = pa.array(values, storage_type(typ))
     # pa.array leaves the field ids off a map's key and value fields: the cast puts them back
     return built if built.type.equals(typ, check_metadata=True) else built.cast(typ)
 

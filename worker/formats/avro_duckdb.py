@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from worker.converters.base import ConvertedColumn
+from worker.formats.avro_arrow import arrow_type, storage_type
 from worker.formats.avro_schema import AvroColumns
 
 if TYPE_CHECKING:
@@ -500,10 +501,9 @@ class _Planner:
 
 
 def _make_plan(columns: AvroColumns) -> Plan | None:
-    from worker.formats.avro_decode import _storage, arrow_type  # avro_decode imports this module
 
     typ = arrow_type(columns)
-    storage = _storage(typ)
+    storage = storage_type(typ)
     named = dict(columns.decode_schema.get("__named_schemas", {})) if isinstance(columns.decode_schema, dict) else {}
     name = columns.decode_schema.get("name") if isinstance(columns.decode_schema, dict) else None
     try:
