@@ -11,18 +11,14 @@ import datetime as dt
 import decimal
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka import Producer
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.types import (
     DecimalType,
     ListType,
@@ -34,8 +30,11 @@ from pyiceberg.types import (
 
 from tabletopic.readers import duckdb_connect, metadata_path
 from tests.helpers.procs import BrokerProcess, free_port
-
-P = "automq.table.topic."
+from tests.helpers.schema_topics import assert_once_each, log_records
+from tests.helpers.schema_topics import catalog as _catalog
+from tests.helpers.schema_topics import create_topic as _create
+from tests.helpers.schema_topics import registry_client as _registry
+from tests.helpers.schema_topics import wait_rows as _wait_rows
 
 
 def _record(name: str, fields: list[dict[str, Any]]) -> str:
@@ -80,21 +79,6 @@ def registry_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         b.stop()
 
 
-def _registry(b: BrokerProcess) -> SchemaRegistryClient:
-    return SchemaRegistryClient({"url": b.overrides["schema.registry.listeners"]})
-
-
-def _catalog(b: BrokerProcess) -> SqlCatalog:
-    return SqlCatalog("tabletopic", uri=b.catalog_uri, warehouse=b.warehouse)
-
-
-def _create(b: BrokerProcess, topic: str, partitions: int, **conf: str) -> None:
-    settings = {P + "enable": "true", P + "commit.interval.ms": "500", P + "convert.value.type": "by_schema_id",
-                **{P + k.replace("_", "."): v for k, v in conf.items()}}
-    admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1, config=settings)])[topic].result(30)
-
-
 def _produce(b: BrokerProcess, topic: str, batches: list[tuple[int, range]], partitions: int) -> int:
     """Produce ``_value(version, i)`` for each (version, ids) batch with that schema version; returns acked."""
     registry = _registry(b)
@@ -118,40 +102,7 @@ def _produce(b: BrokerProcess, topic: str, batches: list[tuple[int, range]], par
 
 def _log_values(b: BrokerProcess, topic: str) -> dict[tuple[int, int], dict[str, Any] | None]:
     """Every record of the topic decoded with the real AvroDeserializer: (partition, offset) → value."""
-    deser = AvroDeserializer(_registry(b))
-    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "oracle-" + uuid.uuid4().hex,
-                  "auto.offset.reset": "earliest", "enable.partition.eof": True})
-    c.subscribe([topic])
-    out: dict[tuple[int, int], dict[str, Any] | None] = {}
-    eofs: set[int] = set()
-    deadline = time.monotonic() + 60
-    admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    parts = len(admin.list_topics(topic).topics[topic].partitions)
-    try:
-        while len(eofs) < parts and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            if m.error():
-                eofs.add(m.partition())
-                continue
-            out[(m.partition(), m.offset())] = deser(m.value(), SerializationContext(topic, MessageField.VALUE))
-    finally:
-        c.close()
-    return out
-
-
-def _wait_rows(b: BrokerProcess, topic: str, n: int, timeout: float = 120) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    rows: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        cat = _catalog(b)
-        if cat.table_exists(f"default.{topic}"):
-            rows = cat.load_table(f"default.{topic}").scan().to_arrow().to_pylist()
-            if len(rows) >= n:
-                return rows
-        time.sleep(0.5)
-    raise AssertionError(f"table {topic} has {len(rows)} rows, expected {n}")
+    return {pk: v for pk, (_k, v) in log_records(b, topic, value=AvroDeserializer(_registry(b))).items()}
 
 
 def _normalize(v: Any) -> Any:
@@ -181,9 +132,7 @@ def _expected(logv: dict[str, Any] | None, columns: list[str]) -> dict[str, Any]
 def _assert_table_equals_log(b: BrokerProcess, topic: str) -> list[dict[str, Any]]:
     log = _log_values(b, topic)
     rows = _wait_rows(b, topic, len(log))
-    keys = [(r["_kafka_metadata"]["partition"], r["_kafka_metadata"]["offset"]) for r in rows]
-    assert len(keys) == len(set(keys)), "a record is in the table twice"
-    assert set(keys) == set(log)
+    assert_once_each(rows, log)
     columns = [f.name for f in _catalog(b).load_table(f"default.{topic}").schema().find_field(
         "_kafka_value").field_type.fields]  # type: ignore[attr-defined]
     for r in rows:
