@@ -273,7 +273,9 @@ class PartitionWorker:
         deadline = t0 + REGISTRY_WAIT_S
         try:
             target = self._target(req)
-            plan = await self._plan(target, self._config_provider(), deadline)
+            # by_latest_schema: the subject's latest as it is now, after the high watermark was taken, so every
+            # record below it was written with this schema or an older one
+            plan = await self._plan(target, self._config_provider(), deadline, fresh=True)
         except RegistryUnavailableError as e:
             self._conditions.log("registry", logging.WARNING, "%s: commit %s: waiting for the schema registry: %s",
                                  self.name, req.commit_id, e, state=str(e))
@@ -287,6 +289,8 @@ class PartitionWorker:
                 code=CommitCode.NONE, commit_id=req.commit_id, topic=self.topic, partition=self.partition,
                 leader_epoch=mine.leader_epoch, start_offset=mine.offset, next_offset=mine.offset,
                 error=f"{type(e).__name__}: {e}"))
+        if any(c.plan.latest != plan.latest for c in self._chunks):
+            self._position = None  # a subject's latest schema changed: chunks written ahead with the older one go
         await self._reset_if_moved(req, mine.offset, target)
         self._dead_letter_offset = mine.dead_letter_offset
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
@@ -313,15 +317,18 @@ class PartitionWorker:
         await self._discard(chunks, f"reset to {x}")
         self._position = self._written_to = x
 
-    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float) -> ConversionPlan:
-        """The round's plan: the schemas fetched so far, and for ``by_latest_schema`` the subjects' latest
-        (RegistryUnavailableError when the registry cannot give it before ``deadline``)."""
+    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float, *, fresh: bool = False
+                    ) -> ConversionPlan:
+        """The round's plan: the schemas fetched so far, and for ``by_latest_schema`` the subjects' latest, asked
+        of the registry now when ``fresh`` (a round), else as last fetched (pre-writes: the round discards their
+        chunks if the latest changed since). RegistryUnavailableError when the registry cannot give it before
+        ``deadline``."""
         source = self.schema_source
         latest: dict[RecordPart, RegistrySchema | None] = {}
         for part, subject in latest_subjects(self.topic, cfg).items():
             if source is None:
                 raise RegistryUnavailableError("no schema registry is configured")
-            latest[part] = await source.latest(subject, deadline)
+            latest[part] = await source.latest(subject, deadline, max_age_s=0.0 if fresh else float("inf"))
             if latest[part] is None:
                 raise RegistryUnavailableError(f"subject {subject} has no schema yet")
         return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest)

@@ -95,11 +95,13 @@ class SchemaSource:
             out[sid] = self._by_id[sid]
         return out
 
-    async def latest(self, subject: str, deadline: float) -> RegistrySchema | None:
-        """The latest schema of ``subject`` (None when the subject has none), cached for :data:`LATEST_TTL_S`."""
+    async def latest(self, subject: str, deadline: float, *, max_age_s: float = LATEST_TTL_S
+                     ) -> RegistrySchema | None:
+        """The latest schema of ``subject`` (None when the subject has none); a cached answer younger than
+        ``max_age_s`` is used (0: always ask the registry)."""
         now = time.monotonic()
         cached = self._latest.get(subject)
-        if cached is not None and now - cached[0] < LATEST_TTL_S:
+        if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
         try:
             found: RegistrySchema | None = await self._once(
