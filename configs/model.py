@@ -337,6 +337,10 @@ _broker(
             "Port of the Prometheus /metrics HTTP endpoint (table topic delay, fields, busy ratio); "
             "unset: no endpoint; 0: any free port.",
             between(0, 65535), dynamic=False),
+    # tabletopic's own, the broker-wide default of the topic setting of the same name (tests turn it off)
+    Setting("automq.table.topic.compaction.enable", Type.BOOLEAN, True,
+            "Default of the topic setting automq.table.topic.compaction.enable: automatic compaction and maintenance "
+            "of table topics' tables. Not an AutoMQ setting: tabletopic's own.", dynamic=False),
     # tabletopic's own (not an AutoMQ name: AutoMQ converts inside the broker's JVM)
     Setting("schema.registry.listeners", Type.LIST, None,
             "Where the broker serves its Confluent-compatible schema registry, e.g. http://127.0.0.1:8081 "
@@ -474,11 +478,42 @@ _topic(
             "all: skip every record that fails conversion or transformation.",
             one_of(*ERRORS_TOLERANCES)),
     Setting("automq.table.topic.expire.snapshot.enabled", Type.BOOLEAN, True,
-            "Expire old snapshots as part of each commit."),
+            "Expire old snapshots: with automq.table.topic.compaction.enable (tabletopic's default), by the table's "
+            "maintenance run, which also deletes the files only expired snapshots referenced; without it, as part "
+            "of each commit (those files then stay on disk)."),
     Setting("automq.table.topic.expire.snapshot.older.than.hours", Type.INT, 1,
             "Snapshots older than this many hours are expired.", at_least(1)),
     Setting("automq.table.topic.expire.snapshot.retain.last", Type.INT, 1,
             "Snapshots always kept, however old.", at_least(1)),
+    # ---- tabletopic's own extensions (not AutoMQ settings): automatic compaction and maintenance of the table,
+    # run beside the commits by the broker's Spark side process (coordinator.maintenance)
+    Setting("automq.table.topic.compaction.enable", Type.BOOLEAN, True,
+            "Compact and maintain the table automatically, beside the commits (tabletopic's own setting, not "
+            "AutoMQ's): bin-pack small data files, apply position deletes past compaction.delete.ratio (dropping "
+            "the delete files), rewrite manifests, expire snapshots (expire.snapshot.*) and remove orphan files "
+            "(orphan.files.older.than.hours), in the broker's Spark side process every compaction.interval.ms.",
+            broker_synonym="automq.table.topic.compaction.enable"),
+    Setting("automq.table.topic.compaction.interval.ms", Type.LONG, 60000,
+            "How often the table's maintenance runs (tabletopic's own setting); a run that finds nothing to do "
+            "costs no Spark work.", between(1000, 86_400_000)),
+    Setting("automq.table.topic.compaction.target.file.size.bytes", Type.LONG, 128 << 20,
+            "Size compaction bin-packs data files to; files under 75% of it are compacted (tabletopic's own "
+            "setting).", between(1 << 20, 1 << 40)),
+    Setting("automq.table.topic.compaction.min.input.files", Type.INT, 5,
+            "Small data files of one table partition are compacted together once there are at least this many; a "
+            "data file with this many position delete files is rewritten without its deleted rows (tabletopic's "
+            "own setting).", between(2, 100_000)),
+    Setting("automq.table.topic.compaction.delete.ratio", Type.DOUBLE, 0.3,
+            "A data file whose position deletes cover at least this share of its rows is rewritten without them, "
+            "and the delete files left applying to nothing are dropped (tabletopic's own setting).",
+            between(0.01, 1.0)),
+    Setting("automq.table.topic.compaction.min.input.manifests", Type.INT, 20,
+            "The table's manifests are rewritten once its current snapshot has at least this many (each commit "
+            "adds one; tabletopic's own setting).", between(2, 100_000)),
+    Setting("automq.table.topic.orphan.files.older.than.hours", Type.INT, 24,
+            "Files under the table's location that no snapshot references are deleted once older than this "
+            "(tabletopic's own setting; part of the compaction run). Files of a round in flight are never "
+            "touched, whatever their age.", between(1, 87_600)),
     Setting("automq.table.topic.iceberg.auto-create.properties", Type.LIST,
             ("write.metadata.delete-after-commit.enabled=true",),
             "key=value table properties given to tables the broker creates (replaces the defaults; applied at "

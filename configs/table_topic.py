@@ -54,6 +54,14 @@ EXPIRE_SNAPSHOT_ENABLED = "automq.table.topic.expire.snapshot.enabled"
 EXPIRE_SNAPSHOT_OLDER_THAN_HOURS = "automq.table.topic.expire.snapshot.older.than.hours"
 EXPIRE_SNAPSHOT_RETAIN_LAST = "automq.table.topic.expire.snapshot.retain.last"
 ICEBERG_AUTO_CREATE_PROPERTIES = "automq.table.topic.iceberg.auto-create.properties"
+# tabletopic's own: automatic compaction and maintenance (coordinator.maintenance)
+COMPACTION_ENABLE = "automq.table.topic.compaction.enable"
+COMPACTION_INTERVAL_MS = "automq.table.topic.compaction.interval.ms"
+COMPACTION_TARGET_FILE_SIZE_BYTES = "automq.table.topic.compaction.target.file.size.bytes"
+COMPACTION_MIN_INPUT_FILES = "automq.table.topic.compaction.min.input.files"
+COMPACTION_DELETE_RATIO = "automq.table.topic.compaction.delete.ratio"
+COMPACTION_MIN_INPUT_MANIFESTS = "automq.table.topic.compaction.min.input.manifests"
+ORPHAN_FILES_OLDER_THAN_HOURS = "automq.table.topic.orphan.files.older.than.hours"
 
 SCHEMA_REGISTRY_URL = "automq.table.topic.schema.registry.url"
 
@@ -252,6 +260,13 @@ class TableTopicConfig:
     iceberg_auto_create_properties: tuple[tuple[str, str], ...] = (
         ("write.metadata.delete-after-commit.enabled", "true"),
     )
+    compaction_enable: bool = True
+    compaction_interval_ms: int = 60000
+    compaction_target_file_size_bytes: int = 128 << 20
+    compaction_min_input_files: int = 5
+    compaction_delete_ratio: float = 0.3
+    compaction_min_input_manifests: int = 20
+    orphan_files_older_than_hours: int = 24
 
     @classmethod
     def from_topic(cls, overrides: Mapping[str, str], broker: BrokerConfig, *, validate: bool = True
@@ -299,6 +314,13 @@ class TableTopicConfig:
             expire_snapshot_older_than_hours=typed(values, EXPIRE_SNAPSHOT_OLDER_THAN_HOURS, int),
             expire_snapshot_retain_last=typed(values, EXPIRE_SNAPSHOT_RETAIN_LAST, int),
             iceberg_auto_create_properties=tuple(props),
+            compaction_enable=typed(values, COMPACTION_ENABLE, bool),
+            compaction_interval_ms=typed(values, COMPACTION_INTERVAL_MS, int),
+            compaction_target_file_size_bytes=typed(values, COMPACTION_TARGET_FILE_SIZE_BYTES, int),
+            compaction_min_input_files=typed(values, COMPACTION_MIN_INPUT_FILES, int),
+            compaction_delete_ratio=typed(values, COMPACTION_DELETE_RATIO, float),
+            compaction_min_input_manifests=typed(values, COMPACTION_MIN_INPUT_MANIFESTS, int),
+            orphan_files_older_than_hours=typed(values, ORPHAN_FILES_OLDER_THAN_HOURS, int),
         )
 
     @property

@@ -12,7 +12,8 @@ The transaction of a round (:func:`commit_round`) holds, all or nothing:
   every commit of ours moves ``main`` and a concurrent committer is always detected by Iceberg's
   ``AssertRefSnapshotId``); its summary carries ``tabletopic.commit-id`` and ``tabletopic.watermark``;
 - the table properties ``tabletopic.offsets`` / ``tabletopic.commit-id`` (:mod:`coordinator.table`);
-- snapshot expiry per ``expire.snapshot.*``;
+- snapshot expiry per ``expire.snapshot.*`` (:meth:`ExpirePolicy.from_config`: only a backstop when the
+  maintenance run of :mod:`coordinator.maintenance` expires them);
 - when the round has dead letters, their file paths and the round's offsets in ``tabletopic.dead-letters.pending``
   (replacing the previous round's, which the coordinator has seen in the dead-letter table first).
 
@@ -276,6 +277,10 @@ class CommitOutcomeUnknownError(Exception):
     """The commit may or may not have landed and the table could not be read back to tell: keep the files."""
 
 
+EXPIRY_BACKSTOP_HOURS = 24
+"""With maintenance on, the rounds expire only snapshots this much older than ``expire.snapshot.older.than.hours``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ExpirePolicy:
     """``automq.table.topic.expire.snapshot.*``."""
@@ -285,8 +290,20 @@ class ExpirePolicy:
     retain_last: int = 1
 
     @classmethod
-    def from_config(cls, cfg: TableTopicConfig) -> ExpirePolicy:
+    def settings(cls, cfg: TableTopicConfig) -> ExpirePolicy:
+        """The settings as they are (the dead-letter table's commits, the maintenance run)."""
         return cls(cfg.expire_snapshot_enabled, cfg.expire_snapshot_older_than_hours, cfg.expire_snapshot_retain_last)
+
+    @classmethod
+    def from_config(cls, cfg: TableTopicConfig) -> ExpirePolicy:
+        """What a round's transaction expires on the main table. With ``compaction.enable`` the maintenance run
+        expires snapshots (Spark's expiry, which also deletes the files only they referenced: pyiceberg's leaves
+        them on disk), so the round expires only what is :data:`EXPIRY_BACKSTOP_HOURS` past the setting: a
+        backstop bounding the metadata while the maintenance cannot run (no Spark)."""
+        policy = cls.settings(cfg)
+        if cfg.compaction_enable:
+            return cls(policy.enabled, policy.older_than_hours + EXPIRY_BACKSTOP_HOURS, policy.retain_last)
+        return policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,7 +545,7 @@ def commit_dead_letters(catalog: Catalog, main: Table, cfg: TableTopicConfig, *,
         if commit_landed(dlq, pending.commit_id):
             return dlq
         files = [f for path in pending.files if (f := _dead_letter_file(dlq, path, by_path)) is not None]
-        txn = _dead_letter_transaction(dlq, pending, files, topic_id=topic_id, expire=ExpirePolicy.from_config(cfg),
+        txn = _dead_letter_transaction(dlq, pending, files, topic_id=topic_id, expire=ExpirePolicy.settings(cfg),
                                        now_ms=int(clock() * 1000))
         try:
             committed = txn.commit_transaction()

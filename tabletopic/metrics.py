@@ -16,8 +16,10 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
@@ -37,8 +39,60 @@ ROUND_FAILED = "failed"  # commit failed (safe to retry)
 ROUND_UNKNOWN = "unknown"  # commit state unknown (the table must be re-read)
 
 
+MAINTENANCE_DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+
+
 def _now_ms() -> float:
     return time.time() * 1000.0
+
+
+class MaintenanceRun(Protocol):
+    """What a table's maintenance run reports (``coordinator.maintenance.MaintenanceReport``)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def failures(self) -> Mapping[str, str]: ...
+
+    @property
+    def duration_ms(self) -> float: ...
+
+    @property
+    def data_files_after(self) -> int: ...
+
+    @property
+    def delete_files_after(self) -> int: ...
+
+    @property
+    def manifests_after(self) -> int: ...
+
+    @property
+    def rewritten_data_files(self) -> int: ...
+
+    @property
+    def added_data_files(self) -> int: ...
+
+    @property
+    def rewritten_bytes(self) -> int: ...
+
+    @property
+    def added_bytes(self) -> int: ...
+
+    @property
+    def deletes_applied(self) -> int: ...
+
+    @property
+    def removed_delete_files(self) -> int: ...
+
+    @property
+    def snapshots_expired(self) -> int: ...
+
+    @property
+    def expired_files_deleted(self) -> int: ...
+
+    @property
+    def orphan_files_deleted(self) -> int: ...
 
 
 class TableTopicMetrics:
@@ -73,6 +127,7 @@ class TableTopicMetrics:
         self._partition_by = Gauge("tabletopic_partition_by_applied", "1 when the table's partition spec follows "
                                    "automq.table.topic.partition.by, 0 when that value cannot apply to the table "
                                    "(the reason is in `tabletopic tables`)", ["topic"], registry=r)
+        self._init_maintenance(r)
         self._lock = threading.Lock()
         self._watermarks: dict[str, float] = {}
         self._last_commit: dict[str, float] = {}
@@ -147,6 +202,72 @@ class TableTopicMetrics:
         """Whether the table's spec follows ``partition.by`` (see ``coordinator.committer.evolve_partition_spec``)."""
         self._partition_by.labels(topic=topic).set(1.0 if applied else 0.0)
 
+    def _init_maintenance(self, r: CollectorRegistry) -> None:
+        p = "tabletopic_maintenance_"
+        self._mt_runs = Counter(p + "runs", "Maintenance runs that did something, by result (ok, failed: a step "
+                                "failed and was given up until the next run)", ["topic", "result"], registry=r)
+        self._mt_failures = Counter(p + "failures", "Maintenance steps given up, by step", ["topic", "step"],
+                                    registry=r)
+        self._mt_duration = Histogram(p + "duration_seconds", "Duration of a maintenance run", ["topic"],
+                                      buckets=MAINTENANCE_DURATION_BUCKETS, registry=r)
+        self._mt_rewritten = Counter(p + "files_rewritten", "Data files compaction replaced", ["topic"], registry=r)
+        self._mt_added = Counter(p + "files_added", "Data files compaction wrote", ["topic"], registry=r)
+        self._mt_bytes_rewritten = Counter(p + "bytes_rewritten", "Bytes of the data files compaction replaced",
+                                           ["topic"], registry=r)
+        self._mt_bytes_added = Counter(p + "bytes_added", "Bytes of the data files compaction wrote", ["topic"],
+                                       registry=r)
+        self._mt_deletes = Counter(p + "deletes_applied", "Rows position deletes removed from rewritten data files",
+                                   ["topic"], registry=r)
+        self._mt_expired = Counter(p + "snapshots_expired", "Snapshots expired by maintenance", ["topic"], registry=r)
+        self._mt_deleted = Counter(p + "files_deleted", "Files maintenance deleted, by reason (expired: only "
+                                   "expired snapshots referenced them; orphan; dangling: delete files that applied "
+                                   "to nothing any more)", ["topic", "reason"], registry=r)
+        self._mt_last = Gauge(p + "last_run_timestamp_seconds", "When the table's last maintenance run ended",
+                              ["topic"], registry=r)
+        self._table_files = Gauge("tabletopic_table_files", "Files of the table's current snapshot after the last "
+                                  "maintenance run, by content (data, delete, manifest)", ["topic", "content"],
+                                  registry=r)
+        self._mt_series: set[tuple[str, str]] = set()  # (topic, step) pairs of the failures counter
+
+    def record_maintenance(self, topic: str, run: MaintenanceRun) -> None:
+        """Account one maintenance run of ``topic``'s table (``coordinator.maintenance``)."""
+        self._mt_runs.labels(topic=topic, result="ok" if run.ok else "failed").inc()
+        for step in run.failures:
+            with self._lock:
+                self._mt_series.add((topic, step))
+            self._mt_failures.labels(topic=topic, step=step).inc()
+        self._mt_duration.labels(topic=topic).observe(run.duration_ms / 1000)
+        self._mt_rewritten.labels(topic=topic).inc(run.rewritten_data_files)
+        self._mt_added.labels(topic=topic).inc(run.added_data_files)
+        self._mt_bytes_rewritten.labels(topic=topic).inc(run.rewritten_bytes)
+        self._mt_bytes_added.labels(topic=topic).inc(run.added_bytes)
+        self._mt_deletes.labels(topic=topic).inc(run.deletes_applied)
+        self._mt_expired.labels(topic=topic).inc(run.snapshots_expired)
+        for reason, n in (("expired", run.expired_files_deleted), ("orphan", run.orphan_files_deleted),
+                          ("dangling", run.removed_delete_files)):
+            self._mt_deleted.labels(topic=topic, reason=reason).inc(n)
+        for content, n in (("data", run.data_files_after), ("delete", run.delete_files_after),
+                           ("manifest", run.manifests_after)):
+            self._table_files.labels(topic=topic, content=content).set(n)
+        self._mt_last.labels(topic=topic).set(time.time())
+
+    def _remove_maintenance(self, topic: str) -> None:
+        with self._lock:
+            steps = {pair for pair in self._mt_series if pair[0] == topic}
+            self._mt_series -= steps
+        for pair in steps:
+            self._mt_failures.remove(*pair)
+        for metric in (self._mt_duration, self._mt_rewritten, self._mt_added, self._mt_bytes_rewritten,
+                       self._mt_bytes_added, self._mt_deletes, self._mt_expired, self._mt_last):
+            with contextlib.suppress(KeyError):
+                metric.remove(topic)
+        for labelled, values in ((self._mt_runs, ("ok", "failed")),
+                                 (self._mt_deleted, ("expired", "orphan", "dangling")),
+                                 (self._table_files, ("data", "delete", "manifest"))):
+            for value in values:
+                with contextlib.suppress(KeyError):
+                    labelled.remove(topic, value)
+
     def remove_topic(self, topic: str) -> None:
         """Drop every series of a deleted topic (or one whose table topic was turned off)."""
         with self._lock:
@@ -169,6 +290,7 @@ class TableTopicMetrics:
         for worker in workers:
             with contextlib.suppress(KeyError):
                 self._busy.remove(worker)
+        self._remove_maintenance(topic)
 
     def delay_ms(self, topic: str) -> float | None:
         """The current ``kafka_tabletopic_delay`` of a topic, None before its first watermark."""

@@ -5,6 +5,9 @@ When the broker has a catalog configured (``automq.table.topic.catalog.type``), 
 pins it to partition 0's leader; this single-node broker leads every partition) and one
 :class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel.
 
+Each table topic also gets a :class:`~coordinator.maintenance.TableMaintenance`: automatic compaction and
+maintenance of its table beside the rounds, through the broker's Spark side process.
+
 The host follows topic changes (:class:`~tabletopic.topics.TopicEvent`): enabling a table topic on an existing
 topic starts it (the coordinator takes the committed offsets from the table and backfills partitions the table
 has never seen from their log start offset), disabling stops it, new partitions get workers, a changed
@@ -43,6 +46,7 @@ from configs.table_topic import (
 )
 from coordinator.contract import InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
+from coordinator.maintenance import TableMaintenance
 from coordinator.table import catalog_identifier, converter_conflicts
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
@@ -67,6 +71,7 @@ class _TableTopic:
     coordinator: TableTopicCoordinator
     workers: dict[int, PartitionWorker] = field(default_factory=dict)
     busy_seen: dict[int, tuple[float, float]] = field(default_factory=dict)  # partition -> (monotonic s, busy ms)
+    maintenance: TableMaintenance | None = None  # compaction and maintenance beside the rounds
 
 
 class TableTopicHost:
@@ -254,6 +259,10 @@ class TableTopicHost:
         await coord.start()
         for p in range(info.partitions):
             await self._start_worker(tt, p)
+        tt.maintenance = TableMaintenance(
+            topic, catalog=self._catalog, config_provider=config_provider, spark=self.spark, state_dir=state_dir,
+            topic_id=str(info.topic_id), on_run=lambda run: self._metrics.record_maintenance(topic, run))
+        await tt.maintenance.start()
         self._running[topic] = tt
         # one line per topic enabled at runtime; the broker's start-up sums them up in one line
         log.log(logging.DEBUG if at_start else logging.INFO,
@@ -318,6 +327,8 @@ class TableTopicHost:
         tt = self._running.pop(topic, None)
         if tt is None:
             return
+        if tt.maintenance is not None:
+            await tt.maintenance.stop()
         await tt.coordinator.stop()
         for w in tt.workers.values():
             await w.stop()

@@ -11,8 +11,9 @@ the child as a file descriptor (nothing listens, so nothing else can connect). T
 ``("start", BrokerConfig)`` once, then requests ``(op, args)``; the child answers ``("ok", result)`` or
 ``("error", kind, message)``. Results are plain Python values (pyspark's Rows become tuples).
 
-Adding an operation (MERGE INTO, compaction): a function ``f(session, ...)`` in ``tabletopic/spark.py``, an entry
-in :func:`_child_ops` mapping the op name to it, and a typed method here calling :meth:`SparkService.call`.
+Adding an operation (MERGE INTO; the table maintenance steps are there already): a function ``f(session, ...)``
+in ``tabletopic/spark.py``, an entry in :func:`_child_ops` mapping the op name to it, and a typed method here
+calling :meth:`SparkService.call`.
 
 Lifetime: started by the first call. A child that dies (kill -9, JVM crash) or overruns a call's timeout fails
 that call with :class:`SparkServiceError`; the next call starts a new one, not before a backoff (1 s, doubling up
@@ -162,6 +163,38 @@ class SparkService:
         schema_id: int = self.call("evolve_schema", {"identifier": table_identifier(table),
                                                      "schema_json": schema_json}, timeout=timeout)
         return schema_id
+
+    # table maintenance (coordinator.maintenance): one step per call, so other operations (a schema change, a
+    # round's merge) wait for one step at most; the rules of each are those of the functions in tabletopic.spark
+
+    def rewrite_data_files(self, table: str | Sequence[str], options: Mapping[str, str], *,
+                           timeout: float | None = None) -> dict[str, int]:
+        """Bin-pack data files (:func:`tabletopic.spark.rewrite_data_files`; ``options``: Iceberg's)."""
+        out: dict[str, int] = self.call("rewrite_data_files", {"identifier": table_identifier(table),
+                                                               "options": dict(options)}, timeout=timeout)
+        return out
+
+    def rewrite_manifests(self, table: str | Sequence[str], *, timeout: float | None = None) -> dict[str, int]:
+        """Rewrite the manifests (:func:`tabletopic.spark.rewrite_manifests`)."""
+        out: dict[str, int] = self.call("rewrite_manifests", {"identifier": table_identifier(table)},
+                                        timeout=timeout)
+        return out
+
+    def expire_snapshots(self, table: str | Sequence[str], older_than_ms: int, retain_last: int, *,
+                         timeout: float | None = None) -> dict[str, int]:
+        """Expire snapshots and delete the files only they referenced (:func:`tabletopic.spark.expire_snapshots`)."""
+        out: dict[str, int] = self.call("expire_snapshots", {"identifier": table_identifier(table),
+                                                             "older_than_ms": older_than_ms,
+                                                             "retain_last": retain_last}, timeout=timeout)
+        return out
+
+    def remove_orphan_files(self, table: str | Sequence[str], candidates: Sequence[tuple[str, int]],
+                            older_than_ms: int, *, timeout: float | None = None) -> list[str]:
+        """Delete the unreferenced ones of ``candidates`` (:func:`tabletopic.spark.remove_orphan_files`)."""
+        out: list[str] = self.call("remove_orphan_files", {"identifier": table_identifier(table),
+                                                           "candidates": list(candidates),
+                                                           "older_than_ms": older_than_ms}, timeout=timeout)
+        return out
 
     def call(self, op: str, args: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """Run operation ``op`` in the child and return its result.
@@ -393,6 +426,14 @@ def _child_ops() -> dict[str, Op]:
         "sql": lambda session, config, args: spark.sql_rows(session, args["statement"], args["max_rows"]),
         "evolve_schema": lambda session, config, args: spark.evolve_schema(
             session, config.catalog_name, args["identifier"], args["schema_json"]),
+        "rewrite_data_files": lambda session, config, args: spark.rewrite_data_files(
+            session, config.catalog_name, args["identifier"], args["options"]),
+        "rewrite_manifests": lambda session, config, args: spark.rewrite_manifests(
+            session, config.catalog_name, args["identifier"]),
+        "expire_snapshots": lambda session, config, args: spark.expire_snapshots(
+            session, config.catalog_name, args["identifier"], args["older_than_ms"], args["retain_last"]),
+        "remove_orphan_files": lambda session, config, args: spark.remove_orphan_files(
+            session, config.catalog_name, args["identifier"], args["candidates"], args["older_than_ms"]),
     }
 
 

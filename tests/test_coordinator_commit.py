@@ -208,7 +208,8 @@ def test_unresolvable_outcome_keeps_pre_commit_and_resolves_next_round(tmp_path:
 def test_snapshot_expiry_keeps_retain_last_newest_snapshots(tmp_path: Path) -> None:
     async def main() -> None:
         now = [time.time()]
-        cfg = make_config(expire_snapshot_retain_last=2, expire_snapshot_older_than_hours=1)
+        # compaction off: the rounds expire snapshots themselves (with it, the maintenance run does)
+        cfg = make_config(expire_snapshot_retain_last=2, expire_snapshot_older_than_hours=1, compaction_enable=False)
         logs = [PartitionLog(0)]
         async with Harness(tmp_path, logs=logs, cfg=cfg, clock=lambda: now[0]) as h:
             for _ in range(4):
@@ -226,7 +227,7 @@ def test_snapshot_expiry_keeps_retain_last_newest_snapshots(tmp_path: Path) -> N
             assert current.summary[SUMMARY_COMMIT_ID] == r.commit_id
             assert rows_of(tbl) == expected_rows({0: 10})
 
-            h.cfg = make_config(expire_snapshot_enabled=False)
+            h.cfg = make_config(expire_snapshot_enabled=False, compaction_enable=False)
             now[0] += 2 * 3600
             logs[0].append(1)
             await h.coord.trigger_round()

@@ -305,7 +305,32 @@ def cmd_tables(args: argparse.Namespace) -> int:
                         "dead letters"], rows))
     for line in problems:  # a topic setting the broker could not apply: say so here, not only in its log
         print(f"(!) partition.by of {line}")
+    for line in maintenance_lines(config, [row[0] for row in rows]):
+        print(line)
     return 0
+
+
+def maintenance_lines(config: BrokerConfig, tables: Sequence[str]) -> list[str]:
+    """One line per table on its last maintenance run (``coordinator.maintenance`` records it under log.dirs)."""
+    from coordinator.maintenance import read_last_runs
+
+    runs = read_last_runs(config.log_dir / "__tables")  # the plugin host's state directory per topic
+    out: list[str] = []
+    for name in tables:
+        run = runs.get(name)
+        if run is None:
+            continue
+        try:
+            when = datetime.fromtimestamp(int(run["started_ms"]) / 1000, tz=UTC).isoformat(sep=" ", timespec="seconds")
+            failures = "; ".join(f"{k}: {v}" for k, v in dict(run.get("failures") or {}).items())
+            out.append(f"maintenance of {name}: last run {when} UTC, {float(run['duration_ms']) / 1000:.1f} s, "
+                       f"data files {run['data_files_before']} -> {run['data_files_after']}, delete files "
+                       f"{run['delete_files_before']} -> {run['delete_files_after']}, deletes applied "
+                       f"{run['deletes_applied']}, snapshots expired {run['snapshots_expired']}, orphans deleted "
+                       f"{run['orphan_files_deleted']}: {'failed: ' + failures if failures else 'ok'}")
+        except (KeyError, TypeError, ValueError):
+            continue  # a record of another version
+    return out
 
 
 # Iceberg transform names (str(transform)) → partition.by syntax
@@ -348,7 +373,8 @@ TABLES_DESCRIPTION = """\
 List the Iceberg tables of the broker's catalog with their current snapshot:
 records, data files, snapshot id and commit time, and for a table topic's table
 the records in its dead-letter table (<table>_dlq: the records that
-errors.tolerance skipped). Reads the catalog with
+errors.tolerance skipped) and its last automatic maintenance run (compaction,
+expiry, orphan files). Reads the catalog with
 pyiceberg (no Spark), so it answers at once. Give the same --config and
 --override settings as the broker runs with."""
 TABLES_EPILOG = """\

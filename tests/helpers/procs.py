@@ -35,13 +35,15 @@ class BrokerProcess:
 
     ``overrides`` are extra ``--override`` settings. The broker's log goes to ``<data_dir>/../broker-N.log``.
     The schema registry is off unless ``overrides`` set ``schema.registry.listeners`` (many brokers run at once).
+    Automatic compaction is off unless ``overrides`` or a topic turn it on (``automq.table.topic.compaction.enable``):
+    it would rewrite the files other tests look at, and start a Spark process in every long-lived broker.
     """
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.overrides = {"group.initial.rebalance.delay.ms": "0", "schema.registry.listeners": "",
-                          **(overrides or {})}
+                          "automq.table.topic.compaction.enable": "false", **(overrides or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment for the next start (e.g. TABLETOPIC_CRASH_AT)
         self.starts = 0

@@ -1,0 +1,510 @@
+"""Automatic compaction and maintenance of a table topic's table, beside its commit rounds.
+
+One :class:`TableMaintenance` per table topic (the plugin host starts it next to the coordinator). Every
+``automq.table.topic.compaction.interval.ms`` (tabletopic's own settings, ``compaction.*``, read at every run) it
+looks at the table with pyiceberg and runs the steps that have work, each one call to the broker's Spark side
+process (Iceberg's Spark actions, :mod:`tabletopic.spark`):
+
+1. bin-pack data files smaller than 75% of ``compaction.target.file.size.bytes`` once a table partition has
+   ``compaction.min.input.files`` of them, rewriting too any data file whose position deletes cover
+   ``compaction.delete.ratio`` of its rows or come in ``compaction.min.input.files`` delete files: the deletes are
+   applied (the rows are gone from the new file) and the delete files left applying to nothing are dropped
+   (Iceberg's position-delete compaction cannot run on these tables: :func:`tabletopic.spark.rewrite_data_files`);
+2. expire snapshots per ``expire.snapshot.*`` (AutoMQ's settings), deleting the files only they referenced; the
+   rounds' own expiry is then only a backstop (:meth:`coordinator.committer.ExpirePolicy.from_config`);
+3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
+4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``.
+
+Step 1 runs only when the table changed since it last ran, 2 to 4 only when there is something to expire, rewrite
+or delete, so an idle table never starts Spark. Step 1 also waits while a staged write (an upsert round's merge,
+write-audit-publish) waits to be published on top of the current snapshot.
+
+Beside the rounds, never against them:
+
+- a rewrite commits like any other committer: Iceberg validates it against the rounds' appends (no conflict: a
+  rewrite only replaces files it read) and retries a commit that lost the race; a round that loses to a rewrite
+  retries on the refreshed table (:func:`coordinator.committer.commit_round`). A step whose commit still fails is
+  tried once more, then given up until the next run: nothing is committed by a failed step, so no row is lost or
+  doubled, and no round ever waits for one (the rounds commit through pyiceberg, not Spark);
+- Spark operations are one at a time in the side process, so a schema change or an upsert's merge waits for one
+  step at most, and never runs concurrently with a rewrite of the same table;
+- the committed offsets (``tabletopic.offsets``) and the dead-letter properties are table properties, which no
+  rewrite or expiry touches; every run checks that the offsets it found are still there (or further on);
+- orphan removal never sees the files of a round in flight: worker files (``tt-p<partition>-<start>-...``, see
+  :mod:`coordinator.contract`) starting at or past the table's committed offset, read *before* Spark reads the
+  table, are left out of what it is given (the coordinator's start-up clean-up owns them), as are files younger
+  than the age; Spark then keeps whatever any snapshot references.
+
+Each run that did something logs one ``[MAINTENANCE]`` line (files and bytes before/after, rewrites, deletes applied,
+expiry, orphans, duration, failures), reports to the ``on_run`` observer (metrics) and records itself in
+``<state dir>/maintenance.json`` for ``tabletopic tables``. Blocking work runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.table import Table
+
+from configs.table_topic import TableTopicConfig
+from coordinator.committer import ExpirePolicy, snapshots_to_expire
+from coordinator.contract import DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, parse_data_file_name
+from coordinator.table import (
+    OFFSETS_PROPERTY,
+    TOPIC_ID_PROPERTY,
+    catalog_identifier,
+    committed_offsets,
+    pending_dead_letters,
+    referenced_files,
+)
+from tabletopic.durable import atomic_write_json
+from tabletopic.logs import ConditionLog
+from tabletopic.spark_service import SparkOperationError, SparkServiceError
+
+log = logging.getLogger(__name__)
+
+LAST_RUN_FILE = "maintenance.json"  # in the topic's state directory (<log.dirs>/__tables/<topic>/)
+CHECK_PERIOD_S = 5.0  # the loop re-reads the settings at least this often (a shorter interval applies soon)
+ORPHAN_PERIOD_S = 3600.0  # orphan removal lists the table's whole directory: at the first run, then hourly
+STOP_WAIT_S = 5.0  # stop() waits this long for a step in flight (closing the Spark process ends it anyway)
+_CONFLICTS = ("CommitFailedException", "ValidationException", "Cannot commit")
+
+STEP_DATA = "rewrite_data_files"
+STEP_EXPIRE = "expire_snapshots"
+STEP_MANIFESTS = "rewrite_manifests"
+STEP_ORPHANS = "remove_orphan_files"
+
+
+class SparkMaintenance(Protocol):
+    """The maintenance operations of the broker's Spark side process (``tabletopic.spark_service.SparkService``);
+    blocking, one at a time. Raise SparkOperationError when Spark ran the step and it failed, SparkServiceError
+    when the process could not run it."""
+
+    def rewrite_data_files(self, table: tuple[str, ...], options: Mapping[str, str]) -> dict[str, int]: ...
+
+    def rewrite_manifests(self, table: tuple[str, ...]) -> dict[str, int]: ...
+
+    def expire_snapshots(self, table: tuple[str, ...], older_than_ms: int, retain_last: int) -> dict[str, int]: ...
+
+    def remove_orphan_files(self, table: tuple[str, ...], candidates: Sequence[tuple[str, int]],
+                            older_than_ms: int) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenancePolicy:
+    """A topic's ``compaction.*``, ``orphan.files.*`` and ``expire.snapshot.*`` settings."""
+
+    enabled: bool
+    interval_s: float
+    target_file_size_bytes: int
+    min_input_files: int
+    delete_ratio: float
+    min_input_manifests: int
+    orphan_age_hours: int
+    expire: ExpirePolicy
+
+    @classmethod
+    def from_config(cls, cfg: TableTopicConfig) -> MaintenancePolicy:
+        return cls(cfg.compaction_enable, cfg.compaction_interval_ms / 1000, cfg.compaction_target_file_size_bytes,
+                   cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
+                   cfg.orphan_files_older_than_hours, ExpirePolicy.settings(cfg))
+
+    def data_options(self) -> dict[str, str]:
+        """Iceberg's RewriteDataFiles options. The rewritten files take a new sequence number, so that the delete
+        files they applied are dangling and dropped in the same run (the starting one, Iceberg's default, only
+        matters against concurrent equality deletes, which nothing here writes)."""
+        return {"target-file-size-bytes": str(self.target_file_size_bytes),
+                "min-input-files": str(self.min_input_files),
+                "delete-ratio-threshold": str(self.delete_ratio),
+                "delete-file-threshold": str(self.min_input_files),
+                "remove-dangling-deletes": "true",
+                "use-starting-sequence-number": "false"}
+
+
+@dataclass(slots=True)
+class MaintenanceReport:
+    """What one run did. ``*_before``/``*_after``: the table's current snapshot at the start and at the end of the
+    run (the rounds' appends in between included)."""
+
+    topic: str
+    table: str
+    started_ms: int
+    steps: list[str] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+    duration_ms: float = 0.0
+    data_files_before: int = 0
+    data_files_after: int = 0
+    delete_files_before: int = 0
+    delete_files_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    manifests_before: int = 0
+    manifests_after: int = 0
+    rewritten_data_files: int = 0
+    added_data_files: int = 0
+    rewritten_bytes: int = 0
+    added_bytes: int = 0
+    deletes_applied: int = 0  # rows dropped from rewritten data files because position deletes covered them
+    removed_delete_files: int = 0  # dangling delete files dropped
+    snapshots_expired: int = 0
+    expired_files_deleted: int = 0  # data and delete files only expired snapshots referenced
+    orphan_files_deleted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def line(self) -> str:
+        """The ``[MAINTENANCE]`` log line."""
+        failures = "; ".join(f"{step}: {why}" for step, why in self.failures.items()) or "none"
+        return (f"[MAINTENANCE] topic={self.topic} table={self.table} steps={','.join(self.steps) or '-'} "
+                f"data_files={self.data_files_before}->{self.data_files_after} "
+                f"delete_files={self.delete_files_before}->{self.delete_files_after} "
+                f"bytes={self.bytes_before}->{self.bytes_after} "
+                f"manifests={self.manifests_before}->{self.manifests_after} "
+                f"rewrote={self.rewritten_data_files}->{self.added_data_files} files "
+                f"({self.rewritten_bytes}->{self.added_bytes} bytes) deletes_applied={self.deletes_applied} "
+                f"dangling_deletes_dropped={self.removed_delete_files} snapshots_expired={self.snapshots_expired} "
+                f"expired_files_deleted={self.expired_files_deleted} orphans_deleted={self.orphan_files_deleted} "
+                f"ms={self.duration_ms:.0f} failures={failures}")
+
+
+def read_last_runs(tables_dir: Path) -> dict[str, dict[str, Any]]:
+    """Table name → the last maintenance run recorded under ``tables_dir`` (``<log.dirs>/__tables``), for
+    ``tabletopic tables``; unreadable records are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(tables_dir.glob(f"*/{LAST_RUN_FILE}")):
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and isinstance(doc.get("table"), str):
+                out[doc["table"]] = doc
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Totals:
+    """The current snapshot's file counts (from its summary) and manifests."""
+
+    snapshot_id: int | None = None
+    data_files: int = 0
+    delete_files: int = 0
+    bytes: int = 0
+    manifests: int = 0
+
+    @classmethod
+    def of(cls, tbl: Table) -> _Totals:
+        snapshot = tbl.current_snapshot()
+        if snapshot is None:
+            return cls()
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        return cls(snapshot.snapshot_id, int(summary.get("total-data-files", 0)),
+                   int(summary.get("total-delete-files", 0)), int(summary.get("total-files-size", 0)),
+                   len(snapshot.manifests(tbl.io)))
+
+
+class _SparkDownError(Exception):
+    """The Spark side process could not run a step: the rest of the run waits for the next one."""
+
+
+class TableMaintenance:
+    """The maintenance loop of one table topic's table (see the module doc)."""
+
+    def __init__(self, topic: str, *, catalog: Catalog, config_provider: Callable[[], TableTopicConfig],
+                 spark: SparkMaintenance | None, state_dir: Path | None = None, topic_id: str | None = None,
+                 on_run: Callable[[MaintenanceReport], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.topic = topic
+        self._catalog = catalog
+        self._config_provider = config_provider
+        self._spark = spark
+        self._state_dir = state_dir
+        self._topic_id = topic_id
+        self._on_run = on_run
+        self._clock = clock
+        self._conditions = ConditionLog(log)
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._rewritten_at: dict[str, int | None] = {}  # step → the snapshot it left the table at
+        self._orphans_due = 0.0  # monotonic time of the next orphan removal
+        self.last_report: MaintenanceReport | None = None
+        self.runs = 0  # runs that did something (a metric)
+
+    # ---- lifecycle (event loop) ----
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.create_task(self._loop(), name=f"tabletopic-maintenance-{self.topic}")
+
+    async def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """Stop after the step in flight (waiting ``timeout_s`` at most: the step ends when Spark is closed)."""
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+        except TimeoutError:
+            # the step's thread ends when the broker closes the Spark process; its result is not waited for
+            log.info("table topic %s: a maintenance step is still running; it stops with the Spark process",
+                     self.topic)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        last = loop.time()  # the first run one interval after the start: start-up and backfill go first
+        while not self._stopping:
+            cfg = self._config_provider()
+            policy = MaintenancePolicy.from_config(cfg)
+            delay = min(CHECK_PERIOD_S, last + policy.interval_s - loop.time())
+            if delay > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            last = loop.time()
+            if not policy.enabled:
+                continue
+            try:
+                report = await asyncio.to_thread(self.run_once, cfg)
+            except Exception as e:  # a catalog outage, a bug: the next run tries again
+                self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
+                                     self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
+                continue
+            if report is not None and self._on_run is not None:
+                try:
+                    self._on_run(report)
+                except Exception:
+                    log.exception("table topic %s: maintenance observer failed", self.topic)
+
+    # ---- one run (blocking: a worker thread) ----
+
+    def run_once(self, cfg: TableTopicConfig) -> MaintenanceReport | None:
+        """Run the steps that have work; None when none had (or the table does not exist yet)."""
+        if self._spark is None:
+            return None
+        ident = catalog_identifier(self.topic, cfg)
+        try:
+            tbl = self._catalog.load_table(ident)
+        except NoSuchTableError:
+            return None
+        policy = MaintenancePolicy.from_config(cfg)
+        first = tbl
+        before = _Totals.of(tbl)
+        report = MaintenanceReport(self.topic, ".".join(ident), int(self._clock() * 1000),
+                                   data_files_before=before.data_files, delete_files_before=before.delete_files,
+                                   bytes_before=before.bytes, manifests_before=before.manifests)
+        t0 = time.perf_counter()
+        try:
+            for step in (self._rewrite_data, self._expire, self._rewrite_manifests, self._remove_orphans):
+                if self._stopping:
+                    break
+                tbl = step(tbl, policy, report)
+        except _SparkDownError:
+            pass
+        if not report.steps and not report.failures:
+            return None
+        tbl = self._catalog.load_table(ident)
+        after = _Totals.of(tbl)
+        report.data_files_after, report.delete_files_after = after.data_files, after.delete_files
+        report.bytes_after, report.manifests_after = after.bytes, after.manifests
+        report.duration_ms = (time.perf_counter() - t0) * 1000
+        self._check_kept(first, tbl)
+        self._finish(report)
+        return report
+
+    def _finish(self, report: MaintenanceReport) -> None:
+        self.runs += 1
+        self.last_report = report
+        log.info("%s", report.line())
+        if report.failures:
+            self._conditions.log("steps", logging.WARNING, "table topic %s: maintenance steps failed (given up "
+                                 "until the next run): %s", self.topic, report.failures,
+                                 state=tuple(sorted(report.failures)))
+        else:
+            self._conditions.clear("steps", logging.INFO, "table topic %s: maintenance steps succeed again",
+                                   self.topic)
+        self._conditions.clear("run")
+        if self._state_dir is not None:
+            try:
+                atomic_write_json(self._state_dir / LAST_RUN_FILE, asdict(report))
+            except OSError as e:
+                log.warning("table topic %s: cannot record the maintenance run: %s", self.topic, e)
+
+    def _check_kept(self, before: Table, after: Table) -> None:
+        """The committed offsets found at the start must still be there, equal or further on: no maintenance
+        step may touch them (table properties, which Iceberg's rewrites and expiry carry over)."""
+        was, now = committed_offsets(before), committed_offsets(after)
+        behind = {p: (o, now.get(p)) for p, o in was.items() if now.get(p, -1) < o}
+        if behind:
+            log.error("table topic %s: %s of %s went back during maintenance (partition: (before, after)): %s",
+                      self.topic, OFFSETS_PROPERTY, ".".join(after.name()), behind)
+
+    def _step(self, report: MaintenanceReport, step: str, run: Callable[[], Any]) -> Any:
+        """Run one step through Spark: a lost commit race is tried once more, then given up (None)."""
+        for attempt in (1, 2):
+            try:
+                result = run()
+            except SparkOperationError as e:
+                conflict = any(c in f"{e.kind} {e.message}" for c in _CONFLICTS)
+                if conflict and attempt == 1:
+                    log.info("table topic %s: %s lost a commit race (%s); trying once more", self.topic, step,
+                             e.message)
+                    continue
+                report.failures[step] = f"{e.kind}: {e.message}"
+                return None
+            except SparkServiceError as e:
+                report.failures[step] = str(e)
+                raise _SparkDownError from e
+            report.steps.append(step)
+            return result
+        return None
+
+    def _reload(self, tbl: Table) -> Table:
+        return self._catalog.load_table(tbl.name())
+
+    def _changed_since(self, step: str, tbl: Table) -> bool:
+        snapshot = tbl.current_snapshot()
+        return snapshot is not None and self._rewritten_at.get(step, -1) != snapshot.snapshot_id
+
+    def _rewrite_data(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        totals = _Totals.of(tbl)
+        due = totals.data_files >= policy.min_input_files or totals.delete_files > 0
+        if not due or not self._changed_since(STEP_DATA, tbl):
+            return tbl
+        assert self._spark is not None
+        spark = self._spark
+        out = self._step(report, STEP_DATA, lambda: spark.rewrite_data_files(tbl.name(), policy.data_options()))
+        tbl = self._reload(tbl)
+        if out is not None and not out.get("skipped"):
+            self._rewritten_at[STEP_DATA] = _Totals.of(tbl).snapshot_id
+            report.rewritten_data_files += out["rewritten_data_files"]
+            report.added_data_files += out["added_data_files"]
+            report.rewritten_bytes += out["rewritten_bytes"]
+            report.added_bytes += out["added_bytes"]
+            report.deletes_applied += out["deletes_applied"]
+            report.removed_delete_files += out["removed_delete_files"]
+        return tbl
+
+    def _expire(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        now_ms = int(self._clock() * 1000)
+        if not snapshots_to_expire(tbl.metadata, policy.expire, now_ms):
+            return tbl
+        assert self._spark is not None
+        spark = self._spark
+        cutoff = now_ms - policy.expire.older_than_hours * 3_600_000
+        out = self._step(report, STEP_EXPIRE,
+                         lambda: spark.expire_snapshots(tbl.name(), cutoff, policy.expire.retain_last))
+        if out is not None:
+            report.snapshots_expired += out["snapshots_expired"]
+            report.expired_files_deleted += out["data_files"] + out["delete_files"]
+        return self._reload(tbl)
+
+    def _rewrite_manifests(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        if _Totals.of(tbl).manifests < policy.min_input_manifests:
+            return tbl
+        assert self._spark is not None
+        spark = self._spark
+        self._step(report, STEP_MANIFESTS, lambda: spark.rewrite_manifests(tbl.name()))
+        return self._reload(tbl)
+
+    def _remove_orphans(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        if time.monotonic() < self._orphans_due:
+            return tbl
+        self._orphans_due = time.monotonic() + ORPHAN_PERIOD_S
+        older_than_ms = int(self._clock() * 1000) - policy.orphan_age_hours * 3_600_000
+        candidates = orphan_candidates(tbl, older_than_ms, self._topic_id)
+        if candidates is None:
+            self._conditions.log("orphans", logging.INFO, "table topic %s: orphan files are only looked for in "
+                                 "file:// warehouses, not at %s", self.topic, tbl.location(), state="remote")
+            return tbl
+        if not candidates:
+            return tbl
+        assert self._spark is not None
+        spark = self._spark
+        deleted = self._step(report, STEP_ORPHANS,
+                             lambda: spark.remove_orphan_files(tbl.name(), candidates, older_than_ms))
+        if deleted:
+            report.orphan_files_deleted += len(deleted)
+            log.info("table topic %s: deleted %d orphan file(s) of %s, e.g. %s", self.topic, len(deleted),
+                     ".".join(tbl.name()), deleted[:3])
+        return tbl
+
+
+# ---- orphan candidates ----
+
+
+def _local_dir(location: str) -> str | None:
+    parts = urlsplit(location)
+    if parts.scheme not in ("file", ""):
+        return None
+    return os.path.normpath(unquote(parts.path))
+
+
+def _known_paths(tbl: Table) -> set[str]:
+    """Every file ``tbl``'s metadata names (local paths): content files of every snapshot, manifests, manifest
+    lists, metadata files, statistics. Spark decides again; this only spares it the files known to stay."""
+    paths = set(referenced_files(tbl))
+    for snapshot in tbl.snapshots():
+        paths.add(snapshot.manifest_list)
+        paths.update(m.manifest_path for m in snapshot.manifests(tbl.io))
+    paths.add(tbl.metadata_location)
+    paths.update(entry.metadata_file for entry in tbl.metadata.metadata_log)
+    paths.update(s.statistics_path for s in tbl.metadata.statistics)
+    paths.update(s.statistics_path for s in tbl.metadata.partition_statistics)
+    return {local for p in paths if (local := _local_dir(p)) is not None}
+
+
+def _in_flight(name: str, offsets: Mapping[int, int], ours: bool) -> bool:
+    """A worker-named file (data or dead-letter) that a commit may still include: its start offset is at or past
+    the partition's committed offset (or the offsets are another topic incarnation's: then every worker file)."""
+    for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX):
+        wf = parse_data_file_name(name, prefix)
+        if wf is not None:
+            return not ours or wf.start_offset >= offsets.get(wf.partition, 0)
+    return False
+
+
+def orphan_candidates(tbl: Table, older_than_ms: int, topic_id: str | None = None) -> list[tuple[str, int]] | None:
+    """The files under ``tbl``'s (local) location that may be orphans: ``(file:// location, mtime ms)`` of every
+    file older than ``older_than_ms`` that the table's metadata does not name, except hidden files (``.crc`` and the
+    like, which Iceberg's own listing skips too), the files of rounds in flight (read from ``tbl`` *before* Spark
+    reads the table: a round in flight then starts at or past these offsets) and the pending dead letters. None
+    when the location is not local."""
+    root = _local_dir(tbl.location())
+    if root is None:
+        return None
+    offsets = committed_offsets(tbl)
+    stored = tbl.properties.get(TOPIC_ID_PROPERTY)
+    ours = topic_id is None or stored in (None, topic_id)
+    pending = pending_dead_letters(tbl)
+    keep = _known_paths(tbl) | {p for f in (pending.files if pending else ()) if (p := _local_dir(f))}
+    out: list[tuple[str, int]] = []
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # "_x=1" is a partition directory
+        for name in names:
+            if name.startswith((".", "_")) or _in_flight(name, offsets, ours):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                mtime_ms = int(os.stat(path).st_mtime * 1000)
+            except FileNotFoundError:
+                continue
+            if mtime_ms < older_than_ms and path not in keep:
+                out.append((f"file://{path}", mtime_ms))
+    return out
