@@ -458,7 +458,8 @@ _topic(
     Setting("automq.table.topic.id.columns", Type.STRING, None,
             "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "
             "takes the fields of the Debezium key (alone, with convert.key.type=by_schema_id). Needed by upsert "
-            "and CDC.",
+            "and CDC. Columns of the topic's table: [id] with flatten, [_kafka_value.id] without, [_kafka_key] for "
+            "the record key; primitive, not float/double (checked when set, and against an existing table).",
             id_columns_validator),
     Setting("automq.table.topic.partition.by", Type.STRING, None,
             "Partition spec, e.g. [bucket(_kafka_key, 16), _kafka_metadata.partition]: year(c), month(c), day(c), "
@@ -466,12 +467,14 @@ _topic(
             "(checked when set). Changing it evolves the table's partition spec.",
             partition_by_validator),
     Setting("automq.table.topic.upsert.enable", Type.BOOLEAN, False,
-            "Upsert mode: a record without a CDC op replaces the row with the same id.columns "
-            "(needs automq.table.topic.id.columns). Not built yet in tabletopic: true is refused."),
+            "Upsert mode: a record without a CDC op replaces the row with the same id.columns, or is inserted "
+            "(needs automq.table.topic.id.columns). Applied by a MERGE INTO in the broker's Spark side process "
+            "(position deletes, merge-on-read)."),
     Setting("automq.table.topic.cdc.field", Type.STRING, None,
             "Field holding the CDC op I/U/D (first character, case-insensitive; anything else = insert); dotted "
-            "paths allowed, e.g. _cdc.op. Needs automq.table.topic.id.columns (deletes need a key). Not built yet in "
-            "tabletopic: a value is refused.",
+            "paths allowed, e.g. _cdc.op (flatten_debezium's). Needs automq.table.topic.id.columns (deletes need a "
+            "key). A record whose field is missing or empty is an update with upsert.enable, else an insert; an "
+            "insert of a key the table has replaces its row.",
             field_path_validator),
     Setting("automq.table.topic.errors.tolerance", Type.STRING, "invalid_data",
             "none: a bad record blocks the partition; invalid_data: skip records whose bytes are unusable; "

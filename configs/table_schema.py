@@ -40,18 +40,27 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import (
     BinaryType,
+    DoubleType,
+    FloatType,
     IcebergType,
     IntegerType,
     LongType,
     MapType,
     NestedField,
+    PrimitiveType,
     StringType,
     StructType,
 )
 
 from configs.errors import InvalidConfigError
-from configs.partition_spec import IDENTITY, PARTITION_BY_KEY, TIME_TRANSFORMS, PartitionField
-from configs.table_topic import ConvertType, TableTopicConfig
+from configs.partition_spec import (
+    ID_COLUMNS_KEY,
+    IDENTITY,
+    PARTITION_BY_KEY,
+    TIME_TRANSFORMS,
+    PartitionField,
+)
+from configs.table_topic import ConvertType, TableTopicConfig, TransformType
 
 HEADER = "_kafka_header"
 KEY = "_kafka_key"
@@ -219,3 +228,76 @@ def partition_spec(schema: Schema, fields: tuple[PartitionField, ...], spec_id: 
         out.append(IcebergPartitionField(source_id=source.field_id, field_id=FIRST_PARTITION_FIELD_ID + i,
                                          transform=transform, name=pf.name))
     return PartitionSpec(*out, spec_id=spec_id)
+
+
+# ---- id.columns: the key of upsert and CDC tables ----
+
+FLATTENING = (TransformType.FLATTEN, TransformType.FLATTEN_DEBEZIUM)
+
+
+def resolve_id_columns(schema: Schema, cfg: TableTopicConfig) -> tuple[str, ...]:
+    """The identifier columns of ``cfg`` on a table of ``schema``: ``id.columns`` as set, or for
+    ``[_from_debezium_key_]`` the fields of the table's ``_kafka_key`` struct (the Debezium key holds the primary key
+    columns), each as the row's top-level column of that name when the table has one (``flatten_debezium``), else
+    as ``_kafka_key.<field>``; empty while the table has no such struct (the first records add it)."""
+    if not cfg.id_from_debezium_key:
+        return cfg.id_columns
+    key = _find_column(schema, (KEY,))
+    if key is None or not isinstance(key.field_type, StructType):
+        return ()
+    top = {f.name for f in schema.fields}
+    return tuple(f.name if f.name in top else f"{KEY}.{f.name}" for f in key.field_type.fields)
+
+
+def id_column_problem(schema: Schema, path: str) -> str | None:
+    """Why ``path`` cannot be an identifier column of a table of ``schema`` (None: it can). An identifier is a
+    primitive column, possibly inside structs, never inside a list or map, and not a float or double (equality on
+    them is not a key: Iceberg refuses them as identifier fields too)."""
+    found = _find_column(schema, tuple(path.split(".")))
+    if found is None:
+        return f"the table has no column {path}"
+    if not isinstance(found.field_type, PrimitiveType):
+        return f"column {path} is a {_type_name(found.field_type)}, not a primitive column"
+    if isinstance(found.field_type, FloatType | DoubleType):
+        return f"column {path} is a {found.field_type}: floating-point values cannot identify a row"
+    return None
+
+
+def id_column_pending(schema: Schema, cfg: TableTopicConfig, path: str) -> bool:
+    """True when ``path`` is missing from ``schema`` only because the records have not brought its column yet: a
+    column of a converter whose columns come from the records, while the table has none of them."""
+    top = {f.name for f in schema.fields}
+    first = path.split(".", 1)[0]
+    if first == KEY:
+        return cfg.convert_key_type.columns_from_records and KEY not in top
+    if first == VALUE and cfg.transform_value_type not in FLATTENING:
+        return cfg.convert_value_type.columns_from_records and VALUE not in top
+    if cfg.transform_value_type in FLATTENING and first not in top:
+        fixed = {HEADER, KEY, VALUE, METADATA, "key", "value", "timestamp"}
+        return cfg.convert_value_type.columns_from_records and not (top - fixed)
+    return False
+
+
+def id_columns_problem(schema: Schema, cfg: TableTopicConfig) -> str | None:
+    """Why ``cfg``'s ``id.columns`` cannot key a table of ``schema`` (None: they can, or their columns have not
+    come yet: :func:`id_column_pending`)."""
+    if cfg.id_from_debezium_key:
+        return None  # the key's fields: known once the first key arrives
+    for path in cfg.id_columns:
+        problem = id_column_problem(schema, path)
+        if problem is not None and not id_column_pending(schema, cfg, path):
+            return problem
+    return None
+
+
+def check_id_columns(cfg: TableTopicConfig, raw: str | None = None) -> None:
+    """Check ``cfg.id_columns`` against the columns ``cfg``'s converters produce before any record (CreateTopics,
+    AlterConfigs); columns records decide are checked once the table exists (the plugin host's check). Raises
+    InvalidConfigError naming the setting, its value and the column."""
+    schema = table_schema(cfg)
+    problem = id_columns_problem(schema, cfg)
+    if problem is not None:
+        value = raw if raw is not None else "[" + ", ".join(cfg.id_columns) + "]"
+        raise InvalidConfigError.invalid_value(ID_COLUMNS_KEY, value, f"{problem}; the columns of this topic's "
+                                                                      f"table are {column_list(schema)}")
+

@@ -17,8 +17,11 @@ adds what involves several settings at once (AutoMQ's rules between its table to
   column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it creates
   the table).
 
-Values this broker does not implement yet (:data:`NOT_BUILT_YET`: upsert, CDC) are refused after the rules
+Values this broker does not implement yet (:data:`NOT_BUILT_YET`: none at the moment) are refused after the rules
 above, so a combination the rules refuse is still named as such.
+
+A ``partition.by`` column outside ``id.columns`` is allowed: upserts are applied with a merge that finds a key's
+row in whichever table partition it is (AutoMQ's equality deletes only reach rows of the same table partition).
 
 Every violation is an :class:`InvalidConfigError` naming the key and the value.
 """
@@ -119,12 +122,7 @@ class NotBuilt:
 
 
 
-NOT_BUILT_YET: tuple[NotBuilt, ...] = (
-    NotBuilt(UPSERT_ENABLE, frozenset({"true"}), "upsert tables"),
-    NotBuilt(CDC_FIELD, None, "CDC tables"),
-    # a key serves only upserts and CDC; accepted alone it would be a setting that does nothing
-    NotBuilt(ID_COLUMNS, None, "upsert and CDC tables"),
-)
+NOT_BUILT_YET: tuple[NotBuilt, ...] = ()
 """The one list of accepted-but-unimplemented values, refused at CreateTopics / AlterConfigs until they are built:
 remove an entry when its feature lands (the parsing and the cross-field rules above already cover it)."""
 

@@ -66,13 +66,14 @@ from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update.snapshot import ExpireSnapshots
+from pyiceberg.table.update.snapshot import ExpireSnapshots, ManageSnapshots
 
 from configs.errors import InvalidConfigError
 from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
+from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (
     COMMIT_ID_PROPERTY,
     DEAD_LETTERS_OF_PROPERTY,
@@ -150,7 +151,8 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
     desired = _desired_spec(table_schema(cfg), cfg)
-    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2"}
+    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2",
+                  **(MERGE_TABLE_PROPERTIES if cfg.delta_write else {})}
     if isinstance(desired, str):
         log.error("table %s: %s; creating it unpartitioned", ".".join(ident), desired)
         spec = UNPARTITIONED_PARTITION_SPEC
@@ -163,6 +165,19 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
     except TableAlreadyExistsError:
         return _not_dead_letters(catalog.load_table(ident), topic)
     log.info("created table %s for topic %s (spec %s)", ".".join(ident), topic, tbl.spec())
+    return tbl
+
+
+def prepare_merge_table(tbl: Table) -> Table:
+    """Give an upsert/CDC table the properties its merges need (:data:`MERGE_TABLE_PROPERTIES`) when it lacks
+    them (a table created for appends, then switched to upserts); returns the current table."""
+    missing = {k: v for k, v in MERGE_TABLE_PROPERTIES.items() if tbl.properties.get(k) != v}
+    if not missing:
+        return tbl
+    txn = tbl.transaction()
+    txn.set_properties(missing)
+    tbl = txn.commit_transaction()
+    log.info("table %s: set %s for upserts", ".".join(tbl.name()), missing)
     return tbl
 
 
@@ -325,10 +340,13 @@ class RoundCommit:
     # the commit id of the table's pending dead letters, which the coordinator saw in the dead-letter table
     # (None: there were none): only then may this round replace or clear them
     dead_letters_applied: str | None = None
+    # an upsert/CDC round: the merge's staged snapshot, which the round's transaction makes current (no append)
+    merge: StagedMerge | None = None
+    change_files: tuple[str, ...] = ()  # its change files (deleted when the round is aborted)
 
     @property
     def paths(self) -> list[str]:
-        return [f.file_path for f in (*self.data_files, *self.dead_letter_files)]
+        return [*(f.file_path for f in (*self.data_files, *self.dead_letter_files)), *self.change_files]
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,10 +396,13 @@ def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
     elif PENDING_DEAD_LETTERS_PROPERTY in tbl.properties:
         txn.remove_properties(PENDING_DEAD_LETTERS_PROPERTY)  # in the dead-letter table (_check_still_valid)
     txn.set_properties(props)
-    summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
-    with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
-        for data_file in rc.data_files:
-            append.append_data_file(data_file)
+    if rc.merge is not None:  # publish the merge: main moves to its snapshot (asserting main is where it was)
+        ManageSnapshots(txn).set_current_snapshot(rc.merge.snapshot_id)
+    else:
+        summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
+        with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
+            for data_file in rc.data_files:
+                append.append_data_file(data_file)
     expired = snapshots_to_expire(txn.table_metadata, rc.expire, now_ms)
     if expired:
         ExpireSnapshots(txn).by_ids(expired).commit()
@@ -398,6 +419,14 @@ def _check_still_valid(tbl: Table, rc: RoundCommit) -> str | None:
     if pending is not None and pending.commit_id != rc.dead_letters_applied:
         return (f"the dead letters of round {pending.commit_id} are not known to be in the dead-letter table yet "
                 f"(the round saw {rc.dead_letters_applied})")
+    if rc.merge is not None:
+        head = tbl.current_snapshot()
+        main = None if head is None else head.snapshot_id
+        if tbl.metadata.snapshot_by_id(rc.merge.snapshot_id) is None:
+            return f"the merge's snapshot {rc.merge.snapshot_id} is not in the table (expired?)"
+        if rc.merge.parent_id != main:
+            return (f"the table changed after the merge was computed (it was on snapshot {rc.merge.parent_id}, "
+                    f"main is now {main})")
     spec_id = tbl.spec().spec_id
     wrong = [f.file_path for f in rc.data_files if file_spec_id(f) not in (None, spec_id)]
     if wrong:
@@ -447,7 +476,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
     """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once; see the module doc."""
     commit_s = 0.0
     for attempt in range(1, max_retries + 2):
-        if attempt > 1:
+        if attempt > 1 or (attempt == 1 and rc.merge is not None):  # a merge's snapshot is newer than ``tbl``
             tbl = tbl.catalog.load_table(tbl.name())
         problem = _check_still_valid(tbl, rc)
         if problem is not None:

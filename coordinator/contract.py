@@ -11,6 +11,7 @@
 - the table layout both sides rely on: where and under which names workers write data files (the coordinator's
   start-up clean-up finds uncommitted files by name alone), and how a data file carries its partition spec id;
 - the dead-letter table's schema and location (workers write its files before the committer first creates it);
+- the change files of upsert/CDC tables (:class:`ChangeMode`: their extra columns and how the merge reads them);
 - the narrow view of a partition log both sides read (:class:`HighWatermarkSource`, :class:`LogReader`), which
   the broker satisfies by injecting its ``PartitionLog``.
 """
@@ -51,8 +52,9 @@ only there for leftovers."""
 
 DATA_FILE_PREFIX = "tt-p"
 DEAD_LETTER_FILE_PREFIX = "tt-dlq-p"  # files of a dead-letter table: never taken for a main table's files
+CHANGE_FILE_PREFIX = "tt-chg-p"  # an upsert/CDC round's change files: read by the merge, never part of the table
 _FILE_NAME = {prefix: re.compile(rf"^{prefix}(\d+)-(\d+)-[0-9A-Za-z-]+\.parquet$")
-              for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX)}
+              for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, CHANGE_FILE_PREFIX)}
 
 
 def data_file_name(partition: int, start_offset: int, prefix: str = DATA_FILE_PREFIX) -> str:
@@ -124,6 +126,32 @@ def dead_letter_location(table_location: str) -> str:
     """Where the dead-letter table of the table at ``table_location`` lives (and is created): its sibling
     ``<location>_dlq``, which is also a SQL catalog's default location for the name ``<table>_dlq``."""
     return table_location.rstrip("/") + DEAD_LETTER_SUFFIX
+
+
+# ------------------------------------------------------------------------------------------------ changes
+
+CHANGE_OP_COLUMN = "_tabletopic_op"
+"""In a change file: the change, ``I`` insert, ``U`` update or ``D`` delete (the CDC op as AutoMQ reads it)."""
+CHANGE_PARTITION_COLUMN = "_tabletopic_partition"
+CHANGE_OFFSET_COLUMN = "_tabletopic_offset"
+"""In a change file: the record's Kafka partition and offset, the order in which a key's changes apply."""
+CHANGE_COLUMNS = (CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN)
+OP_INSERT, OP_UPDATE, OP_DELETE = "I", "U", "D"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeMode:
+    """An upsert/CDC table's round (``upsert.enable`` / ``cdc.field``): the workers hand over *change files*, not
+    data files, and the coordinator applies them to the table with a merge keyed by ``keys``.
+
+    A change file (``CHANGE_FILE_PREFIX`` names, under the table's ``data/``, unpartitioned, never committed) holds
+    rows of the table's columns plus :data:`CHANGE_COLUMNS`: per key, the last change in (partition, offset) order
+    wins; ``D`` deletes the key's row, ``I`` and ``U`` insert it or replace the row that has the key.
+    """
+
+    keys: tuple[str, ...]  # the id columns (top-level names or dotted paths into structs) on the table's schema
+    cdc_field: str | None = None  # the column path holding the op; None: every record is an upsert
+    upsert: bool = False  # a record without an op (cdc_field missing or empty) is an update, else an insert
 
 
 # ------------------------------------------------------------------------------------------------ the log view
@@ -201,6 +229,7 @@ class CommitRequest:
     schema_id: int  # the table's current schema
     offsets: tuple[PartitionOffset, ...]
     sent_ms: int = 0  # workers drop requests older than the round time-out (30 s)
+    change_mode: ChangeMode | None = None  # an upsert/CDC table: answer with change files keyed as it says
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,11 +255,14 @@ class CommitResponse:
     # the record at next_offset needs the table to take in this first: Iceberg schema JSON of the table's top
     # level (new columns, wider types, optional fields), applied by union by name before the next round
     table_change: str | None = None
+    # an upsert/CDC round (CommitRequest.change_mode): the rows as change files (see ChangeMode), no data files
+    change_files: tuple[DataFile, ...] = ()
 
     @property
     def paths(self) -> list[str]:
-        """Every file location this answer hands over (data, delete and dead-letter files)."""
-        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files)]
+        """Every file location this answer hands over (data, delete, dead-letter and change files)."""
+        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files,
+                                      *self.change_files)]
 
 
 # ------------------------------------------------------------------------------------------------ the channel

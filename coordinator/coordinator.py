@@ -12,7 +12,10 @@ A round (every ``automq.table.topic.commit.interval.ms``):
 5. checkpoint PRE_COMMIT (commit id, offsets, file paths), then one Iceberg transaction for the whole topic
    (:func:`coordinator.committer.commit_round`), then, when records were skipped, one adding their dead-letter
    files to the dead-letter table (:func:`coordinator.committer.commit_dead_letters`; created before the first
-   commit that needs it), then checkpoint COMMITTED (or ABORTED).
+   commit that needs it), then checkpoint COMMITTED (or ABORTED). An upsert/CDC table's round (``upsert.enable`` /
+   ``cdc.field``: the request carries a :class:`~coordinator.contract.ChangeMode`, the workers answer with change
+   files) is merged first, staged, and the round's transaction publishes the merge with the offsets
+   (:mod:`coordinator.merge`).
 
 Dead letters that the main table names but the dead-letter table does not have yet (a crash or a failure between
 the two commits) are added at start-up and before the next round, which does not start until they are in.
@@ -53,6 +56,7 @@ from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 
 from configs.partition_spec import PartitionField
+from configs.table_schema import resolve_id_columns
 from configs.table_topic import TableTopicConfig
 from coordinator.committer import (
     DEFAULT_MAX_RETRIES,
@@ -67,11 +71,14 @@ from coordinator.committer import (
     load_dead_letter_table,
     load_or_create_dead_letter_table,
     load_or_create_table,
+    prepare_merge_table,
     remove_files,
     resolve_round,
 )
 from coordinator.contract import (
+    CHANGE_FILE_PREFIX,
     DEAD_LETTER_FILE_PREFIX,
+    ChangeMode,
     CommitChannel,
     CommitCode,
     CommitRequest,
@@ -83,6 +90,7 @@ from coordinator.contract import (
     file_spec_id,
 )
 from coordinator.evolution import Evolver, SchemaChanges
+from coordinator.merge import REASON_UNKNOWN_KEY_DELETE, Merger, MergeRequest, MergeResult
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
     TOPIC_ID_PROPERTY,
@@ -132,6 +140,10 @@ class RoundReport:
     commit_ms: float = 0.0  # duration of the catalog commit
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped (errors.tolerance) by reason
     dead_letters: int = 0  # skipped records handed over as dead letters (in the dead-letter table once it is in)
+
+
+class MergeError(RuntimeError):
+    """An upsert/CDC round's merge did not run to the end: the round was aborted (its offsets stay)."""
 
 
 class CoordinatorNotReadyError(RuntimeError):
@@ -190,6 +202,10 @@ class _Answers:
     def dead_letter_files(self) -> tuple[DataFile, ...]:
         return tuple(f for r in self.accepted.values() for f in r.dead_letter_files)
 
+    @property
+    def change_files(self) -> tuple[str, ...]:
+        return tuple(f.file_path for r in self.accepted.values() for f in r.change_files)
+
     def moved(self, base: dict[int, int]) -> dict[int, int]:
         """The partitions whose offset this round moves, with their new offset."""
         return {p: o for p, o in self.new_offsets.items() if o != base[p]}
@@ -221,6 +237,8 @@ class TableTopicCoordinator:
     """
 
     _dead_letter_table: Table | None = None  # the dead-letter table as last loaded; None until dead letters need it
+    merges = 0  # metrics: upsert/CDC rounds merged and published, the duration of the last merge
+    last_merge_ms = 0.0
 
     def __init__(
         self,
@@ -240,6 +258,7 @@ class TableTopicCoordinator:
         topic_id: str | None = None,
         partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
         schema_evolver: Evolver | None = None,
+        merger: Merger | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -255,7 +274,8 @@ class TableTopicCoordinator:
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         self._partition_log = partition_log
-        self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)  # what workers ask the table to take in
+        # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge)
+        self.schema_changes, self._merger = SchemaChanges(topic, catalog, schema_evolver), merger
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
@@ -502,7 +522,7 @@ class TableTopicCoordinator:
             self._conditions.log(
                 "round-failed", logging.ERROR, "table topic %s: commit round failed (%d in a row), retrying with "
                 "back-off: %s: %s", self.topic, self._failures, type(e).__name__, e, state=(type(e), str(e)),
-                exc_info=e)
+                exc_info=None if isinstance(e, MergeError) else e)  # a merge failure says why in its message
             return RoundReport(RoundOutcome.FAILED, error=f"{type(e).__name__}: {e}")
         if self._failures:
             self._conditions.clear("round-failed", logging.INFO, "table topic %s: commit rounds succeed again "
@@ -567,6 +587,11 @@ class TableTopicCoordinator:
         if candidates:
             n = remove_files(tbl, candidates, keep=referenced_files(tbl))
             log.info("table topic %s: deleted %d uncommitted data files left by earlier rounds", self.topic, n)
+        # change files (upsert/CDC rounds) are never part of the table and no round is in flight now: all go
+        changes = [f.path for f in list_worker_files(tbl, CHANGE_FILE_PREFIX) or []]
+        if changes:
+            n = remove_files(tbl, changes)
+            log.info("table topic %s: deleted %d change files left by earlier rounds", self.topic, n)
         # dead-letter files: those of rounds whose main commit did not land (start offset at or past the main
         # table's offset), except any the dead-letter table references or the main table names as pending
         dlq = self._dead_letter_table
@@ -632,7 +657,8 @@ class TableTopicCoordinator:
         except _StoppedError as stopped:
             return await self._abort_stopped(rnd, stopped.args[0] if stopped.args else {})
         answers = await self._judge(rnd, collected)
-        if not answers.data_files and not answers.dead_letter_files and not answers.moved(rnd.base):
+        if (not answers.data_files and not answers.dead_letter_files and not answers.change_files
+                and not answers.moved(rnd.base)):
             return await self._close_idle(rnd, answers)
         rnd = await self._pre_commit(rnd, answers)
         crash_point("coordinator-after-pre-commit")
@@ -674,6 +700,8 @@ class TableTopicCoordinator:
             commit_id=commit_id, topic=self.topic, spec_id=tbl.spec().spec_id, schema_id=tbl.schema().schema_id,
             offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0, dead.get(p, 0)) for p in partitions),
             sent_ms=self._now_ms(),
+            change_mode=ChangeMode(resolve_id_columns(tbl.schema(), cfg), cfg.cdc_field, cfg.upsert_enable)
+            if cfg.delta_write else None,
         )
         # the high watermarks before the request: each worker writes up to at least these
         watermarks_before = self._high_watermarks(partitions)
@@ -729,7 +757,7 @@ class TableTopicCoordinator:
         paths = tuple(f.file_path for f in answers.data_files)
         dead = tuple(f.file_path for f in answers.dead_letter_files)
         cp = rnd.checkpoint.advance(Phase.PRE_COMMIT, self._now_ms(), new_offsets={**rnd.base, **answers.new_offsets},
-                                    data_files=paths, dead_letter_files=dead)
+                                    data_files=paths, dead_letter_files=dead, change_files=answers.change_files)
         try:
             await self._save(cp)
         except Exception:
@@ -746,15 +774,19 @@ class TableTopicCoordinator:
         if dead and self._dead_letter_table is None:  # the first dead letters: the table they go to, first
             self._dead_letter_table = await asyncio.to_thread(load_or_create_dead_letter_table, self._catalog,
                                                               rnd.table, rnd.cfg)
+        merged = await self._merge(rnd, answers) if answers.change_files else None
         rc = RoundCommit(rnd.commit_id, rnd.table_offsets, answers.new_offsets, answers.data_files,
                          answers.watermark, ExpirePolicy.from_config(rnd.cfg), topic_id=self._topic_id,
-                         dead_letter_files=dead, dead_letters_applied=rnd.dead_letters_applied)
+                         dead_letter_files=dead, dead_letters_applied=rnd.dead_letters_applied,
+                         merge=None if merged is None else merged.staged, change_files=answers.change_files)
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
             commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
+        if answers.change_files and result.outcome is Outcome.COMMITTED:  # the merge read them: never needed again
+            await asyncio.to_thread(remove_files, result.table, answers.change_files)
         if result.outcome is Outcome.COMMITTED and dead:
             try:
                 await self._apply_dead_letters(result.table, dead)
@@ -771,9 +803,41 @@ class TableTopicCoordinator:
         await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))
         self._remember(rnd.commit_id, rnd.checkpoint.paths)
         self._settled = answers.settled
-        return self._committed(rnd, answers, result)
+        return self._committed(rnd, answers, result, merged)
 
-    def _committed(self, rnd: _Round, answers: _Answers, result: CommitResult) -> RoundReport:
+    async def _merge(self, rnd: _Round, answers: _Answers) -> MergeResult:
+        """Stage the merge of an upsert/CDC round's change files (:mod:`coordinator.merge`). When it does not run to
+        the end (the Spark side process is down, slow or refuses it) the round is aborted, its files deleted and
+        MergeError raised: the offsets stay, and the next round, after a failed round's back-off, writes and merges
+        the records again."""
+        mode = rnd.request.change_mode
+        t0 = time.perf_counter()
+        try:
+            if self._merger is None or mode is None:
+                raise MergeError(f"table topic {self.topic}: upserts need a merger (the broker's Spark side "
+                                 "process), and none is configured")
+            crash_point("coordinator-before-merge")
+            merged = await asyncio.shield(asyncio.to_thread(
+                self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys)))
+        except Exception as e:
+            await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths)
+            await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
+            self._remember(rnd.commit_id, ())
+            self.aborted_rounds += 1
+            if isinstance(e, MergeError):
+                raise
+            raise MergeError(f"merging round {rnd.commit_id} into {'.'.join(rnd.table.name())} failed, its offsets "
+                             f"stay: {type(e).__name__}: {e}") from e
+        crash_point("coordinator-after-merge")
+        self.last_merge_ms = (time.perf_counter() - t0) * 1000
+        log.info("[MERGE_STAGED] topic=%s commit_id=%s change_files=%d rows_written=%d rows_deleted=%d "
+                 "unknown_key_deletes=%d snapshot=%s ms=%.0f", self.topic, rnd.commit_id, len(answers.change_files),
+                 merged.rows_written, merged.rows_deleted, merged.unknown_key_deletes,
+                 None if merged.staged is None else merged.staged.snapshot_id, self.last_merge_ms)
+        return merged
+
+    def _committed(self, rnd: _Round, answers: _Answers, result: CommitResult,
+                   merged: MergeResult | None = None) -> RoundReport:
         """Metrics, the ``[COMMIT_COMPLETE]`` line and the report of a round that landed."""
         accepted = answers.accepted.values()
         files = len(answers.data_files)
@@ -781,6 +845,7 @@ class TableTopicCoordinator:
         nbytes = sum(r.byte_count for r in accepted)
         fields = sum(r.field_count for r in accepted)
         self.commits += 1
+        self.merges += merged is not None
         self.records_committed += records
         self.files_committed += files
         self.bytes_committed += nbytes
@@ -796,7 +861,7 @@ class TableTopicCoordinator:
         return RoundReport(RoundOutcome.COMMITTED, rnd.commit_id, files=files, records=records, bytes=nbytes,
                            offsets=committed_offsets(result.table), commit_attempts=result.attempts, fields=fields,
                            watermark=-1 if answers.timed_out else watermark, commit_ms=result.commit_ms,
-                           skipped=_sum_skipped(accepted),
+                           skipped=_sum_skipped(accepted, merged),
                            dead_letters=sum(f.record_count for f in answers.dead_letter_files),
                            **answers.report_fields())
 
@@ -816,6 +881,8 @@ class TableTopicCoordinator:
         if self.schema_changes.pending:
             self.schema_changes.apply(tbl)
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
+        if cfg.delta_write:
+            tbl = prepare_merge_table(tbl)
         if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
             tbl = evolve_partition_spec(tbl, cfg)
             self._partition_by_seen = cfg.partition_by
@@ -934,18 +1001,24 @@ class TableTopicCoordinator:
         if r.next_offset < r.start_offset:
             return f"next offset {r.next_offset} is before the start offset {r.start_offset}"
         if r.delete_files:
-            return "delete files are not supported by this coordinator yet"
+            return "delete files are refused: an upsert/CDC round hands over change files, merged by Spark"
+        if request.change_mode is not None and r.data_files:
+            return "data files in an upsert/CDC round (it takes change files)"
+        if request.change_mode is None and r.change_files:
+            return "change files in a round of an append table"
         wrong = [f.file_path for f in r.data_files if file_spec_id(f) not in (None, request.spec_id)]
         if wrong:
             return f"files written with another partition spec than {request.spec_id}: {wrong[:3]}"
         return None
 
 
-def _sum_skipped(responses: Iterable[CommitResponse]) -> dict[str, int]:
+def _sum_skipped(responses: Iterable[CommitResponse], merged: MergeResult | None = None) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in responses:
         for reason, n in r.skipped.items():
             out[reason] = out.get(reason, 0) + n
+    if merged is not None and merged.unknown_key_deletes:
+        out[REASON_UNKNOWN_KEY_DELETE] = out.get(REASON_UNKNOWN_KEY_DELETE, 0) + merged.unknown_key_deletes
     return out
 
 

@@ -20,9 +20,11 @@ Format (version 1)::
     {"version": 1, "phase": "PRE_COMMIT", "commit_id": "<uuid>", "table": ["ns", "topic"],
      "base_offsets": {"0": 120, "1": 98}, "new_offsets": {"0": 170, "1": 98},
      "data_files": ["file:///.../tt-p0-120-<uuid>.parquet"], "delete_files": [],
-     "dead_letter_files": ["file:///..._dlq/data/tt-dlq-p0-120-<uuid>.parquet"], "updated_ms": 1700000000000}
+     "dead_letter_files": ["file:///..._dlq/data/tt-dlq-p0-120-<uuid>.parquet"],
+     "change_files": ["file:///.../data/tt-chg-p0-120-<uuid>.parquet"], "updated_ms": 1700000000000}
 
-(``dead_letter_files`` may be missing: none.)
+(``dead_letter_files`` / ``change_files`` may be missing: none. Change files are an upsert/CDC round's, read by its
+merge and never part of the table: whatever the outcome, they are deleted.)
 """
 
 from __future__ import annotations
@@ -68,20 +70,23 @@ class Checkpoint:
     delete_files: tuple[str, ...] = ()
     updated_ms: int = 0
     dead_letter_files: tuple[str, ...] = ()
+    change_files: tuple[str, ...] = ()
 
     def advance(self, phase: Phase, updated_ms: int, *, new_offsets: dict[int, int] | None = None,
                 data_files: tuple[str, ...] | None = None,
-                dead_letter_files: tuple[str, ...] | None = None) -> Checkpoint:
+                dead_letter_files: tuple[str, ...] | None = None,
+                change_files: tuple[str, ...] | None = None) -> Checkpoint:
         """The same round in ``phase`` (with the round's new offsets and files, when given)."""
         return replace(self, phase=phase, updated_ms=updated_ms,
                        new_offsets=self.new_offsets if new_offsets is None else new_offsets,
                        data_files=self.data_files if data_files is None else data_files,
-                       dead_letter_files=self.dead_letter_files if dead_letter_files is None else dead_letter_files)
+                       dead_letter_files=self.dead_letter_files if dead_letter_files is None else dead_letter_files,
+                       change_files=self.change_files if change_files is None else change_files)
 
     @property
     def paths(self) -> tuple[str, ...]:
-        """Every file the round wrote (data, delete and dead-letter files)."""
-        return (*self.data_files, *self.delete_files, *self.dead_letter_files)
+        """Every file the round wrote (data, delete, dead-letter and change files)."""
+        return (*self.data_files, *self.delete_files, *self.dead_letter_files, *self.change_files)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -94,6 +99,7 @@ class Checkpoint:
             "data_files": list(self.data_files),
             "delete_files": list(self.delete_files),
             "dead_letter_files": list(self.dead_letter_files),
+            "change_files": list(self.change_files),
             "updated_ms": self.updated_ms,
         }
 
@@ -111,6 +117,7 @@ class Checkpoint:
             delete_files=tuple(str(f) for f in doc.get("delete_files", ())),
             updated_ms=int(doc.get("updated_ms", 0)),
             dead_letter_files=tuple(str(f) for f in doc.get("dead_letter_files", ())),
+            change_files=tuple(str(f) for f in doc.get("change_files", ())),
         )
 
 

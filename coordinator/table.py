@@ -41,7 +41,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
-from configs.table_schema import KEY, VALUE, table_schema
+from configs.table_schema import KEY, VALUE, column_list, id_columns_problem, table_schema
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
@@ -142,6 +142,18 @@ def converter_conflicts(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> 
         elif have[f.name] != f.field_type:
             out.append(ColumnConflict(f.name, str(have[f.name]), str(f.field_type)))
     return name, out
+
+
+def id_columns_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and why its ``id.columns`` cannot key it (None: they can, the
+    columns have not come yet, or the table does not exist; :func:`configs.table_schema.id_columns_problem`)."""
+    ident = catalog_identifier(topic, cfg)
+    name = ".".join(ident)
+    if not cfg.id_columns or not catalog.table_exists(ident):
+        return name, None
+    schema = catalog.load_table(ident).schema()
+    problem = id_columns_problem(schema, cfg)
+    return name, None if problem is None else f"{problem}; its columns are {column_list(schema)}"
 
 
 def committed_offsets(tbl: Table) -> dict[int, int]:

@@ -40,14 +40,16 @@ from configs.table_topic import (
     CONVERT_KEY_TYPE,
     CONVERT_VALUE_TYPE,
     ENABLE,
+    ID_COLUMNS,
     SCHEMA_TYPE,
     SchemaType,
     TableTopicConfig,
 )
-from coordinator.contract import InProcessChannel
+from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN, InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.maintenance import TableMaintenance
-from coordinator.table import catalog_identifier, converter_conflicts
+from coordinator.merge import MergeRequest, MergeResult
+from coordinator.table import catalog_identifier, converter_conflicts, id_columns_conflict
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
 from tabletopic.spark_service import SparkService
@@ -141,6 +143,13 @@ class TableTopicHost:
         assert self.spark is not None
         self.spark.evolve_schema(tbl.name(), change)
 
+    def _merge(self, tbl: Table, request: MergeRequest) -> MergeResult:
+        """Stage an upsert/CDC round's merge through the Spark side process (blocking; the coordinator's thread)."""
+        assert self.spark is not None
+        return MergeResult.from_spark(self.spark.merge(
+            tbl.name(), paths=request.paths, keys=request.keys, stage_id=request.stage_id,
+            op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN)))
+
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
         return tt.coordinator if tt else None
@@ -148,11 +157,12 @@ class TableTopicHost:
     # ---- config checks ----
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
-        """Refuse converter settings the topic's existing table cannot take (blocking: reads the catalog).
+        """Refuse converter settings the topic's existing table cannot take, and ``id.columns`` it does not have
+        (blocking: reads the catalog).
 
-        Looks at the table only when the settings that decide its columns or its name change, or when the table
-        topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError naming
-        the converter setting, its value, the table, the column and why.
+        Looks at the table only when the settings that decide its columns, its name or its key change, or when the
+        table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
+        naming the setting, its value, the table, the column and why.
         """
         cfg = TableTopicConfig.from_topic(new, self._broker.config, validate=False)
         before = None if old is None else TableTopicConfig.from_topic(old, self._broker.config, validate=False)
@@ -160,6 +170,10 @@ class TableTopicHost:
             return
         table, conflicts = converter_conflicts(self._catalog, topic, cfg)
         if not conflicts:
+            table, problem = id_columns_conflict(self._catalog, topic, cfg)
+            if problem is not None:
+                raise InvalidConfigError(f"Invalid value {new.get(ID_COLUMNS)} for configuration {ID_COLUMNS}: the "
+                                         f"table {table} already exists and {problem}")
             return
         key, value = _converter_setting(conflicts[0].column, cfg, before)
         found = ", ".join(f"it has no column {c.column} ({c.want} needed)" if c.have is None
@@ -253,6 +267,7 @@ class TableTopicHost:
             topic_id=str(info.topic_id),
             partition_log=partition_log,
             schema_evolver=self._evolve_schema,
+            merger=self._merge,
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt
@@ -337,8 +352,9 @@ class TableTopicHost:
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
-    """What decides the table's name and converter columns."""
-    return catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns
+    """What decides the table's name, converter columns and key."""
+    return (catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns,
+            cfg.transform_value_type, cfg.id_columns)
 
 
 def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:

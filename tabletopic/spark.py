@@ -567,3 +567,87 @@ def remove_orphan_files(session: SparkSession, catalog_name: str, identifier: Se
     result = _actions(session).deleteOrphanFiles(table).compareToFileList(listing._jdf) \
         .olderThan(int(older_than_ms)).execute()
     return [str(location) for location in result.orphanFileLocations()]
+
+
+# ---- upserts and CDC: the round's changes applied with MERGE INTO ----
+
+WAP_ID_CONF = "spark.wap.id"  # with the table's write.wap.enabled, a write of this session is staged under this id
+_ROW_NUMBER = "__tabletopic_row"
+
+
+def _quoted_path(path: str) -> str:
+    """A dotted column path (``_kafka_value.id``) as a Spark SQL reference, every level back-quoted."""
+    return ".".join(f"`{part.replace('`', '``')}`" for part in path.split("."))
+
+
+def _staged_snapshot(table: Any, stage_id: str) -> Any:
+    """The snapshot a write staged under ``stage_id`` (summary ``wap.id``), newest first; None when there is none
+    (the MERGE changed nothing)."""
+    snapshots = table.snapshots()  # a java.util.List in commit order: ours is at (or near) the end
+    for i in range(len(snapshots) - 1, -1, -1):
+        snapshot = snapshots[i]
+        if snapshot.summary().get("wap.id") == stage_id:
+            return snapshot
+    return None
+
+
+def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
+                  keys: Sequence[str], stage_id: str, op_column: str, order_columns: Sequence[str]
+                  ) -> dict[str, Any]:
+    """Apply change files to the table with ``MERGE INTO``, staged: the result is a snapshot of the table that
+    ``main`` does not point to yet (Iceberg's write-audit-publish; the table needs ``write.wap.enabled=true``),
+    which the broker's round commit publishes together with the committed offsets.
+
+    ``paths``: Parquet files holding rows of the table's columns (by name) plus ``op_column`` (``I``/``U``/``D``)
+    and ``order_columns`` (Kafka partition, offset). Per key (``keys``: top-level or dotted columns) the last change
+    in ``order_columns`` order wins; ``D`` deletes the row with that key (nothing when there is none); ``I`` and
+    ``U`` insert the row, or replace the row that has the key. With the table's ``write.merge.mode=merge-on-read``
+    the replaced and deleted rows become position deletes (deletion vectors on a format v3 table); equality deletes
+    are never written. Target columns the files do not have keep their values (null in new rows).
+
+    Returns ``snapshot_id`` / ``parent_id`` of the staged snapshot (None: nothing changed), ``absent_deletes``
+    (deletes of keys the table does not have: no-ops, counted) and the snapshot's ``added-*`` / ``removed-*``
+    summary figures (``added-records``: rows inserted or replaced; position deletes: with Iceberg's file-scoped
+    deletes a data file's earlier deletes are rewritten into its new delete file, so the rows replaced or deleted
+    are ``added-position-deletes`` minus ``removed-position-deletes``).
+
+    Spark jobs: the count of absent deletes (an anti-join of the deletes with the table's keys; when there are no
+    deletes, adaptive execution skips the table's side) and the MERGE; the picked changes are cached for both.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+
+    table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
+    changes = session.read.parquet(*paths)
+    latest = Window.partitionBy(*[F.col(_quoted_path(k)) for k in keys]).orderBy(
+        *[F.col(_quoted_path(c)).desc() for c in order_columns])
+    source = changes.withColumn(_ROW_NUMBER, F.row_number().over(latest)).where(F.col(_ROW_NUMBER) == 1) \
+        .drop(_ROW_NUMBER).cache()  # read by the counts and by the MERGE
+    view = f"tabletopic_changes_{stage_id.replace('-', '_')}"
+    source.createOrReplaceTempView(view)
+    try:
+        op = _quoted_path(op_column)
+        on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
+        absent = int(session.sql(f"SELECT count(*) FROM (SELECT * FROM {view} WHERE {op} = 'D') s "  # noqa: S608
+                                 f"LEFT ANTI JOIN {table_name} t ON {on}").collect()[0][0])
+        present = set(changes.columns)
+        columns = [_quoted_path(c) for c in session.table(table_name).columns if c in present]
+        session.conf.set(WAP_ID_CONF, stage_id)
+        try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
+            session.sql(
+                f"MERGE INTO {table_name} t USING {view} s ON {on} "  # noqa: S608
+                f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+                f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+                f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({', '.join(columns)}) "
+                f"VALUES ({', '.join(f's.{c}' for c in columns)})")
+        finally:
+            session.conf.unset(WAP_ID_CONF)
+    finally:
+        session.catalog.dropTempView(view)
+        source.unpersist()
+    staged = _staged_snapshot(iceberg_table(session, catalog_name, identifier), stage_id)
+    summary = {} if staged is None else {str(k): str(v) for k, v in dict(staged.summary()).items()
+                                         if str(k).startswith(("added-", "removed-"))}
+    return {"snapshot_id": None if staged is None else int(staged.snapshotId()),
+            "parent_id": None if staged is None or staged.parentId() is None else int(staged.parentId()),
+            "absent_deletes": absent, "summary": summary}

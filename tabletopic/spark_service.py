@@ -196,6 +196,16 @@ class SparkService:
                                                            "older_than_ms": older_than_ms}, timeout=timeout)
         return out
 
+    def merge(self, table: str | Sequence[str], *, paths: Sequence[str], keys: Sequence[str], stage_id: str,
+              op_column: str, order_columns: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
+        """Apply the change files ``paths`` to the table with ``MERGE INTO``, staged under ``stage_id`` (the table
+        must have ``write.wap.enabled=true``): the rules and the result are those of
+        :func:`tabletopic.spark.merge_changes`; the staged snapshot is published by the caller's commit."""
+        result: dict[str, Any] = self.call("merge", {
+            "identifier": table_identifier(table), "paths": list(paths), "keys": list(keys), "stage_id": stage_id,
+            "op_column": op_column, "order_columns": list(order_columns)}, timeout=timeout)
+        return result
+
     def call(self, op: str, args: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """Run operation ``op`` in the child and return its result.
 
@@ -426,6 +436,9 @@ def _child_ops() -> dict[str, Op]:
         "sql": lambda session, config, args: spark.sql_rows(session, args["statement"], args["max_rows"]),
         "evolve_schema": lambda session, config, args: spark.evolve_schema(
             session, config.catalog_name, args["identifier"], args["schema_json"]),
+        "merge": lambda session, config, args: spark.merge_changes(
+            session, config.catalog_name, args["identifier"], paths=args["paths"], keys=args["keys"],
+            stage_id=args["stage_id"], op_column=args["op_column"], order_columns=args["order_columns"]),
         "rewrite_data_files": lambda session, config, args: spark.rewrite_data_files(
             session, config.catalog_name, args["identifier"], args["options"]),
         "rewrite_manifests": lambda session, config, args: spark.rewrite_manifests(

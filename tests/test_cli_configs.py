@@ -175,11 +175,12 @@ def test_kafka_configs_alter_describe(broker: Any, capsys: pytest.CaptureFixture
     assert f"  {P}partition.by=bucket(_kafka_key, 16), _kafka_metadata.partition " in out
     assert len(lines) == 3
 
-    # a key and upsert: the cross-field rules pass, then "not built yet" refuses, naming key and value
+    # a key and upsert: the cross-field rules pass, then the key must name columns of the table (raw values: no
+    # region column)
     code, _, err = configs(capsys, broker.bootstrap, "--topic", t, "--alter", "--add-config",
                            f"{P}upsert.enable=true,{P}id.columns=[region, name]")
     assert code == 1 and "Error while executing config command" in err
-    assert f"Invalid value true for configuration {P}upsert.enable: true is not supported yet" in err
+    assert f"for configuration {P}id.columns: the table has no column region" in err, err
     code, _, err = configs(capsys, broker.bootstrap, "--topic", t, "--alter", "--add-config",
                            f"{P}id.columns=[region, name]")
     assert code == 1 and f"Invalid value region, name for configuration {P}id.columns" in err

@@ -219,12 +219,14 @@ def test_incremental_unknown_topic_and_duplicates(broker: FakeBroker) -> None:
 
 
 def test_incremental_upsert_with_key_in_one_request(broker: FakeBroker) -> None:
-    # the key and upsert together pass the cross-field rule; upsert itself is not built yet
+    # the key and upsert together pass the cross-field rule; then the key must name a column of the table
     r = incremental(broker, 1, "t", [(P + "upsert.enable", 0, "true"), (P + "id.columns", 0, "[id]")])
     assert r.error_code == ErrorCode.INVALID_CONFIG
-    assert r.error_message == (f"Invalid value true for configuration {P}upsert.enable: true is not supported yet by "
-                               f"this broker (upsert tables are not built yet)")
+    assert r.error_message.startswith(f"Invalid value [id] for configuration {P}id.columns: the table has no column "
+                                      f"id; the columns of this topic's table are _kafka_header")
     assert broker.topics.calls == []
+    r = incremental(broker, 1, "t", [(P + "upsert.enable", 0, "true"), (P + "id.columns", 0, "[_kafka_key]")])
+    assert r.error_code == 0, r.error_message
 
 
 def test_registered_checks_run_off_the_loop_and_can_refuse(broker: FakeBroker) -> None:

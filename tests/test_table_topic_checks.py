@@ -285,7 +285,7 @@ def test_converter_change_allowed_before_the_table_exists(broker: BrokerProcess)
     assert _binary_values(broker, t) == {str}
 
 
-# ---- settings nothing implements yet ---------------------------------------------------------------------------
+# ---- upserts and CDC: settings that cannot work together -------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -298,31 +298,37 @@ def registry_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker
     b.stop()
 
 
-NOT_BUILT = [
-    # (key, value, settings the cross-field rules need alongside)
-    (P + "upsert.enable", "true", {P + "id.columns": "[id]"}),
-    (P + "cdc.field", "_cdc.op", {P + "id.columns": "[id]"}),
-    (P + "id.columns", "[id]", {}),
+REFUSED = [
+    # (the key named, its value, the settings beside it, why)
+    (P + "upsert.enable", "true", {}, "upsert needs identifier columns"),
+    (P + "cdc.field", "_cdc.op", {}, "CDC needs identifier columns"),
+    (P + "id.columns", "[id]", {P + "upsert.enable": "true"}, "the table has no column id"),  # string columns only
+    (P + "id.columns", "[_kafka_metadata]", {P + "upsert.enable": "true"},
+     "column _kafka_metadata is a struct, not a primitive column"),
 ]
 
 
-@pytest.mark.parametrize(("key", "value", "extra"), NOT_BUILT)
-def test_not_built_settings_are_refused(registry_broker: BrokerProcess, capsys: pytest.CaptureFixture[str],
-                                        key: str, value: str, extra: dict[str, str]) -> None:
+@pytest.mark.parametrize(("key", "value", "extra", "why"), REFUSED)
+def test_upsert_settings_that_cannot_work_are_refused(registry_broker: BrokerProcess,
+                                                      capsys: pytest.CaptureFixture[str], key: str, value: str,
+                                                      extra: dict[str, str], why: str) -> None:
     b = registry_broker
-    t = unique("nyi")
+    t = unique("ups")
     settings = {P + "enable": "true", **extra, key: value}
     code, text = cli(capsys, kafka_topics.main, b.bootstrap, "--create", "--topic", t,
                      *itertools.chain.from_iterable(("--config", f"{k}={v}") for k, v in settings.items()))
     assert code != 0, text
-    named, shown = key, value
-    assert f"Invalid value {shown} for configuration {named}: {shown} is not supported yet" in text, text
+    assert f"Invalid value {value} for configuration {key}: {why}" in text, text
 
     client = AdminClient({"bootstrap.servers": b.bootstrap})
     err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)], validate_only=True)[t])
-    assert err.code() == KafkaError.INVALID_CONFIG and "not supported yet" in err.str(), err.str()
+    assert err.code() == KafkaError.INVALID_CONFIG and why in err.str(), err.str()
     client.create_topics([NewTopic(t, 1, 1)])[t].result(timeout=30)
     err = admin_error(incremental_set(client, t, **settings))
-    assert err.code() == KafkaError.INVALID_CONFIG and named in err.str() and "not supported yet" in err.str()
+    assert err.code() == KafkaError.INVALID_CONFIG and key in err.str() and why in err.str(), err.str()
     (fut,) = client.describe_configs([ConfigResource("topic", t)]).values()
     assert fut.result(timeout=30)[key].source != 1  # not stored (DYNAMIC_TOPIC_CONFIG)
+    # the same key over columns the records decide (JSON values flattened) is accepted: checked against the table
+    fine = {**settings, P + "id.columns": "[id]", P + "convert.value.type": "json",
+            P + "transform.value.type": "flatten"}
+    incremental_set(client, t, **fine).result(timeout=30)

@@ -17,7 +17,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from configs.table_schema import converted_type
 from configs.table_topic import ConvertType, ErrorsTolerance, SchemaType, TableTopicConfig
-from coordinator.contract import CommitCode, CommitRequest, CommitResponse, PartitionOffset
+from coordinator.contract import ChangeMode, CommitCode, CommitRequest, CommitResponse, PartitionOffset
 from coordinator.coordinator import TableTopicCoordinator
 from tests.test_worker_support import make_batch
 from worker.convert import DeadLetters, convert_records
@@ -26,7 +26,7 @@ from worker.plan import ColumnFeed, ConversionPlan
 from worker.schema import table_schema
 from worker.transforms import Columns
 from worker.transforms import register as register_transform
-from worker.writer import APPEND, AppendWriter, WriteTarget, writer_for, writer_name
+from worker.writer import APPEND, MERGE, AppendWriter, ChangeWriter, WriteTarget, writer_for, writer_name
 
 RAW = TableTopicConfig()  # key string, value raw
 STRING = TableTopicConfig(convert_value_type=ConvertType.STRING)
@@ -117,16 +117,34 @@ def test_registry_names_are_unique() -> None:
         register(converter("raw"))
 
 
-def test_append_is_the_writer_and_delete_files_are_refused_until_a_delta_writer_exists() -> None:
+def test_the_settings_choose_the_writer_and_answers_must_fit_the_round() -> None:
     target = WriteTarget("file:///nowhere", table_schema(RAW), UNPARTITIONED_PARTITION_SPEC)
     assert target.writer == APPEND == writer_name(RAW)
     assert isinstance(writer_for(target), AppendWriter)
+    upsert = TableTopicConfig(upsert_enable=True, id_columns=("_kafka_key",))
+    assert writer_name(upsert) == MERGE == writer_name(replace(RAW, cdc_field="op", id_columns=("id",)))
+    assert isinstance(writer_for(replace(target, writer=MERGE)), ChangeWriter)
     with pytest.raises(KeyError):
         writer_for(replace(target, writer="delta"))
-    deletes = DataFile.from_args(content=DataFileContent.POSITION_DELETES, file_path="file:///t/d.parquet",
-                                 file_format=FileFormat.PARQUET, partition=Record(), record_count=1,
-                                 file_size_in_bytes=10)
-    req = CommitRequest("c", "t", 0, 0, (PartitionOffset(0, 0),))
-    answer = CommitResponse(CommitCode.NONE, "c", "t", 0, 0, 0, 0, delete_files=(deletes,))
-    assert answer.paths == ["file:///t/d.parquet"]  # deleted with the answer's data files when it is dropped
-    assert "delete files are not supported" in (TableTopicCoordinator._check_answer(req, 0, answer) or "")
+
+    def entry(path: str, content: DataFileContent = DataFileContent.DATA) -> DataFile:
+        return DataFile.from_args(content=content, file_path=path, file_format=FileFormat.PARQUET, partition=Record(),
+                                  record_count=1, file_size_in_bytes=10)
+
+    append_round = CommitRequest("c", "t", 0, 0, (PartitionOffset(0, 0),))
+    upsert_round = replace(append_round, change_mode=ChangeMode(("_kafka_key",), None, True))
+    deletes = CommitResponse(CommitCode.NONE, "c", "t", 0, 0, 0, 0,
+                             delete_files=(entry("file:///t/d.parquet", DataFileContent.POSITION_DELETES),))
+    assert deletes.paths == ["file:///t/d.parquet"]  # deleted with the answer's data files when it is dropped
+    # Spark's merge writes the deletes (position deletes, never equality deletes): a worker's are refused
+    for req in (append_round, upsert_round):
+        assert "delete files are refused" in (TableTopicCoordinator._check_answer(req, 0, deletes) or "")
+    changes = CommitResponse(CommitCode.NONE, "c", "t", 0, 0, 0, 1, change_files=(entry("file:///t/c.parquet"),))
+    data = CommitResponse(CommitCode.NONE, "c", "t", 0, 0, 0, 1, data_files=(entry("file:///t/x.parquet"),))
+    assert changes.paths == ["file:///t/c.parquet"]
+    # an answer written under other settings than the round's (upserts turned on or off meanwhile) is refused
+    assert TableTopicCoordinator._check_answer(upsert_round, 0, changes) is None
+    assert TableTopicCoordinator._check_answer(append_round, 0, data) is None
+    assert "change files in a round of an append table" in (
+        TableTopicCoordinator._check_answer(append_round, 0, changes) or "")
+    assert "data files in an upsert/CDC round" in (TableTopicCoordinator._check_answer(upsert_round, 0, data) or "")

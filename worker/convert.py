@@ -9,7 +9,8 @@ The steps of :func:`convert_records`, each on whole Arrow columns:
 3. the plan's value transform (:mod:`worker.transforms`);
 4. fit the columns to the *table's* schema by name: unknown columns are dropped, missing ones written as nulls,
    so a table whose schema someone else changed still gets what it can;
-5. ``errors.tolerance`` on the bad rows and undecodable batches.
+5. ``errors.tolerance`` on the bad rows and undecodable batches (for an upsert/CDC table also the rows without a
+   key, :mod:`worker.changes`, whose op and order columns the rows then carry).
 
 A record that cannot be converted is handled per ``errors.tolerance``: ``none`` stops right before it
 (``ConvertStats.blocked_offset``/``blocked_reason``), ``invalid_data``/``all`` skip it, count it by reason and,
@@ -29,6 +30,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from configs.table_schema import HEADER, META_OFFSET, META_PARTITION, META_TIMESTAMP, METADATA
 from configs.table_topic import ErrorsTolerance
 from coordinator.contract import DEAD_LETTER_SCHEMA
+from worker.changes import id_problems, with_change_columns
 from worker.converters import RecordPart, converter
 from worker.converters.base import Stop
 from worker.decode import Decoded, decode, headers_array
@@ -105,8 +107,12 @@ def convert_records(
         columns, timestamps, bad = _cut(d, columns, timestamps, bad, stop.row)
         dropped = {i: r for i, r in dropped.items() if i < stop.row}
     columns = value_transform(plan.value_transform).apply(columns)
-    table = _fit(columns, plan.arrow_schema, len(d.offsets))
+    if plan.change is not None:  # an upsert/CDC table: each row is a change (worker.changes)
+        columns = with_change_columns(columns, plan.change, partition=partition, offsets=d.offsets)
+    table = _fit(columns, plan.row_schema, len(d.offsets))
     table, timestamps, bad, left_out = _leave_out(d, table, timestamps, bad, dropped)
+    if plan.change is not None:
+        bad = {**id_problems(table, plan.change), **bad}  # a reason the converters found first wins
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
                             dead_letters=dead_letters, plan=plan)
     max_ts = pc.max(kept.timestamps).as_py() if len(kept.timestamps) else None

@@ -46,6 +46,7 @@ from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import (
+    ChangeMode,
     CommitChannel,
     CommitCode,
     CommitRequest,
@@ -63,7 +64,7 @@ from worker.formats.base import RegistrySchema
 from worker.plan import ConversionPlan, latest_subjects
 from worker.schema_source import RegistryUnavailableError, SchemaSource
 from worker.task import TaskResult, convert_and_write, dead_letter_target, delete_uncommitted
-from worker.writer import WriteTarget, writer_name
+from worker.writer import APPEND, MERGE, WriteTarget
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,9 @@ MIN_CHUNK_BYTES = 256 * 1024
 FIRST_CHUNK_BYTES = 4 * MiB
 
 
-def _target_key(t: WriteTarget) -> tuple[str, int, int]:
-    # pre-written files stay valid while schema and spec are the same (property changes apply to later files)
-    return t.location, t.schema.schema_id, t.spec.spec_id
+def _target_key(t: WriteTarget) -> tuple[str, int, int, str]:
+    # pre-written files stay valid while schema, spec and writer are the same (property changes apply to later files)
+    return t.location, t.schema.schema_id, t.spec.spec_id, t.writer
 
 
 @dataclass(slots=True)
@@ -154,6 +155,7 @@ class PartitionWorker:
         self._written_to: int | None = None  # end of the last chunk submitted
         self._chunks: list[_Chunk] = []
         self._blocked_at: int | None = None  # do not pre-write into a record that blocks the partition
+        self._change_mode: ChangeMode | None = None  # the last request's: how pre-writes hand over rows
         self._bytes_per_record: float | None = None
         self._bytes_per_s: float | None = None  # log bytes a chunk converts per second of pool time (EMA)
         self._queue: asyncio.Queue[CommitRequest] | None = None
@@ -271,6 +273,7 @@ class PartitionWorker:
         """One answer: reset to the requested offset if needed, write up to ``hw``, answer with the files."""
         t0 = time.monotonic()
         deadline = t0 + REGISTRY_WAIT_S
+        self._change_mode = req.change_mode
         try:
             target = self._target(req)
             # by_latest_schema: the subject's latest as it is now, after the high watermark was taken, so every
@@ -307,8 +310,10 @@ class PartitionWorker:
 
     async def _reset_if_moved(self, req: CommitRequest, x: int, target: WriteTarget) -> None:
         """Restart at ``x`` when it is not where this worker stands (a failed commit, the first round) or the table's
-        schema or spec changed: the chunks written ahead are discarded."""
-        if x == self._position and all(_target_key(c.target) == _target_key(target) for c in self._chunks):
+        schema or spec, or the round's change mode (upsert/CDC keys), changed: the chunks written ahead are
+        discarded."""
+        if x == self._position and all(_target_key(c.target) == _target_key(target)
+                                       and c.plan.change == req.change_mode for c in self._chunks):
             return
         if self._chunks:
             log.info("%s: commit %s asks for offset %d, worker was at %s: discarding %d pre-written chunk(s)",
@@ -331,7 +336,8 @@ class PartitionWorker:
             latest[part] = await source.latest(subject, deadline, max_age_s=0.0 if fresh else float("inf"))
             if latest[part] is None:
                 raise RegistryUnavailableError(f"subject {subject} has no schema yet")
-        return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest)
+        return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest,
+                                    change=self._change_mode)
 
     async def _fetch_schemas(self, ids: frozenset[int], deadline: float) -> None:
         if self.schema_source is None:
@@ -414,6 +420,7 @@ class PartitionWorker:
             data_files=tuple(f for r in results for f in r.data_files),
             delete_files=tuple(f for r in results for f in r.delete_files),
             dead_letter_files=tuple(f for r in results for f in r.dead_letter_files),
+            change_files=tuple(f for r in results for f in r.change_files),
             record_count=records, byte_count=sum(r.file_bytes for r in results),
             field_count=records * len(target.schema.fields),
             watermark=max((r.stats.max_timestamp for r in results), default=-1), skipped=skipped, error=error,
@@ -428,7 +435,7 @@ class PartitionWorker:
             self._written_to = response.next_offset
         self.rounds += 1
         self.records_written += response.record_count
-        self.files_written += len(response.data_files)
+        self.files_written += len(response.data_files) + len(response.change_files)
         self.bytes_written += response.byte_count
         for reason, n in response.skipped.items():
             self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + n
@@ -464,7 +471,7 @@ class PartitionWorker:
 
     def _target(self, req: CommitRequest) -> WriteTarget:
         table = self._table_provider()
-        writer = writer_name(self._config_provider())
+        writer = MERGE if req.change_mode is not None else APPEND  # the round decides, not the settings now
         try:
             return WriteTarget.from_table(table, schema_id=req.schema_id, spec_id=req.spec_id, writer=writer)
         except KeyError:
@@ -639,7 +646,7 @@ class PartitionWorker:
                     # the table as the last round saw it: its chunks stay valid while schema and spec are the same
                     cfg = self._config_provider()
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
-                        self._table_provider(), writer=writer_name(cfg))
+                        self._table_provider(), writer=MERGE if self._change_mode is not None else APPEND)
                     plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0)
                 except RegistryUnavailableError:
                     break

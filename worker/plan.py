@@ -25,6 +25,8 @@ from pyiceberg.types import IcebergType
 
 from configs.table_schema import KEY, VALUE
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
+from coordinator.contract import ChangeMode
+from worker.changes import CHANGE_FIELDS
 from worker.converters import FALLBACKS, RecordPart, converter
 from worker.converters.base import ConvertContext
 from worker.converters.raw import RAW
@@ -59,12 +61,21 @@ class ConversionPlan:
     schemas: Mapping[int, RegistrySchema | None] = field(default_factory=dict)
     latest: Mapping[RecordPart, RegistrySchema | None] = field(default_factory=dict)  # by_latest_schema
     messages: Mapping[RecordPart, str | None] = field(default_factory=dict)  # Protobuf message full names
+    # an upsert/CDC table's round: the rows become changes (worker.changes), keyed and read as it says
+    change: ChangeMode | None = None
+
+    @property
+    def row_schema(self) -> pa.Schema:
+        """The converted rows' schema: the table's, plus the change columns for an upsert/CDC table."""
+        return self.arrow_schema if self.change is None else pa.schema([*self.arrow_schema, *CHANGE_FIELDS])
 
     @classmethod
     def build(cls, schema: Schema, cfg: TableTopicConfig, tolerance: ErrorsTolerance | None = None, *,
               schemas: Mapping[int, RegistrySchema | None] | None = None,
-              latest: Mapping[RecordPart, RegistrySchema | None] | None = None) -> ConversionPlan:
-        """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``)."""
+              latest: Mapping[RecordPart, RegistrySchema | None] | None = None,
+              change: ChangeMode | None = None) -> ConversionPlan:
+        """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``);
+        ``change``: the round's change mode (the request's, for an upsert/CDC table)."""
         names = {f.name: f.field_type for f in schema.fields}
         wanted: tuple[tuple[str, RecordPart, str], ...] = (
             (KEY, RecordPart.KEY, str(cfg.convert_key_type)),
@@ -82,7 +93,8 @@ class ConversionPlan:
                    tolerance=cfg.errors_tolerance if tolerance is None else tolerance,
                    schemas=dict(schemas or {}), latest=dict(latest or {}),
                    messages={RecordPart.KEY: cfg.key_message_full_name,
-                             RecordPart.VALUE: cfg.value_message_full_name})
+                             RecordPart.VALUE: cfg.value_message_full_name},
+                   change=change)
 
     def context(self, feed: ColumnFeed) -> ConvertContext:
         """What the converter of ``feed`` is given besides the bytes."""

@@ -25,6 +25,7 @@ from coordinator.contract import (
     FileRange,
     dead_letter_location,
 )
+from worker.changes import last_change_per_key
 from worker.convert import ConvertStats, DeadLetters, convert_records, fit_table
 from worker.plan import ConversionPlan
 from worker.writer import WriteTarget, remove_files, write_data_files, writer_for
@@ -42,6 +43,7 @@ class TaskResult:
     write_ms: float
     delete_files: tuple[DeleteFile, ...] = ()
     dead_letter_files: tuple[DataFile, ...] = ()  # files of the dead-letter table (the skipped records)
+    change_files: tuple[DataFile, ...] = ()  # an upsert/CDC table's changes (worker.changes), instead of data files
 
     @property
     def next_offset(self) -> int:
@@ -49,7 +51,8 @@ class TaskResult:
 
     @property
     def paths(self) -> list[str]:
-        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files)]
+        return [f.file_path for f in (*self.data_files, *self.delete_files, *self.dead_letter_files,
+                                      *self.change_files)]
 
 
 def dead_letter_target(table: WriteTarget, dead_letter_table: Table | None) -> WriteTarget:
@@ -105,7 +108,10 @@ def convert_and_write(
     converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset, plan=plan,
                                 dead_letters=dead_letters[0] if dead_letters else None)
     t1 = time.perf_counter()
-    written = writer_for(target).write(converted.table, target, partition=partition, start_offset=start_offset)
+    rows = converted.table
+    if plan.change is not None:
+        rows = last_change_per_key(rows, plan.change.keys)
+    written = writer_for(target).write(rows, target, partition=partition, start_offset=start_offset)
     dead: list[DataFile] = []
     if dead_letters is not None and converted.dead_letters is not None:
         dlq_target = dead_letters[1]
@@ -117,11 +123,13 @@ def convert_and_write(
         start_offset=start_offset,
         data_files=written.data_files,
         stats=converted.stats,
-        file_bytes=sum(f.file_size_in_bytes for f in (*written.data_files, *written.delete_files)),
+        file_bytes=sum(f.file_size_in_bytes for f in (*written.data_files, *written.delete_files,
+                                                       *written.change_files)),
         convert_ms=(t1 - t0) * 1000,
         write_ms=(t2 - t1) * 1000,
         delete_files=written.delete_files,
         dead_letter_files=tuple(dead),
+        change_files=written.change_files,
     )
 
 

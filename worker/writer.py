@@ -4,12 +4,14 @@ The writer seam: a :class:`FileWriter` turns a chunk's rows into :class:`Written
 files for writers that update or delete rows). :class:`WriteTarget` names the writer a table uses
 (:func:`writer_for`):
 
-- ``append`` (:class:`AppendWriter`, the only one built): every row is a new row, data files only;
-- an upsert/CDC (delta) writer for ``upsert.enable`` / ``cdc.field`` plugs in here: a class implementing
-  :class:`FileWriter` that writes the rows as data files plus equality delete files keyed by ``id.columns``
-  (or position deletes), registered in ``_WRITERS`` and chosen by :func:`writer_name`. Its delete files travel in
-  ``WrittenFiles.delete_files`` → ``TaskResult.delete_files`` → ``CommitResponse.delete_files``; the coordinator
-  refuses answers carrying delete files until its commit does a row delta instead of a fast append.
+- ``append`` (:class:`AppendWriter`): every row is a new row, data files only;
+- ``merge`` (:class:`ChangeWriter`, for ``upsert.enable`` / ``cdc.field``): the rows are changes (table columns
+  plus op and order, :mod:`worker.changes`) written as one *change file* per chunk, which the coordinator applies
+  with a Spark ``MERGE INTO`` (position deletes, merge-on-read) and never commits as such:
+  ``WrittenFiles.change_files`` → ``TaskResult.change_files`` → ``CommitResponse.change_files``.
+
+``WrittenFiles.delete_files`` stays for a writer that writes delete files itself; the coordinator refuses answers
+carrying them (Spark's merge writes the deletes, and never equality deletes, which pyiceberg cannot read).
 
 Data files hold rows of exactly one partition of the table's spec (identity, year, month, day, hour, bucket,
 truncate; sources may be nested struct fields), carry the table schema's field ids, are compressed with
@@ -54,11 +56,12 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import BinaryType, NestedField, PrimitiveType, StringType, StructType
 
 from configs.table_topic import TableTopicConfig
-from coordinator.contract import DATA_FILE_PREFIX, DeleteFile, data_file_name, set_file_spec_id
+from coordinator.contract import CHANGE_FILE_PREFIX, DATA_FILE_PREFIX, DeleteFile, data_file_name, set_file_spec_id
 from tabletopic.fileio import DurableFileIO, fsync_file, local_path
 
 TARGET_FILE_SIZE_DEFAULT = 64 * 1024 * 1024  # AutoMQ rolls at 64 MiB (pyiceberg's own default is 512 MB)
 APPEND = "append"
+MERGE = "merge"
 # Record payloads are nearly always distinct: trying a dictionary first costs ~30% of the write time and gives
 # bigger files once the writer falls back to plain encoding. Numbers are not dictionary-encoded either.
 PAYLOAD_COLUMNS = frozenset({"_kafka_value", "value"})
@@ -290,7 +293,8 @@ class WrittenFiles:
     """What a writer wrote for one chunk, ready to commit."""
 
     data_files: tuple[DataFile, ...] = ()
-    delete_files: tuple[DeleteFile, ...] = ()  # only from a delta (upsert/CDC) writer
+    delete_files: tuple[DeleteFile, ...] = ()  # refused by the coordinator (see the module doc)
+    change_files: tuple[DataFile, ...] = ()  # the merge writer's
 
 
 class FileWriter(Protocol):
@@ -309,7 +313,36 @@ class AppendWriter:
         return WrittenFiles(tuple(write_data_files(rows, target, partition=partition, start_offset=start_offset)))
 
 
-_WRITERS: dict[str, FileWriter] = {APPEND: AppendWriter()}
+def write_change_file(rows: pa.Table, target: WriteTarget, *, partition: int, start_offset: int,
+                      io: FileIO | None = None) -> DataFile:
+    """Write ``rows`` (the table's columns plus the change columns) as one unpartitioned change file under the
+    table's data location (``CHANGE_FILE_PREFIX`` name); its entry carries path, size and row count only."""
+    io = io or file_io_for(target)
+    props = target.props
+    path = load_location_provider(target.location, props).new_data_location(
+        data_file_name(partition, start_offset, CHANGE_FILE_PREFIX))
+    with io.new_output(path).create(overwrite=True) as stream:
+        writer = pq.ParquetWriter(stream, schema=rows.schema, store_decimal_as_integer=True,
+                                  **_get_parquet_writer_kwargs(props))
+        writer.write_table(rows)
+        writer.close()
+        size = stream.tell()
+    # not fsynced: nothing ever commits a change file; after a crash the round is written again
+    return DataFile.from_args(content=DataFileContent.DATA, file_path=path, file_format=FileFormat.PARQUET,
+                              partition=Record(), record_count=rows.num_rows, file_size_in_bytes=size)
+
+
+class ChangeWriter:
+    """An upsert/CDC table's rows as one change file per chunk (:func:`write_change_file`; none when empty)."""
+
+    def write(self, rows: pa.Table, target: WriteTarget, *, partition: int, start_offset: int) -> WrittenFiles:
+        if rows.num_rows == 0:
+            return WrittenFiles()
+        return WrittenFiles(change_files=(write_change_file(rows, target, partition=partition,
+                                                            start_offset=start_offset),))
+
+
+_WRITERS: dict[str, FileWriter] = {APPEND: AppendWriter(), MERGE: ChangeWriter()}
 
 
 def writer_for(target: WriteTarget) -> FileWriter:
@@ -318,9 +351,6 @@ def writer_for(target: WriteTarget) -> FileWriter:
 
 
 def writer_name(cfg: TableTopicConfig) -> str:
-    """The writer a table topic's settings call for.
-
-    Always ``append`` for now: ``upsert.enable`` / ``cdc.field`` (``cfg.delta_write``) are refused by the config
-    checks until the delta writer exists; it is chosen here then.
-    """
-    return APPEND
+    """The writer a table topic's settings call for: ``merge`` with ``upsert.enable`` / ``cdc.field``
+    (``cfg.delta_write``), else ``append``."""
+    return MERGE if cfg.delta_write else APPEND

@@ -1,0 +1,92 @@
+"""Upsert/CDC rounds: the workers' change files applied to the table by a merge, published with the offsets.
+
+For a table topic with ``upsert.enable`` or ``cdc.field`` the round's request carries a
+:class:`~coordinator.contract.ChangeMode` (the ``id.columns`` resolved on the table's schema, the op field) and the
+workers answer with change files (:mod:`worker.changes`). After the PRE_COMMIT checkpoint the coordinator hands
+them to the injected :data:`Merger` (the broker's Spark side process: ``MERGE INTO``, merge-on-read, so replaced and
+deleted rows become position deletes), which **stages** the result: a snapshot in the table's metadata that
+``main`` does not point to (Iceberg's write-audit-publish, ``write.wap.enabled``, staged under the round's commit
+id). The round's own transaction (:func:`coordinator.committer.commit_round`) then moves ``main`` to that snapshot
+and writes the committed offsets (and the pending dead letters) in the same catalog commit, asserting that ``main``
+is still the snapshot the merge started from. So the merge and the offsets land together or not at all:
+
+- a crash or failure before the merge, during it, or between it and the round's commit leaves ``main`` and the
+  offsets as they were; the round is written and merged again (a staged snapshot nobody published is expired with
+  the others; its files are removed by the maintenance's expiry or orphan removal);
+- a commit on the table between the merge and the publication (a compaction) makes the publication fail its
+  assertion: the round is aborted and written again on the new ``main``.
+
+Replaying a round is harmless in any case: per key the merge applies the last change, which on a table that has
+it already changes nothing (a delete of a missing key is a no-op; an insert of a present key replaces the row).
+
+Change files are never part of the table: they are deleted once the round is over, whatever its outcome, and any
+left by a crash are deleted at start-up (nothing is in flight then).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.table import Table
+
+REASON_UNKNOWN_KEY_DELETE = "unknown_key_delete"
+"""Deletes of keys the table did not have: no-ops, counted among the skipped records under this reason."""
+
+MERGE_TABLE_PROPERTIES = {
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+    "write.wap.enabled": "true",  # the merge is staged, then published by the round's commit
+}
+"""What an upsert/CDC table needs (set at creation, and on an existing table when upserts are turned on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MergeRequest:
+    """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id)."""
+
+    stage_id: str
+    paths: tuple[str, ...]
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StagedMerge:
+    """The snapshot a merge staged and the snapshot it was computed on (``main`` then)."""
+
+    snapshot_id: int
+    parent_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    """What a merge did; ``staged`` None when it changed nothing (e.g. only deletes of missing keys)."""
+
+    staged: StagedMerge | None
+    unknown_key_deletes: int = 0  # deletes of keys the table did not have (no-ops)
+    summary: Mapping[str, str] = field(default_factory=dict)  # the staged snapshot's added-* / removed-* figures
+
+    @property
+    def rows_written(self) -> int:
+        """Rows the merge inserted or replaced."""
+        return int(self.summary.get("added-records", 0))
+
+    @property
+    def rows_deleted(self) -> int:
+        """Rows the merge replaced or deleted (a position delete each; earlier deletes of the same data files are
+        rewritten with them, added and removed again)."""
+        return int(self.summary.get("added-position-deletes", 0)) - int(self.summary.get("removed-position-deletes", 0))
+
+    @classmethod
+    def from_spark(cls, result: Mapping[str, Any]) -> MergeResult:
+        """From :func:`tabletopic.spark.merge_changes`' result."""
+        snapshot_id = result.get("snapshot_id")
+        parent = result.get("parent_id")
+        staged = None if snapshot_id is None else StagedMerge(int(snapshot_id), None if parent is None else int(parent))
+        return cls(staged, int(result.get("absent_deletes", 0)), dict(result.get("summary", {})))
+
+
+Merger = Callable[[Table, MergeRequest], MergeResult]
+"""Stages one round's merge on the table (blocking); raises when it did not run to the end."""

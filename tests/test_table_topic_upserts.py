@@ -1,0 +1,265 @@
+"""Upsert and CDC table topics end to end (``upsert.enable``, ``cdc.field``, ``id.columns``): real producers, one
+real broker with its own schema registry and its Spark side process, the table read by Spark, DuckDB and pyiceberg.
+
+The oracle is a model of the changes as produced: per key, the row of its last change; a key whose last change is a
+delete is absent. Every reader returns exactly one row per live key, with the model's values, once the table's
+committed offsets reach the end of the log. The rows are applied by Spark's ``MERGE INTO`` (merge-on-read): the
+table gets position delete files, never equality deletes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from coordinator.merge import MERGE_TABLE_PROPERTIES, REASON_UNKNOWN_KEY_DELETE
+from tabletopic.catalog import broker_config
+from tests.helpers.debezium import PG_COLUMNS, PG_SOURCE, envelope, event, key_schema, pg_source
+from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.upserts import (
+    JsonChanges,
+    assert_table,
+    catalog,
+    delete_file_contents,
+    model_view,
+    wait_committed,
+)
+from tests.test_metrics import scrape
+from worker.changes import REASON_ID_NULL
+
+P = "automq.table.topic."
+FIRST_MERGE_S = 300  # the first merge starts the broker's Spark side process on a loaded 2-core machine
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path_factory.mktemp("upserts") / "data",
+                      {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}",
+                       P + "metrics.port": str(free_port())})
+    b.start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def spark(broker: BrokerProcess) -> Iterator[Any]:
+    """A Spark session of this test process on the broker's catalog, as `tabletopic sql` opens it (started once)."""
+    from tabletopic.spark import spark_session, stop_session
+
+    session = spark_session(broker_config(None, {"log.dirs": str(broker.data_dir)}), app_name="upsert-tests",
+                            extra_conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    stop_session(session)
+
+
+def create(b: BrokerProcess, topic: str, partitions: int = 2, **conf: str) -> None:
+    settings = {P + "enable": "true", P + "commit.interval.ms": "500",
+                **{P + k.replace("__", ".").replace("_", "."): v for k, v in conf.items()}}
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})  # kept until the answer is in
+    admin.create_topics([NewTopic(topic, partitions, 1, config=settings)])[topic].result(30)
+
+
+def spark_view(spark: Any, topic: str, columns: tuple[str, ...]) -> dict[Any, tuple[Any, ...]]:
+    rows = spark.sql(f"SELECT {', '.join(columns)} FROM default.`{topic}`").collect()
+    out: dict[Any, tuple[Any, ...]] = {}
+    for r in rows:
+        assert r[0] not in out, f"key {r[0]} twice"
+        out[r[0]] = tuple(r)
+    return out
+
+
+def assert_readers_agree(spark: Any, b: BrokerProcess, topic: str, model: dict[Any, dict[str, Any]],
+                         columns: tuple[str, ...], timeout: float = FIRST_MERGE_S) -> None:
+    """Spark, DuckDB and pyiceberg each return one row per live key of the model, with its values."""
+    assert_table(b, topic, model, columns, timeout)
+    assert spark_view(spark, topic, columns) == model_view(model, columns)
+
+
+def skipped(b: BrokerProcess, topic: str) -> dict[str, float]:
+    samples = scrape(f"http://127.0.0.1:{b.overrides[P + 'metrics.port']}/metrics")
+    return {dict(labels)["reason"]: v for (name, labels), v in samples.items()
+            if name == "tabletopic_records_skipped_total" and dict(labels).get("topic") == topic}
+
+
+# ------------------------------------------------------------------------------------------- JSON, upsert + CDC
+
+
+def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
+    """Plain JSON values flattened, ``id.columns=[id]``, ``upsert.enable`` and ``cdc.field=op``: inserts, updates
+    within a round and across rounds, deletes, re-inserts, ops in any case, a record without an op (an update);
+    records without a key go to the dead-letter table, deletes of unknown keys are counted, no round fails."""
+    topic = "orders_upsert"
+    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
+           upsert_enable="true", cdc_field="op")
+    s = JsonChanges(broker, topic)
+    for i in range(40):
+        s.change("I", i, name=f"n{i}", amount=i)
+    for i in range(0, 40, 3):  # updated twice in the same round: the later one wins
+        s.change("u", i, name=f"u{i}", amount=100 + i)
+        s.change("update", i, name=f"uu{i}", amount=200 + i)
+    s.flush()
+    columns = ("id", "name", "amount")
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+    first = catalog(broker).load_table(f"default.{topic}")
+    assert {k: first.properties.get(k) for k in MERGE_TABLE_PROPERTIES} == MERGE_TABLE_PROPERTIES
+
+    for i in range(0, 40, 4):
+        s.change("D", i)
+    for i in range(0, 40, 8):  # deleted, then inserted again
+        s.change("i", i, name=f"again{i}", amount=-i)
+    s.change(None, 5, name="no op: an update", amount=55)
+    s.change("x", 7, name="another op: an insert, which replaces", amount=77)
+    s.change("D", 10_000)  # a key the table never had
+    s.send({"name": "no id"}, key=b"none")  # bad: no key
+    s.send({"id": None, "name": "null id"}, key=b"null")
+    s.change("U", 41, name="after the bad ones", amount=41)
+    s.flush()
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+    tbl = catalog(broker).load_table(f"default.{topic}")
+    assert delete_file_contents(tbl).get(1, 0) > 0, "the updates and deletes are position deletes"
+    dead = catalog(broker).load_table(f"default.{topic}_dlq").scan().to_arrow().to_pylist()
+    assert sorted((d["key"], d["reason"]) for d in dead) == [(b"none", REASON_ID_NULL), (b"null", REASON_ID_NULL)]
+    counts = skipped(broker, topic)
+    assert counts.get(REASON_ID_NULL) == 2 and counts.get(REASON_UNKNOWN_KEY_DELETE, 0) >= 1, counts
+
+    # the table's key is checked against its columns now that they are known
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    ops = [ConfigEntry(P + "id.columns", "[nosuch]", incremental_operation=AlterConfigOpType.SET)]
+    (fut,) = admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values()
+    with pytest.raises(Exception) as ei:
+        fut.result(30)
+    err = ei.value.args[0]
+    assert err.code() == KafkaError.INVALID_CONFIG, err
+    assert f"for configuration {P}id.columns" in err.str() and "has no column nosuch" in err.str(), err.str()
+    fut = admin.create_topics([NewTopic("no_key", 1, 1, config={P + "enable": "true", P + "upsert.enable": "true"})],
+                              validate_only=True)["no_key"]
+    with pytest.raises(Exception) as ei:
+        fut.result(30)
+    err = ei.value.args[0]
+    assert err.code() == KafkaError.INVALID_CONFIG and f"{P}upsert.enable" in err.str(), err.str()
+
+
+def test_upserts_turned_on_for_an_append_table(broker: BrokerProcess, spark: Any) -> None:
+    """An append table topic switched to upserts keyed by the record key (``id.columns=[_kafka_key]``): the rows
+    it had stay, later records replace the row with their key. The table is partitioned by a column outside the
+    key (the value's first letter): an update moves the row to another table partition, and the merge still finds
+    and removes the old one (AutoMQ's equality deletes would not: they reach one partition only)."""
+    topic = "kv_switch"
+    create(broker, topic, 1, convert_value_type="string", partition_by="[truncate(_kafka_value, 1)]")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for i in range(5):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+    assert p.flush(30) == 0
+    wait_committed(broker, topic, 120)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    ops = [ConfigEntry(P + k, v, incremental_operation=AlterConfigOpType.SET)
+           for k, v in (("upsert.enable", "true"), ("id.columns", "[_kafka_key]"))]
+    for fut in admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values():
+        fut.result(30)
+    time.sleep(1.5)  # the next rounds run under the new settings
+    for i in (1, 3, 7, 3):
+        p.produce(topic, key=f"k{i}".encode(), value=f"w{i}".encode())
+    assert p.flush(30) == 0
+    model = {f"k{i}": {"_kafka_key": f"k{i}", "_kafka_value": f"v{i}"} for i in range(5)}
+    model.update({f"k{i}": {"_kafka_key": f"k{i}", "_kafka_value": f"w{i}"} for i in (1, 3, 7)})
+    assert_readers_agree(spark, broker, topic, model, ("_kafka_key", "_kafka_value"))
+    tbl = catalog(broker).load_table(f"default.{topic}")
+    assert {p["partition"]["_kafka_value_trunc"] for p in tbl.inspect.partitions().to_pylist()} >= {"v", "w"}
+
+
+# ------------------------------------------------------------------------------------------- Avro by_schema_id
+
+
+ORDER_V1 = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
+    {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}}]}
+ORDER_V2 = {**ORDER_V1, "fields": [*ORDER_V1["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+
+
+def test_avro_by_schema_id_upserts(broker: BrokerProcess, spark: Any) -> None:
+    """Avro values through confluent-kafka's AvroSerializer, ``by_schema_id`` + ``flatten``, ``upsert.enable`` and
+    ``id.columns=[id]`` (no op field: every record replaces its key's row); a second schema version adds a column
+    mid-stream (schema evolution, then upserts go on)."""
+    topic = "orders_avro_upsert"
+    create(broker, topic, convert_value_type="by_schema_id", transform_value_type="flatten", id_columns="[id]",
+           upsert_enable="true")
+    registry = SchemaRegistryClient({"url": broker.overrides["schema.registry.listeners"]})
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    model: dict[int, dict[str, Any]] = {}
+
+    def send(schema: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        ser = AvroSerializer(registry, json.dumps(schema))
+        for row in rows:
+            producer.produce(topic, key=str(row["id"]).encode(),
+                             value=ser(row, SerializationContext(topic, MessageField.VALUE)))
+            model[row["id"]] = {"note": None, **row}
+        assert producer.flush(30) == 0
+
+    send(ORDER_V1, [{"id": i, "name": f"o{i}", "price": Decimal(i) + Decimal("0.25")} for i in range(30)])
+    send(ORDER_V1, [{"id": i, "name": f"o{i}-2", "price": Decimal("1.50")} for i in range(0, 30, 2)])
+    send(ORDER_V2, [{"id": i, "name": f"o{i}-3", "price": Decimal("2.75"), "note": f"v2 {i}"} for i in range(25, 35)])
+    columns = ("id", "name", "price", "note")
+    assert_readers_agree(spark, broker, topic, model, columns)
+
+
+# ------------------------------------------------------------------------------------------- Debezium
+
+
+def test_debezium_cdc(broker: BrokerProcess, spark: Any) -> None:
+    """Debezium (PostgreSQL) change events: ``flatten_debezium``, ``cdc.field=_cdc.op`` and
+    ``id.columns=[_from_debezium_key_]`` (the key record's fields, here ``id``): snapshot reads and creates insert,
+    updates replace, deletes (whose ``before`` holds only the key, PostgreSQL's default replica identity) remove the
+    row, tombstones are dropped, a delete of a row never seen is a counted no-op."""
+    topic = "pg.public.customers"
+    create(broker, topic, 1, convert_value_type="by_schema_id", convert_key_type="by_schema_id",
+           transform_value_type="flatten_debezium", id_columns="[_from_debezium_key_]", cdc_field="_cdc.op")
+    registry = SchemaRegistryClient({"url": broker.overrides["schema.registry.listeners"]})
+    keys = AvroSerializer(registry, json.dumps(key_schema(topic)))
+    values = AvroSerializer(registry, json.dumps(envelope(topic, PG_SOURCE, PG_COLUMNS)))
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+    model: dict[int, dict[str, Any]] = {}
+    ts = 1_700_000_000_000
+
+    def send(op: str, i: int, *, before: dict[str, Any] | None = None, after: dict[str, Any] | None = None,
+             tombstone: bool = False) -> None:
+        key = keys({"id": i}, SerializationContext(topic, MessageField.KEY))
+        value = None if tombstone else values(event(op, pg_source("customers", ts, snapshot="true" if op == "r"
+                                                                  else "false"), ts, before=before, after=after),
+                                              SerializationContext(topic, MessageField.VALUE))
+        producer.produce(topic, key=key, value=value)
+        if tombstone:
+            return
+        if op == "d":
+            model.pop(i, None)
+        else:
+            assert after is not None
+            model[i] = after
+
+    def row(i: int, name: str) -> dict[str, Any]:
+        return {"id": i, "name": name, "price": Decimal("9.99"), "created_at": None}
+
+    for i in range(1, 6):
+        send("r", i, after=row(i, f"snap{i}"))
+    send("c", 6, after=row(6, "created"))
+    send("u", 2, after=row(2, "renamed"))
+    send("d", 3, before={"id": 3, "name": None, "price": None, "created_at": None})
+    send("d", 3, tombstone=True)
+    send("d", 42, before={"id": 42, "name": None, "price": None, "created_at": None})  # never seen
+    send("c", 3, after=row(3, "back"))
+    send("u", 6, after=row(6, "created, then updated"))
+    assert producer.flush(30) == 0
+    assert_readers_agree(spark, broker, topic, model, ("id", "name", "price"))
+    counts = skipped(broker, topic)
+    assert counts.get("tombstone") == 1 and counts.get(REASON_UNKNOWN_KEY_DELETE, 0) >= 1, counts

@@ -1,0 +1,119 @@
+"""Upsert/CDC rows in the worker (worker.changes): the op AutoMQ reads from ``cdc.field``, rows without a key
+through errors.tolerance, the last change per key of a chunk, and the change file a pool task writes.
+
+Pure: real record batches converted by the real pool function into real Parquet files; the merge itself runs in
+Spark (tests/test_table_topic_upserts.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType, StructType
+
+from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig, TransformType
+from coordinator.contract import (
+    CHANGE_FILE_PREFIX,
+    CHANGE_OFFSET_COLUMN,
+    CHANGE_OP_COLUMN,
+    CHANGE_PARTITION_COLUMN,
+    ChangeMode,
+    parse_data_file_name,
+)
+from tests.test_worker_support import make_batch
+from worker.changes import REASON_ID_MISSING, REASON_ID_NULL
+from worker.convert import DeadLetters, convert_records
+from worker.plan import ConversionPlan
+from worker.task import convert_and_write
+from worker.writer import MERGE, WriteTarget
+
+pytestmark = pytest.mark.timeout(60)
+
+CFG = TableTopicConfig(convert_value_type=ConvertType.JSON, transform_value_type=TransformType.FLATTEN,
+                       id_columns=("id",), cdc_field="op", upsert_enable=True)
+
+
+def _opt(field_id: int, name: str, typ: StructType | LongType | StringType) -> NestedField:
+    return NestedField(field_id, name, typ, required=False)
+
+
+# the table as the first records made it: the fixed columns, then the flattened value's id, op, v
+SCHEMA = Schema(
+    _opt(1, "_kafka_key", StringType()),
+    _opt(2, "_kafka_metadata", StructType(_opt(3, "partition", LongType()), _opt(4, "offset", LongType()))),
+    _opt(5, "id", LongType()), _opt(6, "op", StringType()), _opt(7, "v", StringType()),
+)
+
+
+def records(*values: dict[str, object] | None) -> bytes:
+    return bytes(make_batch([(b"k", None if v is None else json.dumps(v).encode(), [], 1000 + i)
+                             for i, v in enumerate(values)], base_offset=100))
+
+
+def changes(data: bytes, mode: ChangeMode, tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
+            ) -> tuple[list[dict[str, object]], dict[str, int], list[tuple[int, str]], int | None]:
+    """(rows with their change columns, skipped by reason, dead letters (offset, reason), blocked offset)."""
+    plan = ConversionPlan.build(SCHEMA, CFG, tolerance, change=mode)
+    r = convert_records(data, partition=3, start_offset=100, plan=plan, dead_letters=DeadLetters("t"))
+    dead = [] if r.dead_letters is None else list(zip(r.dead_letters.column("offset").to_pylist(),
+                                                      r.dead_letters.column("reason").to_pylist(), strict=True))
+    rows = [{k: row[k] for k in ("id", "v", CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN)}
+            for row in r.table.to_pylist()]
+    return rows, r.stats.skipped, dead, r.stats.blocked_offset
+
+
+def test_the_op_is_the_first_character_of_the_cdc_field() -> None:
+    data = records({"id": 1, "op": "insert"}, {"id": 2, "op": "u"}, {"id": 3, "op": "Delete"}, {"id": 4, "op": "x"},
+                   {"id": 5, "op": ""}, {"id": 6, "op": None}, {"id": 7})
+    rows, skipped, dead, _ = changes(data, ChangeMode(("id",), "op", upsert=True))
+    assert [(r["id"], r[CHANGE_OP_COLUMN]) for r in rows] == [
+        (1, "I"), (2, "U"), (3, "D"), (4, "I"), (5, "U"), (6, "U"), (7, "U")]  # missing/empty: update with upsert
+    assert [(r[CHANGE_PARTITION_COLUMN], r[CHANGE_OFFSET_COLUMN]) for r in rows] == [(3, 100 + i) for i in range(7)]
+    assert (skipped, dead) == ({}, [])
+    rows, *_ = changes(data, ChangeMode(("id",), "op", upsert=False))
+    assert [r[CHANGE_OP_COLUMN] for r in rows] == ["I", "U", "D", "I", "I", "I", "I"]  # ... else an insert
+    rows, *_ = changes(data, ChangeMode(("id",), None, upsert=True))  # no cdc.field: every record an upsert
+    assert {r[CHANGE_OP_COLUMN] for r in rows} == {"U"}
+
+
+def test_rows_without_a_key_follow_errors_tolerance() -> None:
+    data = records({"id": 1, "v": "a"}, {"id": None, "v": "b"}, {"v": "c"}, None, {"id": 2, "op": "d"})
+    rows, skipped, dead, blocked = changes(data, ChangeMode(("id",), "op", upsert=True))
+    assert [(r["id"], r[CHANGE_OP_COLUMN]) for r in rows] == [(1, "U"), (2, "D")]
+    assert skipped == {REASON_ID_NULL: 3} and blocked is None
+    assert dead == [(101, REASON_ID_NULL), (102, REASON_ID_NULL), (103, REASON_ID_NULL)]  # kept as dead letters
+    # errors.tolerance=none: the partition stops at the first record without a key
+    rows, skipped, dead, blocked = changes(data, ChangeMode(("id",), "op"), ErrorsTolerance.NONE)
+    assert [r["id"] for r in rows] == [1] and blocked == 101
+    # a key column the table does not have: every record is bad
+    rows, skipped, dead, _ = changes(data, ChangeMode(("nosuch",), "op"))
+    assert rows == [] and skipped == {REASON_ID_MISSING: 5}
+
+
+def test_a_task_writes_the_last_change_per_key_as_one_change_file(tmp_path: Path) -> None:
+    data = records({"id": 1, "v": "a"}, {"id": 2, "v": "b"}, {"id": 1, "op": "D"}, {"id": 3, "v": "c"},
+                   {"id": 2, "v": "b2"}, {"id": 1, "v": "again"})
+    mode = ChangeMode(("id",), "op", upsert=True)
+    target = WriteTarget((tmp_path / "t").as_uri(), SCHEMA, UNPARTITIONED_PARTITION_SPEC, writer=MERGE)
+    result = convert_and_write(data, partition=3, start_offset=100,
+                               plan=ConversionPlan.build(SCHEMA, CFG, change=mode), target=target)
+    assert result.data_files == () and len(result.change_files) == 1 and result.next_offset == 106
+    (entry,) = result.change_files
+    named = parse_data_file_name(entry.file_path, CHANGE_FILE_PREFIX)
+    assert named is not None and (named.partition, named.start_offset) == (3, 100)
+    assert result.paths == [entry.file_path] and entry.record_count == 3
+    got = pq.read_table(entry.file_path.removeprefix("file://")).to_pylist()
+    assert [(r["id"], r["v"], r[CHANGE_OP_COLUMN], r[CHANGE_OFFSET_COLUMN]) for r in got] == [
+        (3, "c", "U", 103), (2, "b2", "U", 104), (1, "again", "U", 105)]  # offset order, the last per key
+    # the table's columns keep their field ids (the merge reads them by name; DuckDB and pyiceberg never do)
+    schema = pq.read_schema(entry.file_path.removeprefix("file://"))
+    assert schema.field("id").metadata == {b"PARQUET:field_id": b"5"}
+    # an empty chunk writes nothing
+    empty = convert_and_write(records(None), partition=3, start_offset=100,
+                              plan=ConversionPlan.build(SCHEMA, CFG, change=mode), target=target)
+    assert empty.change_files == () and empty.stats.skipped == {REASON_ID_NULL: 1}
