@@ -25,6 +25,8 @@ column's type is pyiceberg's decision (``Transform.can_transform``), never a rul
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyiceberg.partitioning import PartitionField as IcebergPartitionField
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
@@ -60,7 +62,7 @@ from configs.partition_spec import (
     TIME_TRANSFORMS,
     PartitionField,
 )
-from configs.table_topic import ConvertType, TableTopicConfig, TransformType
+from configs.table_topic import CDC_FIELD, ConvertType, TableTopicConfig, TransformType
 
 HEADER = "_kafka_header"
 KEY = "_kafka_key"
@@ -294,10 +296,50 @@ def check_id_columns(cfg: TableTopicConfig, raw: str | None = None) -> None:
     """Check ``cfg.id_columns`` against the columns ``cfg``'s converters produce before any record (CreateTopics,
     AlterConfigs); columns records decide are checked once the table exists (the plugin host's check). Raises
     InvalidConfigError naming the setting, its value and the column."""
-    schema = table_schema(cfg)
-    problem = id_columns_problem(schema, cfg)
-    if problem is not None:
-        value = raw if raw is not None else "[" + ", ".join(cfg.id_columns) + "]"
-        raise InvalidConfigError.invalid_value(ID_COLUMNS_KEY, value, f"{problem}; the columns of this topic's "
-                                                                      f"table are {column_list(schema)}")
+    _check_up_front(cfg, id_columns_problem, ID_COLUMNS_KEY,
+                    raw if raw is not None else "[" + ", ".join(cfg.id_columns) + "]")
 
+
+def _check_up_front(cfg: TableTopicConfig, problem_of: Callable[[Schema, TableTopicConfig], str | None], key: str,
+                    value: str | None) -> None:
+    """Raise InvalidConfigError for ``key`` when ``problem_of`` finds one on the columns known before any record."""
+    schema = table_schema(cfg)
+    problem = problem_of(schema, cfg)
+    if problem is not None:
+        raise InvalidConfigError.invalid_value(key, value, f"{problem}; the columns of this topic's table are "
+                                                           f"{column_list(schema)}")
+
+
+
+# ---- cdc.field: the field holding a change's op ----
+
+
+def cdc_field_problem(schema: Schema, cfg: TableTopicConfig) -> str | None:
+    """Why ``cfg.cdc_field`` cannot hold the op of a table of ``schema``'s records (None: it can, or its column has
+    not come yet: :func:`id_column_pending`). The op is the first character of a text value: the path goes through
+    struct columns only and ends at a primitive column (text, UTF-8 bytes, or a value with a text form); a struct,
+    list or map never holds an op, and a path that names no column would make every record's op the default."""
+    path = cfg.cdc_field
+    if path is None:
+        return None
+    struct: IcebergType = schema.as_struct()
+    walked: list[str] = []
+    for name in path.split("."):
+        if not isinstance(struct, StructType):
+            return (f"column {'.'.join(walked)} is a {_type_name(struct)}: a field path goes through structs "
+                    f"only")
+        found = next((f for f in struct.fields if f.name == name), None)
+        if found is None:
+            return None if id_column_pending(schema, cfg, path) else f"the table has no column {path}"
+        walked.append(name)
+        struct = found.field_type
+    if not isinstance(struct, PrimitiveType):
+        return f"column {path} is a {_type_name(struct)}, not text: the op is the first character of a text value"
+    return None
+
+
+def check_cdc_field(cfg: TableTopicConfig, raw: str | None = None) -> None:
+    """Check ``cfg.cdc_field`` against the columns ``cfg``'s converters produce before any record (CreateTopics,
+    AlterConfigs); columns records decide are checked once the table exists (the plugin host's check). Raises
+    InvalidConfigError naming the setting, its value and the column."""
+    _check_up_front(cfg, cdc_field_problem, CDC_FIELD, raw if raw is not None else cfg.cdc_field)

@@ -10,16 +10,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from configs.model import BrokerConfig, Value, parse_topic_configs, typed_or_none
-from configs.table_topic import ID_COLUMNS, PARTITION_BY, TableTopicConfig, check_table_topic_rules
+from configs.table_topic import CDC_FIELD, ID_COLUMNS, PARTITION_BY, TableTopicConfig, check_table_topic_rules
 
 
 def validate_topic_configs(configs: Mapping[str, str | None], broker: BrokerConfig | None = None) -> dict[str, Value]:
     """Validate a topic's complete override set; returns the parsed values. Raises InvalidConfigError.
 
     Checks each name (unknown: "Unknown topic config name: X"), type and range, then the rules between the table
-    topic settings (:mod:`configs.table_topic`), then every ``partition.by`` and ``id.columns`` column against the
-    columns the converters produce. Rules that depend on broker settings (a schema registry URL for the schema
-    converters) are checked only when ``broker`` is given.
+    topic settings (:mod:`configs.table_topic`), then every ``partition.by``, ``id.columns`` and ``cdc.field``
+    column against the columns the converters produce. Rules that depend on broker settings (a schema registry URL
+    for the schema converters) are checked only when ``broker`` is given.
     """
     parsed = parse_topic_configs(configs)
     values = check_table_topic_rules(parsed, broker)
@@ -32,4 +32,8 @@ def validate_topic_configs(configs: Mapping[str, str | None], broker: BrokerConf
         from configs.table_schema import check_id_columns
 
         check_id_columns(cfg, typed_or_none(values, ID_COLUMNS, str))
+    if cfg.cdc_field:
+        from configs.table_schema import check_cdc_field
+
+        check_cdc_field(cfg, typed_or_none(values, CDC_FIELD, str))
     return parsed

@@ -33,15 +33,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
-from configs.table_schema import KEY, VALUE, column_list, id_columns_problem, table_schema
+from configs.table_schema import KEY, VALUE, cdc_field_problem, column_list, id_columns_problem, table_schema
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
@@ -144,16 +146,33 @@ def converter_conflicts(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> 
     return name, out
 
 
+def _schema_problem(catalog: Catalog, topic: str, cfg: TableTopicConfig,
+                    problem_of: Callable[[Schema, TableTopicConfig], str | None]) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and ``problem_of`` its schema (None when the table does not
+    exist), with the table's columns."""
+    ident = catalog_identifier(topic, cfg)
+    name = ".".join(ident)
+    if not catalog.table_exists(ident):
+        return name, None
+    schema = catalog.load_table(ident).schema()
+    problem = problem_of(schema, cfg)
+    return name, None if problem is None else f"{problem}; its columns are {column_list(schema)}"
+
+
 def id_columns_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> tuple[str, str | None]:
     """The table ``cfg`` writes to (dotted name) and why its ``id.columns`` cannot key it (None: they can, the
     columns have not come yet, or the table does not exist; :func:`configs.table_schema.id_columns_problem`)."""
-    ident = catalog_identifier(topic, cfg)
-    name = ".".join(ident)
-    if not cfg.id_columns or not catalog.table_exists(ident):
-        return name, None
-    schema = catalog.load_table(ident).schema()
-    problem = id_columns_problem(schema, cfg)
-    return name, None if problem is None else f"{problem}; its columns are {column_list(schema)}"
+    if not cfg.id_columns:
+        return ".".join(catalog_identifier(topic, cfg)), None
+    return _schema_problem(catalog, topic, cfg, id_columns_problem)
+
+
+def cdc_field_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and why its ``cdc.field`` cannot hold an op (None: it can, its
+    column has not come yet, or the table does not exist; :func:`configs.table_schema.cdc_field_problem`)."""
+    if cfg.cdc_field is None:
+        return ".".join(catalog_identifier(topic, cfg)), None
+    return _schema_problem(catalog, topic, cfg, cdc_field_problem)
 
 
 def committed_offsets(tbl: Table) -> dict[int, int]:

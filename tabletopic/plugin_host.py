@@ -37,6 +37,7 @@ from pyiceberg.table import Table
 
 from configs.model import local_http_url
 from configs.table_topic import (
+    CDC_FIELD,
     CONVERT_KEY_TYPE,
     CONVERT_VALUE_TYPE,
     ENABLE,
@@ -49,7 +50,7 @@ from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.maintenance import TableMaintenance
 from coordinator.merge import MergeRequest, MergeResult
-from coordinator.table import catalog_identifier, converter_conflicts, id_columns_conflict
+from coordinator.table import catalog_identifier, cdc_field_conflict, converter_conflicts, id_columns_conflict
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
 from tabletopic.spark_service import SparkService
@@ -157,8 +158,8 @@ class TableTopicHost:
     # ---- config checks ----
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
-        """Refuse converter settings the topic's existing table cannot take, and ``id.columns`` it does not have
-        (blocking: reads the catalog).
+        """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have and a
+        ``cdc.field`` that holds no text in it (blocking: reads the catalog).
 
         Looks at the table only when the settings that decide its columns, its name or its key change, or when the
         table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
@@ -170,10 +171,11 @@ class TableTopicHost:
             return
         table, conflicts = converter_conflicts(self._catalog, topic, cfg)
         if not conflicts:
-            table, problem = id_columns_conflict(self._catalog, topic, cfg)
-            if problem is not None:
-                raise InvalidConfigError(f"Invalid value {new.get(ID_COLUMNS)} for configuration {ID_COLUMNS}: the "
-                                         f"table {table} already exists and {problem}")
+            for key, check in ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict)):
+                table, problem = check(self._catalog, topic, cfg)
+                if problem is not None:
+                    raise InvalidConfigError(f"Invalid value {new.get(key)} for configuration {key}: the table "
+                                             f"{table} already exists and {problem}")
             return
         key, value = _converter_setting(conflicts[0].column, cfg, before)
         found = ", ".join(f"it has no column {c.column} ({c.want} needed)" if c.have is None
@@ -352,9 +354,9 @@ class TableTopicHost:
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
-    """What decides the table's name, converter columns and key."""
+    """What decides the table's name, converter columns, key and op field."""
     return (catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns,
-            cfg.transform_value_type, cfg.id_columns)
+            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field)
 
 
 def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from tabletopic.cli import kafka_configs, kafka_topics
@@ -332,3 +332,57 @@ def test_upsert_settings_that_cannot_work_are_refused(registry_broker: BrokerPro
     fine = {**settings, P + "id.columns": "[id]", P + "convert.value.type": "json",
             P + "transform.value.type": "flatten"}
     incremental_set(client, t, **fine).result(timeout=30)
+
+
+# ---- cdc.field: a field whose value is text -----------------------------------------------------------------
+
+CDC_REFUSED = [
+    # (cdc.field over the default converters' columns, why)
+    ("_kafka_header", "column _kafka_header is a map<string, binary>, not text"),
+    ("_kafka_metadata", "column _kafka_metadata is a struct, not text"),
+    ("_kafka_header.op", "column _kafka_header is a map<string, binary>: a field path goes through structs only"),
+    ("_kafka_key.op", "column _kafka_key is a string: a field path goes through structs only"),
+    ("op", "the table has no column op"),
+]
+
+
+@pytest.mark.parametrize(("field", "why"), CDC_REFUSED)
+def test_a_cdc_field_that_cannot_hold_an_op_is_refused(broker: BrokerProcess, field: str, why: str) -> None:
+    t = unique("cdc")
+    settings = {P + "enable": "true", P + "id.columns": "[_kafka_key]", P + "cdc.field": field}
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for validate_only in (True, False):
+        err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)], validate_only=validate_only)[t])
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value {field} for configuration {P}cdc.field: {why}" in err.str(), err.str()
+    client.create_topics([NewTopic(t, 1, 1)])[t].result(timeout=30)
+    err = admin_error(incremental_set(client, t, **settings))
+    assert err.code() == KafkaError.INVALID_CONFIG and f"{P}cdc.field" in err.str() and why in err.str(), err.str()
+    # a text column (or one cast to text, as the partition here) is accepted
+    incremental_set(client, t, True, **{**settings, P + "cdc.field": "_kafka_metadata.partition"}).result(timeout=30)
+
+
+def test_a_cdc_field_checked_against_the_existing_table(broker: BrokerProcess) -> None:
+    """Columns the records decide (JSON flattened): the table the records made is what counts."""
+    t = unique("cdc")
+    create(broker, t, 1, enable="true", commit_interval_ms="300", convert_value_type="json",
+           transform_value_type="flatten")
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    p.produce(t, key=b"k", value=json.dumps({"id": 1, "op": {"code": "D"}, "kind": "delete"}).encode())
+    assert p.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while True:
+        tbl = catalog(broker).load_table(f"default.{t}") if catalog(broker).table_exists(f"default.{t}") else None
+        if tbl is not None and "op" in tbl.schema().column_names:
+            break
+        assert time.monotonic() < deadline, "no table with an op column"
+        time.sleep(0.2)
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for validate_only in (True, False):
+        err = admin_error(incremental_set(client, t, validate_only, **{P + "id.columns": "[id]",
+                                                                       P + "cdc.field": "op"}))
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value op for configuration {P}cdc.field: the table default.{t} already exists and " \
+               "column op is a struct, not text" in err.str(), err.str()
+    incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "op.code"}).result(timeout=30)
+    incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "kind"}).result(timeout=30)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
-from pyiceberg.types import LongType, NestedField, StringType, StructType
+from pyiceberg.types import BinaryType, IcebergType, ListType, LongType, NestedField, StringType, StructType
 
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig, TransformType
 from coordinator.contract import (
@@ -26,7 +26,7 @@ from coordinator.contract import (
     parse_data_file_name,
 )
 from tests.test_worker_support import make_batch
-from worker.changes import REASON_ID_MISSING, REASON_ID_NULL
+from worker.changes import REASON_CDC_NOT_TEXT, REASON_ID_MISSING, REASON_ID_NULL
 from worker.convert import DeadLetters, convert_records
 from worker.plan import ConversionPlan
 from worker.task import convert_and_write
@@ -38,7 +38,7 @@ CFG = TableTopicConfig(convert_value_type=ConvertType.JSON, transform_value_type
                        id_columns=("id",), cdc_field="op", upsert_enable=True)
 
 
-def _opt(field_id: int, name: str, typ: StructType | LongType | StringType) -> NestedField:
+def _opt(field_id: int, name: str, typ: IcebergType) -> NestedField:
     return NestedField(field_id, name, typ, required=False)
 
 
@@ -117,3 +117,54 @@ def test_a_task_writes_the_last_change_per_key_as_one_change_file(tmp_path: Path
     empty = convert_and_write(records(None), partition=3, start_offset=100,
                               plan=ConversionPlan.build(SCHEMA, CFG, change=mode), target=target)
     assert empty.change_files == () and empty.stats.skipped == {REASON_ID_NULL: 1}
+
+
+# a table whose op column the records made a struct, one whose op is a list, and a raw (binary) key as the op
+def _op_table(op_type: StructType | ListType) -> Schema:
+    return Schema(_opt(1, "_kafka_key", BinaryType()), _opt(5, "id", LongType()), _opt(6, "op", op_type))
+
+
+def _cdc(data: bytes, schema: Schema, cdc_field: str, tolerance: ErrorsTolerance = ErrorsTolerance.INVALID_DATA
+         ) -> tuple[list[tuple[object, object]], dict[str, int], list[tuple[int, str]], int | None]:
+    """(rows as (id, op), skipped by reason, dead letters (offset, reason), blocked offset) of a raw-key JSON
+    flattened CDC topic keyed by id whose op is ``cdc_field``."""
+    cfg = TableTopicConfig(convert_key_type=ConvertType.RAW, convert_value_type=ConvertType.JSON,
+                           transform_value_type=TransformType.FLATTEN, id_columns=("id",), cdc_field=cdc_field)
+    plan = ConversionPlan.build(schema, cfg, tolerance, change=ChangeMode(("id",), cdc_field))
+    r = convert_records(data, partition=0, start_offset=100, plan=plan, dead_letters=DeadLetters("t"))
+    dead = [] if r.dead_letters is None else list(zip(r.dead_letters.column("offset").to_pylist(),
+                                                      r.dead_letters.column("reason").to_pylist(), strict=True))
+    return ([(row["id"], row[CHANGE_OP_COLUMN]) for row in r.table.to_pylist()], r.stats.skipped, dead,
+            r.stats.blocked_offset)
+
+
+def keyed(*records: tuple[bytes, dict[str, object]]) -> bytes:
+    return bytes(make_batch([(k, json.dumps(v).encode(), [("h", b"1")], 1000 + i) for i, (k, v) in enumerate(records)],
+                            base_offset=100))
+
+
+def test_a_cdc_field_that_is_not_text_makes_its_records_bad_data() -> None:
+    """An op that cannot be read as text is never taken for the default op (an insert here): its record is bad
+    data, skipped and kept as a dead letter under errors.tolerance, or blocking with none."""
+    struct_op = _op_table(StructType(_opt(7, "c", StringType())))
+    data = keyed((b"a", {"id": 1, "op": {"c": "D"}}), (b"b", {"id": 2}), (b"c", {"id": 3, "op": {"c": "D"}}))
+    rows, skipped, dead, blocked = _cdc(data, struct_op, "op")
+    assert rows == [(2, "I")]  # no op at all: AutoMQ's default
+    assert skipped == {REASON_CDC_NOT_TEXT: 2} and dead == [(100, REASON_CDC_NOT_TEXT), (102, REASON_CDC_NOT_TEXT)]
+    assert blocked is None
+    rows, _, _, blocked = _cdc(data, struct_op, "op", ErrorsTolerance.NONE)
+    assert rows == [] and blocked == 100
+
+    list_op = _op_table(ListType(8, StringType(), element_required=False))
+    rows, skipped, _, _ = _cdc(keyed((b"a", {"id": 1, "op": ["D"]}), (b"b", {"id": 2, "op": None})), list_op, "op")
+    assert rows == [(2, "I")] and skipped == {REASON_CDC_NOT_TEXT: 1}
+
+    # bytes are text when they are UTF-8: a raw key as the op
+    data = keyed((b"d", {"id": 1}), (b"\xff\xfeD", {"id": 2}), (b"update", {"id": 3}))
+    rows, skipped, dead, _ = _cdc(data, struct_op, "_kafka_key")
+    assert rows == [(1, "D"), (3, "U")] and skipped == {REASON_CDC_NOT_TEXT: 1}
+    assert dead == [(101, REASON_CDC_NOT_TEXT)]
+
+    # a path through a map (the headers) reaches no field: every record that has the map is bad
+    rows, skipped, _, _ = _cdc(data, struct_op, "_kafka_header.op")
+    assert rows == [] and skipped == {REASON_CDC_NOT_TEXT: 3}

@@ -6,7 +6,9 @@ table's ``id.columns``, that the coordinator applies with a merge. This module, 
 - :func:`with_change_columns`: the change columns of a chunk, next to its columns before they are fitted to the
   table: the op (AutoMQ's reading of ``cdc.field``: the first character, upper-cased: ``I`` insert, ``U`` update,
   ``D`` delete, anything else insert; missing, null or empty: update with ``upsert.enable``, else insert) and the
-  record's Kafka partition and offset (the order a key's changes apply in);
+  record's Kafka partition and offset (the order a key's changes apply in). A ``cdc.field`` value that is not text
+  (a struct, list or map, bytes that are not UTF-8, a path into a map) is no op: the record is bad data
+  (``cdc_field_not_text``), never taken for the default op;
 - :func:`id_problems`: the rows that cannot be a change, handed to ``errors.tolerance`` like any bad record: an id
   column that is null (``id_column_null``) or that the table does not have (``id_column_missing``);
 - :func:`last_change_per_key`: of a chunk's changes (one partition, offset order), only the last per key; the
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 REASON_ID_NULL = "id_column_null"
 REASON_ID_MISSING = "id_column_missing"
+REASON_CDC_NOT_TEXT = "cdc_field_not_text"
 
 CHANGE_FIELDS = (pa.field(CHANGE_OP_COLUMN, pa.string()), pa.field(CHANGE_PARTITION_COLUMN, pa.int32()),
                  pa.field(CHANGE_OFFSET_COLUMN, pa.int64()))
@@ -44,50 +47,90 @@ _ROW = "__row"
 Columns = dict[str, pa.Array]  # as worker.transforms.base.Columns (not imported: that package imports the converters)
 
 
-def _column(columns: Columns | pa.Table, path: str) -> pa.Array | None:
-    """The values at dotted ``path`` (through structs; a null parent gives null), None when there is no such
-    column."""
+def _walk(columns: Columns | pa.Table, path: str) -> tuple[pa.Array | None, pa.Array | None]:
+    """``(the values at dotted path, None)`` through structs (a null parent gives null); ``(None, None)`` when there is
+    no such column; ``(None, column)`` when the path runs into a column that is not a struct (a map, a list, a
+    primitive) before its end: the path cannot reach into it."""
     first, *rest = path.split(".")
     if isinstance(columns, pa.Table):
         if first not in columns.column_names:
-            return None
+            return None, None
         arr: pa.Array = columns.column(first).combine_chunks()
     else:
         found = columns.get(first)
         if found is None:
-            return None
+            return None, None
         arr = found
     for name in rest:
-        if not pa.types.is_struct(arr.type) or arr.type.get_field_index(name) < 0:
-            return None
+        if not pa.types.is_struct(arr.type):
+            return None, arr
+        if arr.type.get_field_index(name) < 0:
+            return None, None
         child = pc.struct_field(arr, [arr.type.get_field_index(name)])
         arr = pc.if_else(pc.is_valid(arr), child, pa.nulls(len(arr), child.type)) if arr.null_count else child
-    return arr
+    return arr, None
 
 
-def op_column(columns: Columns, mode: ChangeMode, n: int) -> pa.Array:
-    """The op of each of ``n`` records (see the module doc)."""
-    default = OP_UPDATE if mode.upsert else OP_INSERT
-    raw = _column(columns, mode.cdc_field) if mode.cdc_field else None
-    if raw is None:
-        return pa.repeat(pa.scalar(default, pa.string()), n)
-    if not (pa.types.is_string(raw.type) or pa.types.is_large_string(raw.type)):
+def _column(columns: Columns | pa.Table, path: str) -> pa.Array | None:
+    """The values at dotted ``path`` (see :func:`_walk`), None when the path reaches no column."""
+    return _walk(columns, path)[0]
+
+
+def _rows(mask: pa.Array, reason: str) -> dict[int, str]:
+    """The rows where ``mask`` is true → ``reason``."""
+    return dict.fromkeys(pc.indices_nonzero(pc.fill_null(mask, False)).to_pylist(), reason)
+
+
+def _as_text(raw: pa.Array) -> tuple[pa.Array, dict[int, str]]:
+    """``raw`` as strings, and the rows whose value is not text (:data:`REASON_CDC_NOT_TEXT`; nulls there): a
+    struct, list or map never is, bytes are when they are UTF-8, other primitives are their text form."""
+    if pa.types.is_string(raw.type) or pa.types.is_large_string(raw.type):
+        return raw, {}
+    if pa.types.is_nested(raw.type):
+        return pa.nulls(len(raw), pa.string()), _rows(pc.is_valid(raw), REASON_CDC_NOT_TEXT)
+    try:
+        return raw.cast(pa.string()), {}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    if not (pa.types.is_binary(raw.type) or pa.types.is_large_binary(raw.type)
+            or pa.types.is_fixed_size_binary(raw.type)):
+        return pa.nulls(len(raw), pa.string()), _rows(pc.is_valid(raw), REASON_CDC_NOT_TEXT)
+    texts: list[str | None] = []
+    bad: dict[int, str] = {}
+    for i, value in enumerate(raw.to_pylist()):  # some bytes are not UTF-8: find which (a bad chunk only)
         try:
-            raw = raw.cast(pa.string())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return pa.repeat(pa.scalar(default, pa.string()), n)
-    first = pc.utf8_upper(pc.utf8_slice_codeunits(raw.cast(pa.string()), 0, 1))
+            texts.append(None if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(None)
+            bad[i] = REASON_CDC_NOT_TEXT
+    return pa.array(texts, pa.string()), bad
+
+
+def op_column(columns: Columns, mode: ChangeMode, n: int) -> tuple[pa.Array, dict[int, str]]:
+    """The op of each of ``n`` records (see the module doc), and the records whose ``cdc.field`` holds something
+    that is not text (:data:`REASON_CDC_NOT_TEXT`): bad data, never taken for the default op."""
+    default = OP_UPDATE if mode.upsert else OP_INSERT
+    if not mode.cdc_field:
+        return pa.repeat(pa.scalar(default, pa.string()), n), {}
+    raw, blocker = _walk(columns, mode.cdc_field)
+    if raw is None:  # no such field (the default op), or a path into a map, list or primitive (bad data)
+        bad = {} if blocker is None else _rows(pc.is_valid(blocker), REASON_CDC_NOT_TEXT)
+        return pa.repeat(pa.scalar(default, pa.string()), n), bad
+    text, bad = _as_text(raw)
+    first = pc.utf8_upper(pc.utf8_slice_codeunits(text, 0, 1))
     op = pc.if_else(pc.is_in(first, pa.array([OP_INSERT, OP_UPDATE, OP_DELETE])), first, OP_INSERT)
-    return pc.fill_null(pc.if_else(pc.equal(first, ""), default, op), default)
+    return pc.fill_null(pc.if_else(pc.equal(first, ""), default, op), default), bad
 
 
-def with_change_columns(columns: Columns, mode: ChangeMode, *, partition: int, offsets: list[int]) -> Columns:
-    """``columns`` (a chunk's, by name) with the change columns added."""
+def with_change_columns(columns: Columns, mode: ChangeMode, *, partition: int, offsets: list[int]
+                        ) -> tuple[Columns, dict[int, str]]:
+    """``columns`` (a chunk's, by name) with the change columns added, and the rows that have no op
+    (:func:`op_column`): row → reason."""
     n = len(offsets)
-    columns[CHANGE_OP_COLUMN] = op_column(columns, mode, n)
+    columns[CHANGE_OP_COLUMN], bad = op_column(columns, mode, n)
     columns[CHANGE_PARTITION_COLUMN] = pa.repeat(pa.scalar(partition, pa.int32()), n)
     columns[CHANGE_OFFSET_COLUMN] = pa.array(offsets, pa.int64())
-    return columns
+    return columns, bad
 
 
 def id_problems(table: pa.Table, mode: ChangeMode) -> dict[int, str]:

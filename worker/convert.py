@@ -10,7 +10,7 @@ The steps of :func:`convert_records`, each on whole Arrow columns:
 4. fit the columns to the *table's* schema by name: unknown columns are dropped, missing ones written as nulls,
    so a table whose schema someone else changed still gets what it can;
 5. ``errors.tolerance`` on the bad rows and undecodable batches (for an upsert/CDC table also the rows without a
-   key, :mod:`worker.changes`, whose op and order columns the rows then carry).
+   key or whose ``cdc.field`` is not text, :mod:`worker.changes`, whose op and order columns the rows then carry).
 
 A record that cannot be converted is handled per ``errors.tolerance``: ``none`` stops right before it
 (``ConvertStats.blocked_offset``/``blocked_reason``), ``invalid_data``/``all`` skip it, count it by reason and,
@@ -108,7 +108,10 @@ def convert_records(
         dropped = {i: r for i, r in dropped.items() if i < stop.row}
     columns = value_transform(plan.value_transform).apply(columns)
     if plan.change is not None:  # an upsert/CDC table: each row is a change (worker.changes)
-        columns = with_change_columns(columns, plan.change, partition=partition, offsets=d.offsets)
+        columns, no_op = with_change_columns(columns, plan.change, partition=partition, offsets=d.offsets)
+        for row, reason in no_op.items():
+            if row not in dropped:  # a dropped row is no change anyway (a tombstone)
+                bad.setdefault(row, reason)
     table = _fit(columns, plan.row_schema, len(d.offsets))
     table, timestamps, bad, left_out = _leave_out(d, table, timestamps, bad, dropped)
     if plan.change is not None:
