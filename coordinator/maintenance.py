@@ -30,10 +30,11 @@ Beside the rounds, never against them:
   step at most, and never runs concurrently with a rewrite of the same table;
 - the committed offsets (``tabletopic.offsets``) and the dead-letter properties are table properties, which no
   rewrite or expiry touches; every run checks that the offsets it found are still there (or further on);
-- orphan removal never sees the files of a round in flight: worker files (``tt-p<partition>-<start>-...``, see
-  :mod:`coordinator.contract`) starting at or past the table's committed offset, read *before* Spark reads the
-  table, are left out of what it is given (the coordinator's start-up clean-up owns them), as are files younger
-  than the age; Spark then keeps whatever any snapshot references.
+- orphan removal never sees the files of a round in flight: worker files (data ``tt-p<partition>-<start>-...``,
+  dead-letter ``tt-dlq-p...`` and an upsert round's change files ``tt-chg-p...``, see :mod:`coordinator.contract`)
+  starting at or past the table's committed offset, read *before* Spark reads the table, are left out of what it
+  is given (the coordinator's start-up clean-up owns them), as are files younger than the age; Spark then keeps
+  whatever any snapshot references.
 
 Each run that did something logs one ``[MAINTENANCE]`` line (files and bytes before/after, rewrites, deletes applied,
 expiry, orphans, duration, failures), reports to the ``on_run`` observer (metrics) and records itself in
@@ -60,7 +61,7 @@ from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
 from coordinator.committer import ExpirePolicy, snapshots_to_expire
-from coordinator.contract import DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, parse_data_file_name
+from coordinator.contract import CHANGE_FILE_PREFIX, DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, parse_data_file_name
 from coordinator.table import (
     OFFSETS_PROPERTY,
     TOPIC_ID_PROPERTY,
@@ -471,9 +472,11 @@ def _known_paths(tbl: Table) -> set[str]:
 
 
 def _in_flight(name: str, offsets: Mapping[int, int], ours: bool) -> bool:
-    """A worker-named file (data or dead-letter) that a commit may still include: its start offset is at or past
-    the partition's committed offset (or the offsets are another topic incarnation's: then every worker file)."""
-    for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX):
+    """A worker-named file (data, dead-letter, or an upsert round's change file, which its merge reads before the
+    commit) that a round may still need: its start offset is at or past the partition's committed offset (or the
+    offsets are another topic incarnation's: then every worker file). A round's files start at the offsets it was
+    asked for, the committed ones, and only its commit moves them past its files."""
+    for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, CHANGE_FILE_PREFIX):
         wf = parse_data_file_name(name, prefix)
         if wf is not None:
             return not ours or wf.start_offset >= offsets.get(wf.partition, 0)

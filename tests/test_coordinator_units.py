@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pyiceberg.catalog.sql import SqlCatalog
 
@@ -16,10 +18,18 @@ from coordinator.committer import (
     load_or_create_table,
     snapshots_to_expire,
 )
-from coordinator.contract import parse_data_file_name
+from coordinator.contract import (
+    CHANGE_FILE_PREFIX,
+    DATA_DIR,
+    DATA_FILE_PREFIX,
+    DEAD_LETTER_FILE_PREFIX,
+    data_file_name,
+    parse_data_file_name,
+)
 from coordinator.coordinator import RoundOutcome
+from coordinator.maintenance import orphan_candidates
 from coordinator.state import Checkpoint, CheckpointStore, Phase
-from coordinator.table import catalog_identifier, committed_offsets
+from coordinator.table import OFFSETS_PROPERTY, catalog_identifier, committed_offsets, encode_offsets
 from tests.test_coordinator_support import (
     TOPIC,
     Harness,
@@ -141,3 +151,29 @@ def test_answers_that_do_not_match_the_request_are_rejected() -> None:
     assert check(req, 10, answer(10, 15)) is None
     assert "asked from 10" in (check(req, 10, answer(9, 15)) or "")
     assert "before the start" in (check(req, 10, answer(10, 9)) or "")
+
+
+def test_orphan_candidates_leave_out_the_files_of_rounds_in_flight(tmp_path: Path) -> None:
+    """Orphan removal is given only files no round in flight can still need: worker files (data, dead-letter and an
+    upsert round's change files, which its merge reads before the commit) that start at or past the partition's
+    committed offset are never candidates, whatever their age; those below it and strays are."""
+    tbl = load_or_create_table(make_catalog(tmp_path), TOPIC, make_config())
+    with tbl.transaction() as txn:
+        txn.set_properties({OFFSETS_PROPERTY: encode_offsets({0: 60, 1: 5})})
+    tbl = tbl.catalog.load_table(tbl.name())
+    data = Path(urlsplit(tbl.location()).path) / DATA_DIR
+    data.mkdir(parents=True, exist_ok=True)
+    names: dict[str, list[str]] = {"kept": [], "orphans": ["stray.parquet"]}
+    for prefix in (DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, CHANGE_FILE_PREFIX):
+        names["orphans"] += [data_file_name(0, 0, prefix), data_file_name(1, 4, prefix)]
+        names["kept"] += [data_file_name(0, 60, prefix), data_file_name(0, 75, prefix), data_file_name(1, 5, prefix),
+                          data_file_name(2, 0, prefix)]  # partition 2 never committed: offset 0
+    old = time.time() - 3 * 86400
+    for name in names["kept"] + names["orphans"]:
+        (data / name).write_bytes(b"junk")
+        os.utime(data / name, (old, old))
+    candidates = orphan_candidates(tbl, int((time.time() - 3600) * 1000))
+    assert candidates is not None
+    found = {p.rsplit("/", 1)[-1] for p, _ in candidates}
+    assert not found & set(names["kept"]), sorted(found & set(names["kept"]))
+    assert found >= set(names["orphans"]), sorted(set(names["orphans"]) - found)
