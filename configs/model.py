@@ -206,6 +206,18 @@ def jvm_size_validator(name: str, v: Value) -> None:
         raise InvalidConfigError.invalid_value(name, v, "expected a JVM memory size such as 512m or 2g")
 
 
+_JVM_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+
+def jvm_size_bytes(text: str) -> int:
+    """A JVM memory size (``512m``, ``2g``; a bare number is bytes) in bytes, as the JVM reads ``-Xmx``; ValueError
+    when it is not one."""
+    m = re.fullmatch(r"([1-9][0-9]*)([kmgtp]?)b?", text.strip().lower())
+    if m is None:
+        raise ValueError(f"not a JVM memory size: {text!r}")
+    return int(m.group(1)) * _JVM_UNITS[m.group(2)]
+
+
 def listeners_validator(name: str, v: Value) -> None:
     for item in _items(name, v):
         if not _LISTENER.match(item):
@@ -361,6 +373,12 @@ _broker(
             "Heap of the Spark side process's driver JVM (in local mode the executors run in it too), e.g. 512m "
             "or 2g; its resident size is this plus a few hundred MB of JVM overhead.",
             jvm_size_validator, dynamic=False),
+    # tabletopic's own, not passed to Spark (no spark. prefix): the side process's lifetime
+    Setting("table.topic.spark.idle.stop.ms", Type.LONG, 600000,
+            "Stop the broker's Spark side process (its driver JVM, about spark.driver.memory plus a few hundred MB) "
+            "after this long without an operation; the next schema change, upsert merge or maintenance step starts "
+            "it again. 0: never stop it. Not an AutoMQ setting: tabletopic's own.",
+            at_least(0), dynamic=False),
 )
 
 _topic(
@@ -742,6 +760,7 @@ class BrokerConfig:
     # the Spark side process
     spark_master = _setting("spark.master", str)
     spark_driver_memory = _setting("spark.driver.memory", str)
+    spark_idle_stop_ms = _setting("table.topic.spark.idle.stop.ms", int)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:

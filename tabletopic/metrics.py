@@ -8,6 +8,9 @@ committed; computed at scrape time, so it keeps growing while commits stall) and
 
 Every metric lives in the :class:`TableTopicMetrics` instance's own ``CollectorRegistry``: nothing is global, so
 two brokers (or tests) in one process never share series.
+
+The ``tabletopic_spark_*`` families describe the broker's Spark side process (``tabletopic.spark_service``); they
+are read from its status at scrape time (:meth:`TableTopicMetrics.watch_spark`).
 """
 
 from __future__ import annotations
@@ -16,15 +19,20 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
-from configs.model import BrokerConfig
+from configs.model import BrokerConfig, jvm_size_bytes
+from tabletopic.spark_service import STATES as SPARK_STATES
+from tabletopic.spark_service import SparkStatus
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,75 @@ class MaintenanceRun(Protocol):
 
     @property
     def orphan_files_deleted(self) -> int: ...
+
+
+def resident_bytes(pid: int | None) -> int | None:
+    """A process's resident set size (``/proc/<pid>/status`` VmRSS), None when it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class SparkCollector(Collector):
+    """The ``tabletopic_spark_*`` families, built from the side process's status at each scrape."""
+
+    def __init__(self, status: Callable[[], SparkStatus]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._status()
+        p = "tabletopic_spark_"
+        state = GaugeMetricFamily(p + "state", "1 for the Spark side process's current state (not started, "
+                                  "starting, running, restarting: after a failure, waiting for the backoff or the "
+                                  "next operation; stopped idle: after table.topic.spark.idle.stop.ms; stopped)",
+                                  labels=["state"])
+        for name in SPARK_STATES:
+            state.add_metric([name], 1.0 if s.state == name else 0.0)
+        yield state
+        info = GaugeMetricFamily(p + "info", "The Spark side process's spark.master and spark.driver.memory (value "
+                                 "1)", labels=["master", "driver_memory"])
+        info.add_metric([s.master, s.driver_memory], 1.0)
+        yield info
+        with contextlib.suppress(ValueError):  # declared settings are checked: never raises in practice
+            yield GaugeMetricFamily(p + "driver_memory_bytes", "spark.driver.memory: the driver JVM's heap bound",
+                                    value=jvm_size_bytes(s.driver_memory))
+        yield GaugeMetricFamily(p + "idle_stop_seconds", "table.topic.spark.idle.stop.ms in seconds (0: never)",
+                                value=s.idle_stop_ms / 1000)
+        yield GaugeMetricFamily(p + "pid", "The side process's pid (0 when it is not running)", value=s.pid or 0)
+        yield GaugeMetricFamily(p + "jvm_pid", "Its driver JVM's pid (0 when it is not running)",
+                                value=s.jvm_pid or 0)
+        rss = GaugeMetricFamily(p + "resident_bytes", "Resident memory of the side process (child: its Python "
+                                "process; jvm: its driver JVM), apart from the broker's own", labels=["process"])
+        for name, pid in (("child", s.pid), ("jvm", s.jvm_pid)):
+            value = resident_bytes(pid)
+            if value is not None:
+                rss.add_metric([name], float(value))
+        yield rss
+        for name, doc, value in (("starts", "Starts of the side process (the first, after failures, after idle "
+                                  "stops)", s.starts),
+                                 ("restarts", "Starts that followed a failure", s.restarts),
+                                 ("failures", "Failures of the side process: died, overran a call, could not start",
+                                  s.failures),
+                                 ("idle_stops", "Stops after table.topic.spark.idle.stop.ms without an operation",
+                                  s.idle_stops)):
+            yield CounterMetricFamily(p + name, doc, value=value)
+        last = GaugeMetricFamily(p + "last_failure_timestamp_seconds", "When the side process last failed, and why "
+                                 "(absent: never)", labels=["reason"])
+        if s.last_failure_at is not None:
+            last.add_metric([s.last_failure or ""], s.last_failure_at)
+        yield last
+        next_start = GaugeMetricFamily(p + "next_start_timestamp_seconds", "Restarting: the earliest time of the next "
+                                       "start (the backoff; it starts when an operation needs it)")
+        if s.next_start_at is not None:
+            next_start.add_metric([], s.next_start_at)
+        yield next_start
 
 
 class TableTopicMetrics:
@@ -267,6 +344,10 @@ class TableTopicMetrics:
             for value in values:
                 with contextlib.suppress(KeyError):
                     labelled.remove(topic, value)
+
+    def watch_spark(self, status: Callable[[], SparkStatus]) -> None:
+        """Export the Spark side process's ``status()`` as the ``tabletopic_spark_*`` families (read at scrape)."""
+        self.registry.register(SparkCollector(status))
 
     def remove_topic(self, topic: str) -> None:
         """Drop every series of a deleted topic (or one whose table topic was turned off)."""

@@ -101,7 +101,9 @@ class TableTopicHost:
         url = self._registry_url()
         if url is not None:
             self.schema_source = SchemaSource(url, self._broker.config.schema_registry_config)
-        self.spark = SparkService(self._broker.config)
+        # not started until a table needs it; writes its first status file (a thread: file I/O)
+        self.spark = await asyncio.to_thread(SparkService, self._broker.config)
+        self._metrics.watch_spark(self.spark.status)
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
         for info in self._broker.topics.all():

@@ -17,15 +17,21 @@ calling :meth:`SparkService.call`.
 
 Lifetime: started by the first call. A child that dies (kill -9, JVM crash) or overruns a call's timeout fails
 that call with :class:`SparkServiceError`; the next call starts a new one, not before a backoff (1 s, doubling up
-to 60 s, back to 1 s after an operation succeeds). The child exits when the broker dies: it watches its stdin,
-whose write end only the broker holds; the driver JVM (pyspark's gateway) in turn exits when its stdin pipe from
-the child closes. The child's and the JVM's output (one line per log message, no stack traces) go to
-``<log.dirs>/spark-service.log``.
+to 60 s, back to 1 s after an operation succeeds). A watcher thread notices a child that dies between calls (the
+state says ``restarting`` at once, not at the next call) and stops the child after ``table.topic.spark.idle.stop.ms``
+without a call (``stopped idle``; 0: never): the JVM's memory goes back to the machine, and the next call starts it
+again. The child exits when the broker dies: it watches its stdin, whose write end only the broker holds; the
+driver JVM (pyspark's gateway) in turn exits when its stdin pipe from the child closes. The child's and the JVM's
+output (one line per log message, no stack traces) go to ``<log.dirs>/spark-service.log``.
+
+State: :meth:`SparkService.status` (the metrics' ``tabletopic_spark_*`` families read it), also written to
+``<log.dirs>/spark-service.json`` at every change, where ``tabletopic tables`` reads it (:func:`read_status`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -35,16 +41,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any
 
 from configs.model import BrokerConfig
+from tabletopic.durable import atomic_write_json
 
 MODULE = "tabletopic.spark_service"
 log = logging.getLogger(MODULE)  # the same name in the child, where this module runs as __main__
 APP_NAME = "tabletopic-spark-service"
 LOG_FILE = "spark-service.log"
+STATUS_FILE = "spark-service.json"  # beside the log: the last status, for `tabletopic tables`
 LOG_MAX_BYTES = 10 << 20  # at a (re)start, a larger log is moved to spark-service.log.1
 START_TIMEOUT_S = 180.0  # JVM start plus the first catalog access: seconds, more on a loaded machine
 CALL_TIMEOUT_S = 300.0
@@ -53,6 +62,16 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_MAX_S = 60.0
 JVM_EXIT_WAIT_S = 10.0
 SQL_MAX_ROWS = 1000
+WATCH_INTERVAL_S = 0.5  # how often the watcher looks for a child that died between calls, or one idle too long
+
+# the states of the side process (SparkStatus.state)
+NOT_STARTED = "not started"  # no operation has needed it yet
+STARTING = "starting"
+RUNNING = "running"
+RESTARTING = "restarting"  # it failed (died, overran a call, could not start): the next call starts it (backoff)
+IDLE_STOPPED = "stopped idle"  # stopped after table.topic.spark.idle.stop.ms without a call; the next call starts it
+STOPPED = "stopped"  # closed (with the broker)
+STATES = (NOT_STARTED, STARTING, RUNNING, RESTARTING, IDLE_STOPPED, STOPPED)
 
 
 class SparkError(RuntimeError):
@@ -82,6 +101,38 @@ class SparkOperationError(SparkError):
         self.message = message
 
 
+@dataclass(frozen=True, slots=True)
+class SparkStatus:
+    """What the side process is doing, for the metrics, the status file and ``tabletopic tables``. Times are epoch
+    seconds."""
+
+    state: str  # one of STATES
+    since: float  # when it entered that state
+    pid: int | None  # the child process, while it runs
+    jvm_pid: int | None  # its driver JVM, while it runs
+    broker_pid: int  # the process owning the service (the broker)
+    master: str  # spark.master
+    driver_memory: str  # spark.driver.memory
+    idle_stop_ms: int  # table.topic.spark.idle.stop.ms (0: never)
+    starts: int  # every start of the child (the first, after failures, after idle stops)
+    restarts: int  # starts that followed a failure
+    failures: int  # deaths, overrun calls, failed starts
+    idle_stops: int
+    last_failure: str | None  # why it last failed
+    last_failure_at: float | None
+    next_start_at: float | None  # restarting: the earliest time of the next start (the backoff)
+
+
+def read_status(log_dir: Path) -> dict[str, Any] | None:
+    """The status the broker with ``log.dirs`` = ``log_dir`` last wrote (:class:`SparkStatus` as a dict); None when
+    there is none (no broker ran with this version) or it cannot be read."""
+    try:
+        doc = json.loads((log_dir / STATUS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("state") in STATES else None
+
+
 def table_identifier(table: str | Sequence[str]) -> tuple[str, ...]:
     """``"ns.table"`` (split on dots, as pyiceberg does) or ``(namespace levels..., table)``."""
     parts = tuple(table.split(".")) if isinstance(table, str) else tuple(table)
@@ -103,32 +154,58 @@ class SparkService:
         self.log_path = log_path if log_path is not None else config.log_dir / LOG_FILE
         self._start_timeout_s = start_timeout_s
         self._call_timeout_s = call_timeout_s
-        self._lock = threading.Lock()  # one operation (or start) at a time
+        self.status_path = self.log_path.parent / STATUS_FILE
+        self._idle_stop_s = config.spark_idle_stop_ms / 1000
+        self._lock = threading.Lock()  # one operation (or start, or idle stop) at a time
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
-        self._state = "stopped"
         self._closed = False
-        self._starts = 0
+        self._closing = threading.Event()  # ends the watcher
+        self._watcher: threading.Thread | None = None  # started with the first child
+        self._busy = False  # a call is in flight
+        self._last_used = time.monotonic()  # when the last call ended (the idle stop counts from there)
+        self._starts = self._restarts = self._idle_stops = self._total_failures = 0
         self._failures = 0  # consecutive, for the backoff
         self._next_start = 0.0
+        self._next_start_at: float | None = None
+        self._last_failure: str | None = None
+        self._last_failure_at: float | None = None
         self._jvm_pid: int | None = None
+        self._state = NOT_STARTED
+        self._since = time.time()
+        self._publish()  # replaces what a previous broker left
 
     # ---- state, for metrics and `tabletopic tables` ----
 
     @property
     def state(self) -> str:
-        """``stopped`` (not started yet, or closed), ``starting``, ``ready`` or ``failed: <reason>``."""
+        """One of :data:`STATES`; why it last failed is :attr:`last_failure`."""
         return self._state
 
     @property
     def restarts(self) -> int:
-        """Starts after the first one (each follows a failure)."""
-        return max(0, self._starts - 1)
+        """Starts that followed a failure."""
+        return self._restarts
+
+    @property
+    def last_failure(self) -> str | None:
+        """Why the process last failed (``was killed by SIGKILL``, ``merge timed out after 300 s``, ...)."""
+        return self._last_failure
 
     @property
     def busy(self) -> bool:
         """An operation (or a start) is in flight."""
-        return self._lock.locked()
+        return self._busy
+
+    def status(self) -> SparkStatus:
+        """A snapshot of the state, counters and settings (thread-safe, never waits for a call)."""
+        return SparkStatus(
+            state=self._state, since=self._since, pid=self.pid, jvm_pid=self.jvm_pid, broker_pid=os.getpid(),
+            master=self._config.spark_master, driver_memory=self._config.spark_driver_memory,
+            idle_stop_ms=self._config.spark_idle_stop_ms, starts=self._starts, restarts=self._restarts,
+            failures=self._total_failures, idle_stops=self._idle_stops, last_failure=self._last_failure,
+            last_failure_at=self._last_failure_at,
+            next_start_at=self._next_start_at if self._state == RESTARTING else None)
 
     @property
     def pid(self) -> int | None:
@@ -218,8 +295,13 @@ class SparkService:
         with self._lock:
             if self._closed:
                 raise SparkServiceError("the Spark side process is closed")
-            _send(self._ensure_started(limit), (op, dict(args or {})))
-            reply = self._receive(op, limit)
+            self._busy = True
+            try:
+                _send(self._ensure_started(limit), (op, dict(args or {})))
+                reply = self._receive(op, limit)
+            finally:
+                self._busy = False
+                self._last_used = time.monotonic()
             if reply[0] == "ok":
                 self._failures = 0
                 return reply[1]
@@ -231,6 +313,7 @@ class SparkService:
         """Stop the child and its JVM (the session is stopped cleanly, then a kill after ``timeout``); later calls
         raise SparkServiceError. An operation in flight is cut short (its call raises SparkServiceError)."""
         self._closed = True
+        self._closing.set()
         if not self._lock.acquire(blocking=False):
             proc = self._proc
             if proc is not None:
@@ -239,8 +322,12 @@ class SparkService:
         try:
             self._shutdown(timeout)
         finally:
-            self._state = "stopped"
+            if self._state != STOPPED:
+                self._set_state(STOPPED)
             self._lock.release()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(timeout)
 
     def __enter__(self) -> SparkService:
         return self
@@ -265,7 +352,8 @@ class SparkService:
         return self._start()
 
     def _start(self) -> Connection:
-        self._state = "starting"
+        after_failure = self._state == RESTARTING
+        self._set_state(STARTING)
         parent_sock, child_sock = socket.socketpair()
         try:
             with self._open_log() as out:
@@ -282,6 +370,9 @@ class SparkService:
             child_sock.close()
         self._proc, self._conn = proc, Connection(parent_sock.detach())
         self._starts += 1
+        self._restarts += after_failure
+        self._last_used = time.monotonic()
+        self._start_watcher()
         log.info("Spark side process starting (pid %d, master %s, driver memory %s; log %s)", proc.pid,
                  self._config.spark_master, self._config.spark_driver_memory, self.log_path)
         t0 = time.monotonic()
@@ -292,7 +383,7 @@ class SparkService:
             self._failed(reason)
             raise SparkServiceError(f"the Spark side process could not start: {reply[1]}: {reply[2]}")
         self._jvm_pid = reply[1].get("jvm_pid")
-        self._state = "ready"
+        self._set_state(RUNNING)
         log.info("Spark side process ready in %.1f s (pid %d, JVM pid %s, Spark %s)", time.monotonic() - t0,
                  proc.pid, self._jvm_pid, reply[1].get("spark_version"))
         return self._conn
@@ -330,11 +421,14 @@ class SparkService:
     def _failed(self, reason: str) -> None:
         """Record a failure, stop what is left of the child, schedule the earliest restart."""
         self._failures += 1
+        self._total_failures += 1
         backoff = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (self._failures - 1))
         self._next_start = time.monotonic() + backoff
-        self._state = f"failed: {reason}"
+        self._next_start_at = time.time() + backoff
+        self._last_failure, self._last_failure_at = reason, time.time()
         pid = self.pid
         self._stop_child(kill=True)
+        self._set_state(RESTARTING)
         log.warning("Spark side process (pid %s) failed: %s; next start in %.0f s at the earliest (log: %s)",
                     pid, reason, backoff, self.log_path)
 
@@ -373,6 +467,51 @@ class SparkService:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+    def _set_state(self, state: str) -> None:
+        self._state, self._since = state, time.time()
+        self._publish()
+
+    def _publish(self) -> None:
+        """Write the status file (atomically: a reader never sees half of it); a failure is only logged."""
+        try:
+            self.status_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.status_path, asdict(self.status()))
+        except OSError as exc:
+            log.warning("cannot write the Spark side process's status to %s: %s", self.status_path, exc)
+
+    # ---- the watcher: deaths between calls, idle stop ----
+
+    def _start_watcher(self) -> None:
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="spark-service-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._closing.wait(WATCH_INTERVAL_S):
+            if not self._lock.acquire(blocking=False):
+                continue  # a call is in flight: it sees a death itself, and the process is not idle
+            try:
+                self._check_between_calls()
+            except Exception:  # the watcher must go on (a status file it could not write is logged already)
+                log.exception("Spark side process watcher")
+            finally:
+                self._lock.release()
+
+    def _check_between_calls(self) -> None:
+        proc = self._proc
+        if proc is None or self._closed:
+            return
+        if proc.poll() is not None:
+            self._failed(self._exit_reason())
+            return
+        idle = time.monotonic() - self._last_used
+        if 0 < self._idle_stop_s <= idle:
+            log.info("Spark side process (pid %d) idle for %.0f s: stopping it (table.topic.spark.idle.stop.ms=%d); "
+                     "the next operation starts it again", proc.pid, idle, self._config.spark_idle_stop_ms)
+            self._shutdown(CLOSE_TIMEOUT_S)
+            self._idle_stops += 1
+            self._set_state(IDLE_STOPPED)
 
     def _open_log(self) -> IO[bytes]:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

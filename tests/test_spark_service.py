@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -52,10 +53,12 @@ from tabletopic.spark_service import (
     SparkService,
     SparkServiceError,
     SparkServiceTimeoutError,
+    read_status,
 )
 from tests.test_query_catalog import losing_next_commit, shipped_properties
 
 ROOT = Path(__file__).resolve().parent.parent
+IDLE_STOP = "table.topic.spark.idle.stop.ms"
 DRIVER_MEMORY = "768m"  # not the default: the test sees it reach the JVM
 # a Spark statement that runs for a while (a static Java method called from SQL)
 SLOW_SQL = "SELECT reflect('java.lang.Thread', 'sleep', CAST(60000 AS BIGINT))"
@@ -154,7 +157,7 @@ def in_flight(service: SparkService, statement: str) -> tuple[threading.Thread, 
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: service.state == "ready" and service.busy, 60, "the call in flight")
+    wait_for(lambda: service.state == "running" and service.busy, 60, "the call in flight")
     time.sleep(1.5)  # the request reached the child and Spark runs it (the statement takes a minute)
     return thread, errors
 
@@ -166,6 +169,7 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     config = BrokerConfig.from_properties({**shipped_properties(tmp_path), "spark.executor.cores": "2",
                                            "spark.sql.shuffle.partitions": "7"})
     assert config.spark_master == "local[2]" and config.spark_driver_memory == "1g"  # the stated defaults
+    assert config.spark_idle_stop_ms == 600_000  # ten minutes
     assert config.spark_settings == {"spark.master": "local[2]", "spark.driver.memory": "1g",
                                      "spark.executor.cores": "2", "spark.sql.shuffle.partitions": "7"}
     conf = spark_conf(config)
@@ -173,6 +177,7 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     assert conf["spark.executor.cores"] == "2"
     assert conf["spark.sql.shuffle.partitions"] == "7"  # a broker setting wins over the built-in default
     assert conf["spark.sql.catalog.tabletopic.type"] == "jdbc"  # the catalog wiring is still there
+    assert not any("idle" in key for key in conf)  # tabletopic's own setting stays with the broker
     # explicit arguments (`tabletopic sql --driver-memory`) win over the broker's settings
     assert spark_conf(config, master="local[1]", driver_memory="2g")["spark.driver.memory"] == "2g"
     cluster = BrokerConfig.from_properties({**shipped_properties(tmp_path), "spark.master": "spark://127.0.0.1:7077",
@@ -185,10 +190,21 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [("spark.driver.memory", "lots"), ("spark.driver.memory", "0"),
-                                            ("spark.driver.memory", "1.5g"), ("spark.master", " ")])
+                                            ("spark.driver.memory", "1.5g"), ("spark.master", " "),
+                                            (IDLE_STOP, "-1"), (IDLE_STOP, "10m")])
 def test_bad_spark_settings_are_refused(key: str, value: str) -> None:
-    with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(InvalidConfigError, match=re.escape(f"Invalid value {value.strip()} for configuration {key}: ")):
         BrokerConfig.from_properties({key: value})
+
+
+def test_a_broker_with_a_bad_idle_stop_does_not_start(tmp_path: Path) -> None:
+    """Refused at start, before anything is written: one line naming the setting, exit code 2."""
+    proc = subprocess.run([sys.executable, "-m", "tabletopic", "serve", "--override", f"log.dirs={tmp_path / 'd'}",
+                           "--override", f"{IDLE_STOP}=-5"], check=False, capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: Invalid value -5 for configuration {IDLE_STOP}: Value must be at least 0" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "d").exists()
 
 
 def test_a_start_failure_is_reported_and_retried_with_backoff(tmp_path: Path) -> None:
@@ -197,11 +213,15 @@ def test_a_start_failure_is_reported_and_retried_with_backoff(tmp_path: Path) ->
     config = BrokerConfig.from_properties(shipped_properties(tmp_path))
     service = SparkService(config, start_timeout_s=60)
     try:
-        assert service.state == "stopped"
+        assert service.state == "not started"
         with pytest.raises(SparkServiceError, match="could not start: CatalogNotFoundError: no catalog at"):
             service.ping()
-        assert service.state.startswith("failed: start failed: CatalogNotFoundError")
+        assert service.state == "restarting"
+        assert (service.last_failure or "").startswith("start failed: CatalogNotFoundError")
         assert service.pid is None
+        status = read_status(config.log_dir)  # what `tabletopic tables` reads
+        assert status is not None and status["state"] == "restarting" and status["failures"] == 1
+        assert status["last_failure"] == service.last_failure and status["next_start_at"] > time.time()
         t0 = time.monotonic()
         with pytest.raises(SparkServiceError, match=r"next start in \d+ s"):
             service.ping(timeout=0.1)
@@ -280,7 +300,7 @@ def test_a_refused_change_is_an_operation_error(env: Env, service: SparkService)
     assert env.catalog.load_table("default.refused").schema().schema_id == 0
     with pytest.raises(SparkOperationError, match="NoSuchTableException"):
         service.evolve_schema("default.missing", BASE.model_dump_json())
-    assert service.state == "ready" and service.pid == pid and service.restarts == 0
+    assert service.state == "running" and service.pid == pid and service.restarts == 0
 
 
 def test_a_lost_schema_commit_is_redone(env: Env, service: SparkService) -> None:
@@ -317,7 +337,7 @@ def test_sql_returns_plain_rows_with_the_brokers_spark_settings(env: Env, servic
     # the driver JVM's heap is spark.driver.memory
     cmdline = Path(f"/proc/{service.jvm_pid}/cmdline").read_bytes().split(b"\0")
     assert f"-Xmx{DRIVER_MEMORY}".encode() in cmdline
-    assert service.state == "ready" and service.restarts == 0
+    assert service.state == "running" and service.restarts == 0
 
 
 # ---- failures and restarts ----
@@ -332,12 +352,30 @@ def test_kill_9_of_the_child_fails_the_call_and_the_next_call_restarts_it(servic
     thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], SparkServiceError), errors
     assert "was killed by SIGKILL" in str(errors[0]) and str(service.log_path) in str(errors[0])
-    assert service.state == "failed: was killed by SIGKILL"
+    assert service.state == "restarting" and service.last_failure == "was killed by SIGKILL"
     wait_for(lambda: not alive(jvm), 15, "the JVM exits after its process")
 
     service.ping()
-    assert service.state == "ready" and service.restarts == 1
+    assert service.state == "running" and service.restarts == 1
     assert service.pid not in (None, pid) and alive(service.jvm_pid)
+
+
+def test_a_child_that_dies_between_calls_is_seen_at_once(env: Env, service: SparkService) -> None:
+    """No call in flight: the watcher notices the death, the state (and the status file) say ``restarting`` with
+    the reason before any call; the next call starts it again (a restart)."""
+    service.ping()
+    pid, jvm, restarts = service.pid, service.jvm_pid, service.restarts
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: (read_status(env.config.log_dir) or {}).get("state") == "restarting", 10,
+             "the death seen without a call")
+    assert service.state == "restarting" and service.last_failure == "was killed by SIGKILL" and service.pid is None
+    status = read_status(env.config.log_dir)
+    assert status is not None and status["last_failure"] == "was killed by SIGKILL" and status["pid"] is None
+    assert status["next_start_at"] - status["last_failure_at"] == pytest.approx(1.0, abs=0.1)  # the first backoff
+    wait_for(lambda: not alive(jvm), 15, "the JVM exits after its process")
+    service.ping()
+    assert service.state == "running" and service.restarts == restarts + 1
 
 
 def test_a_jvm_crash_fails_the_call_and_the_next_call_restarts(service: SparkService) -> None:
@@ -349,10 +387,11 @@ def test_a_jvm_crash_fails_the_call_and_the_next_call_restarts(service: SparkSer
     os.kill(jvm, signal.SIGKILL)
     thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], SparkServiceError), errors
-    assert "exited with code 3" in str(errors[0]) and service.state == "failed: exited with code 3"
+    assert "exited with code 3" in str(errors[0]) and service.state == "restarting"
+    assert service.last_failure == "exited with code 3"
     assert not alive(pid)
     service.ping()
-    assert service.state == "ready" and service.restarts == restarts + 1
+    assert service.state == "running" and service.restarts == restarts + 1
 
 
 def test_a_call_over_its_timeout_stops_the_process(service: SparkService) -> None:
@@ -362,11 +401,11 @@ def test_a_call_over_its_timeout_stops_the_process(service: SparkService) -> Non
     with pytest.raises(SparkServiceTimeoutError, match="sql timed out after 1 s"):
         service.sql(SLOW_SQL, timeout=1)
     assert time.monotonic() - t0 < 20
-    assert service.state == "failed: sql timed out after 1 s"
+    assert service.state == "restarting" and service.last_failure == "sql timed out after 1 s"
     assert not alive(pid)
     wait_for(lambda: not alive(jvm), 15, "the JVM exits after its process")
     service.ping()
-    assert service.state == "ready" and service.restarts == restarts + 1
+    assert service.state == "running" and service.restarts == restarts + 1
 
 
 def test_the_log_file_has_one_line_per_message(service: SparkService) -> None:
@@ -407,6 +446,36 @@ def test_the_child_and_its_jvm_exit_when_the_broker_dies(env: Env) -> None:
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_an_idle_process_is_stopped_and_started_again_by_the_next_call(env: Env) -> None:
+    """``table.topic.spark.idle.stop.ms``: the child and its JVM stop after that long without a call (a call
+    running longer is never cut), the state says ``stopped idle``, and the next call starts them again (a start,
+    not a restart after a failure)."""
+    config = BrokerConfig.from_properties({**env.props, IDLE_STOP: "1500"})
+    service = SparkService(config, log_path=env.root / "idle" / "spark-service.log", start_timeout_s=240)
+    try:
+        assert read_status(env.root / "idle") is not None  # the status file is there before any start
+        t0 = time.monotonic()
+        # runs for 3 s, twice the idle time: the watcher leaves a busy process alone
+        service.sql("SELECT reflect('java.lang.Thread', 'sleep', CAST(3000 AS BIGINT))")
+        pid, jvm = service.pid, service.jvm_pid
+        assert service.state == "running" and alive(pid) and alive(jvm)
+        wait_for(lambda: service.state == "stopped idle", 30, "the idle stop")
+        assert time.monotonic() - t0 > 1.5
+        assert service.pid is None and not alive(pid) and not alive(jvm)
+        status = read_status(env.root / "idle")
+        assert status is not None and status["state"] == "stopped idle" and status["idle_stops"] == 1
+        assert status["starts"] == 1 and status["restarts"] == 0 and status["failures"] == 0
+
+        service.ping()  # started again, lazily
+        assert service.state == "running" and service.pid not in (None, pid) and alive(service.jvm_pid)
+        status = read_status(env.root / "idle")
+        assert status is not None and status["starts"] == 2 and status["restarts"] == 0
+    finally:
+        service.close()
+    status = read_status(env.root / "idle")
+    assert status is not None and status["state"] == "stopped" and status["pid"] is None
 
 
 def test_close_stops_the_child_and_its_jvm(service: SparkService) -> None:

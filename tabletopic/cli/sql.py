@@ -307,7 +307,50 @@ def cmd_tables(args: argparse.Namespace) -> int:
         print(f"(!) partition.by of {line}")
     for line in maintenance_lines(config, [row[0] for row in rows]):
         print(line)
+    print(spark_line(config))
     return 0
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(sep=" ", timespec="seconds") + " UTC"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def spark_line(config: BrokerConfig) -> str:
+    """The broker's Spark side process as its status file says (``tabletopic.spark_service.read_status``): state,
+    pids, restarts, the last failure, spark.master and the driver memory."""
+    from tabletopic.spark_service import NOT_STARTED, RESTARTING, RUNNING, STOPPED, read_status
+
+    head = "Spark side process:"
+    st = read_status(config.log_dir)
+    if st is None:
+        return f"{head} {NOT_STARTED} (no status in {config.log_dir})"
+    try:
+        state = str(st["state"])
+        broker_gone = state != STOPPED and not _process_alive(int(st["broker_pid"]))
+        text = f"{head} {state} since {_utc(float(st['since']))}"
+        if broker_gone:  # a broker killed without closing its service left its last status
+            text = f"{head} {STOPPED} (the broker, pid {st['broker_pid']}, is not running; last seen {state})"
+        elif state == RUNNING:
+            text += f" (pid {st['pid']}, JVM pid {st['jvm_pid']})"
+        elif state == RESTARTING and st.get("next_start_at") is not None:
+            text += f" (next start at {_utc(float(st['next_start_at']))} at the earliest, when a table needs it)"
+        idle = int(st["idle_stop_ms"])
+        text += (f"; master {st['master']}, driver memory {st['driver_memory']}, idle stop "
+                 f"{f'after {idle / 1000:g} s' if idle else 'never'}; starts {st['starts']}, restarts "
+                 f"{st['restarts']}, failures {st['failures']}, idle stops {st['idle_stops']}")
+        if st.get("last_failure_at") is not None:
+            text += f"; last failure {_utc(float(st['last_failure_at']))}: {st['last_failure']}"
+    except (KeyError, TypeError, ValueError):
+        return f"{head} unknown (unreadable status in {config.log_dir})"
+    return text
 
 
 def maintenance_lines(config: BrokerConfig, tables: Sequence[str]) -> list[str]:
@@ -374,8 +417,10 @@ List the Iceberg tables of the broker's catalog with their current snapshot:
 records, data files, snapshot id and commit time, and for a table topic's table
 the records in its dead-letter table (<table>_dlq: the records that
 errors.tolerance skipped) and its last automatic maintenance run (compaction,
-expiry, orphan files). Reads the catalog with
-pyiceberg (no Spark), so it answers at once. Give the same --config and
+expiry, orphan files); then the broker's Spark side process: its state (not
+started, starting, running, restarting after a failure, stopped idle, stopped),
+pids, restarts, last failure, spark.master and driver memory. Reads the catalog
+with pyiceberg (no Spark), so it answers at once. Give the same --config and
 --override settings as the broker runs with."""
 TABLES_EPILOG = """\
 examples:
