@@ -319,6 +319,12 @@ def jvm_connection_lost(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError) or any(cls.__name__ == "Py4JNetworkError" for cls in type(exc).__mro__)
 
 
+def context_stopped(session: SparkSession) -> bool:
+    """The session's SparkContext was stopped under it: on a cluster, the master removed the application (killed
+    from its UI, the master restarted, no master answered); every later statement fails. The JVM stays up."""
+    return bool(session.sparkContext._jsc.sc().isStopped())
+
+
 def plain(value: Any) -> Any:
     """A collected value with pyspark's Row (a tuple subclass) turned into a plain tuple, recursively: picklable
     by a process that has no pyspark."""

@@ -416,7 +416,8 @@ class SparkService:
             return "stopped answering"
         if code < 0:
             return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}"
+        why = _EXIT_REASONS.get(code)
+        return f"exited with code {code}" + (f": {why}" if why else "")
 
     def _failed(self, reason: str) -> None:
         """Record a failure, stop what is left of the child, schedule the earliest restart."""
@@ -564,6 +565,11 @@ def _is_spark_jvm(pid: int) -> bool:
 
 Op = Callable[[Any, BrokerConfig, dict[str, Any]], Any]
 JVM_GONE_EXIT_CODE = 3
+CONTEXT_STOPPED_EXIT_CODE = 4
+_EXIT_REASONS = {JVM_GONE_EXIT_CODE: "its driver JVM died",
+                 CONTEXT_STOPPED_EXIT_CODE: "its SparkContext was stopped (on a cluster: the master removed the "
+                                            "application)"}
+CONTEXT_CHECK_INTERVAL_S = 2.0
 
 
 def _child_ops() -> dict[str, Op]:
@@ -612,9 +618,14 @@ class _Child:
         self.spark = spark
         self.session = spark.spark_session(config, app_name=APP_NAME)
         self.jvm = spark.jvm_process(self.session)
+        self.app_id = str(self.session.sparkContext.applicationId)
+        if spark.context_stopped(self.session):  # e.g. no master answered
+            raise RuntimeError(f"the SparkContext of {self.app_id} stopped while starting (master "
+                               f"{config.spark_master}: see the log)")
         if self.jvm is not None:
             threading.Thread(target=self._exit_when_jvm_dies, args=(self.jvm,), name="jvm-watch",
                              daemon=True).start()
+        threading.Thread(target=self._exit_when_context_stops, name="context-watch", daemon=True).start()
 
     def _exit_when_jvm_dies(self, jvm: subprocess.Popen[bytes]) -> None:
         """A JVM that crashed leaves a useless session: exit, so that the broker sees it and starts anew."""
@@ -622,6 +633,24 @@ class _Child:
         if not self.stopping.is_set():
             log.error("the Spark driver JVM (pid %d) exited with code %s: exiting", jvm.pid, code)
             os._exit(JVM_GONE_EXIT_CODE)
+
+    def _context_stopped(self) -> bool:
+        try:
+            return bool(self.spark.context_stopped(self.session))
+        except Exception:  # the JVM is going away: _exit_when_jvm_dies sees to that
+            return False
+
+    def _exit_when_context_stops(self) -> None:
+        """A session whose SparkContext was stopped under it (on a cluster: the master removed the application)
+        fails every operation: exit, so that the broker sees it and starts anew (a new application)."""
+        while not self.stopping.wait(CONTEXT_CHECK_INTERVAL_S):
+            if self._context_stopped() and not self.stopping.is_set():
+                self._exit_context_stopped()
+
+    def _exit_context_stopped(self) -> None:
+        log.error("the SparkContext of %s was stopped (on a cluster: the master removed the application): exiting",
+                  self.app_id)
+        os._exit(CONTEXT_STOPPED_EXIT_CODE)
 
     def serve(self) -> int:
         while True:
@@ -652,6 +681,8 @@ class _Child:
                 # the JVM died under the operation, not the operation's fault: the broker sees us exit
                 log.error("%s failed: the Spark driver JVM is gone: exiting", op)
                 os._exit(JVM_GONE_EXIT_CODE)
+            if self._context_stopped():  # not the operation's fault either
+                self._exit_context_stopped()
             kind, message = self.spark.describe_exception(exc)
             log.warning("%s failed after %.0f ms: %s: %s", op, (time.monotonic() - t0) * 1000, kind, message)
             return ("error", kind, message)

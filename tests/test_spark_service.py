@@ -388,7 +388,7 @@ def test_a_jvm_crash_fails_the_call_and_the_next_call_restarts(service: SparkSer
     thread.join(30)
     assert len(errors) == 1 and isinstance(errors[0], SparkServiceError), errors
     assert "exited with code 3" in str(errors[0]) and service.state == "restarting"
-    assert service.last_failure == "exited with code 3"
+    assert service.last_failure == "exited with code 3: its driver JVM died"
     assert not alive(pid)
     service.ping()
     assert service.state == "running" and service.restarts == restarts + 1
