@@ -20,9 +20,11 @@ that call with :class:`SparkServiceError`; the next call starts a new one, not b
 to 60 s, back to 1 s after an operation succeeds). A watcher thread notices a child that dies between calls (the
 state says ``restarting`` at once, not at the next call) and stops the child after ``table.topic.spark.idle.stop.ms``
 without a call (``stopped idle``; 0: never): the JVM's memory goes back to the machine, and the next call starts it
-again. The child exits when the broker dies: it watches its stdin, whose write end only the broker holds; the
-driver JVM (pyspark's gateway) in turn exits when its stdin pipe from the child closes. The child's and the JVM's
-output (one line per log message, no stack traces) go to ``<log.dirs>/spark-service.log``.
+again. The child exits when its driver JVM dies or its SparkContext is stopped under it (on a cluster: the master
+removed the application), so that the next call starts a new one, and when the broker dies: it watches its stdin,
+whose write end only the broker holds; the driver JVM (pyspark's gateway) in turn exits when its stdin pipe from
+the child closes. The child's and the JVM's output (one line per log message, no stack traces) go to
+``<log.dirs>/spark-service.log``.
 
 State: :meth:`SparkService.status` (the metrics' ``tabletopic_spark_*`` families read it), also written to
 ``<log.dirs>/spark-service.json`` at every change, where ``tabletopic tables`` reads it (:func:`read_status`).
