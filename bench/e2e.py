@@ -900,6 +900,15 @@ def scrape_metrics(port: int) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(keep)]
 
 
+def print_phases(phases: list[PhaseStats]) -> None:
+    """The per-phase table: wall time, client and broker CPU, the broker's max RSS."""
+    print("\nper phase                                        seconds  client CPU s  broker CPU s (main)  broker "
+          "RSS max MiB (main / tree)")
+    for st in phases:
+        print(f"  {st.name[:46]:<46}{st.seconds:9.2f}{st.client_cpu_s:14.2f}{st.broker_cpu_s:14.2f} "
+              f"({st.broker_main_cpu_s:5.2f}){st.rss_max_mib:10.0f} / {st.rss_tree_max_mib:.0f}")
+
+
 def broker_log_problems(log_path: Path) -> tuple[int, int, list[str]]:
     """(warnings, errors incl. tracebacks, the first distinct such lines)."""
     warnings = errors = 0

@@ -17,10 +17,14 @@ import hashlib
 import importlib.resources
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+import time
+import uuid
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,8 @@ from tabletopic.catalog import (
 from tabletopic.errors import InvalidConfigError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.io import FileIO
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -447,10 +453,36 @@ def _replaced_since(table: Any, snapshot_id: int | None) -> dict[str, int]:
 
 def _publish_pending(table: Any) -> bool:
     """A staged snapshot (write-audit-publish: an upsert round's merge) waits to be published on top of the
-    current one: a rewrite now would make its publication conflict, so it waits for the next run."""
+    current one: a rewrite now would make its publication conflict."""
     current = _current_id(table)
-    return current is not None and any(
-        snapshot.parentId() is not None and int(snapshot.parentId()) == current for snapshot in table.snapshots())
+    if current is None:
+        return False
+    snapshots = table.snapshots()  # in commit order: a snapshot staged on the current one comes after it
+    for i in range(len(snapshots) - 1, -1, -1):
+        snapshot = snapshots[i]
+        if int(snapshot.snapshotId()) == current:
+            return False
+        if snapshot.parentId() is not None and int(snapshot.parentId()) == current:
+            return True
+    return False
+
+
+PUBLISH_WAIT_S = 5.0
+
+
+def _published(table: Any, timeout_s: float = PUBLISH_WAIT_S) -> bool:
+    """Wait (up to ``timeout_s``) until no staged snapshot waits to be published on the current one.
+
+    Operations run one at a time, so a maintenance step queued behind a round's merge starts the moment the merge
+    ends, when the round's publication (the broker's own catalog commit, no Spark) is a few milliseconds away:
+    giving up at once would skip every rewrite of a table that streams upserts without pause."""
+    deadline = time.monotonic() + timeout_s
+    while _publish_pending(table):
+        if time.monotonic() >= deadline:
+            return False  # a merge whose round was aborted (never published): the next run tries again
+        time.sleep(0.05)
+        table.refresh()
+    return True
 
 
 def _iterate(iterable: Any, *, closeable: bool = False) -> Any:
@@ -505,11 +537,11 @@ def rewrite_data_files(session: SparkSession, catalog_name: str, identifier: Seq
 
     Returns ``rewritten_data_files``, ``added_data_files``, ``rewritten_bytes``, ``added_bytes``,
     ``removed_delete_files`` (dangling ones) and ``deletes_applied`` (rows the rewrite dropped because position
-    deletes covered them); only ``skipped`` (1) while a staged write waits to be published
-    (:func:`_publish_pending`).
+    deletes covered them); only ``skipped`` (1) when a staged write still waits to be published after
+    :data:`PUBLISH_WAIT_S` (:func:`_published`).
     """
     table = iceberg_table(session, catalog_name, identifier)
-    if _publish_pending(table):
+    if not _published(table):
         return {"skipped": 1}
     start = _current_id(table)
     result = _with_options(_actions(session).rewriteDataFiles(table).binPack(), options).execute()
@@ -531,9 +563,12 @@ def _manifest_count(table: Any) -> int:
 
 def rewrite_manifests(session: SparkSession, catalog_name: str, identifier: Sequence[str]) -> dict[str, int]:
     """Rewrite the table's manifests (Iceberg's RewriteManifests: grouped by partition, sized by the table's
-    ``commit.manifest.target-size-bytes``). Returns ``manifests_before`` and ``manifests_after``."""
+    ``commit.manifest.target-size-bytes``). Returns ``manifests_before`` and ``manifests_after`` (equal: nothing done
+    while a staged write still waits to be published, :func:`_published`)."""
     table = iceberg_table(session, catalog_name, identifier)
     before = _manifest_count(table)
+    if not _published(table):  # a commit now would make the waiting publication fail: the next run does it
+        return {"manifests_before": before, "manifests_after": before}
     _actions(session).rewriteManifests(table).execute()
     table.refresh()
     return {"manifests_before": before, "manifests_after": _manifest_count(table)}
@@ -578,7 +613,8 @@ def remove_orphan_files(session: SparkSession, catalog_name: str, identifier: Se
 # ---- upserts and CDC: the round's changes applied with MERGE INTO ----
 
 WAP_ID_CONF = "spark.wap.id"  # with the table's write.wap.enabled, a write of this session is staged under this id
-_ROW_NUMBER = "__tabletopic_row"
+_ROW = "__tabletopic_row"
+_CHANGE_NAME = re.compile(r"^(?P<stem>.+?-p\d+-\d+)-[0-9A-Za-z-]+\.parquet$")  # a worker's change file name
 
 
 def _quoted_path(path: str) -> str:
@@ -597,6 +633,76 @@ def _staged_snapshot(table: Any, stage_id: str) -> Any:
     return None
 
 
+def _arrow_path(table: pa.Table, path: str) -> pa.Array:
+    """The values at dotted ``path`` of ``table`` (through structs; a null parent gives null)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    first, *rest = path.split(".")
+    arr: pa.Array = table.column(first).combine_chunks()
+    for name in rest:
+        child = pc.struct_field(arr, [arr.type.get_field_index(name)])
+        arr = pc.if_else(pc.is_valid(arr), child, pa.nulls(len(arr), child.type)) if arr.null_count else child
+    return arr
+
+
+def last_change_per_key(changes: pa.Table, keys: Sequence[str], order_columns: Sequence[str]) -> pa.Table:
+    """The rows of ``changes`` that are the last of their key (``keys``: top-level or dotted columns) in
+    ``order_columns`` order, in that order; ``changes`` itself when no key is there twice."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if changes.num_rows < 2:
+        return changes
+    order = pc.sort_indices(changes, [(c, "ascending") for c in order_columns])
+    flat = {f"k{i}": _arrow_path(changes, k).take(order) for i, k in enumerate(keys)}
+    flat[_ROW] = pa.array(range(changes.num_rows), pa.int64())  # the position in that order
+    last = pa.table(flat).group_by([f"k{i}" for i in range(len(keys))], use_threads=False) \
+        .aggregate([(_ROW, "max")]).column(f"{_ROW}_max").combine_chunks()
+    if len(last) == changes.num_rows:  # no key twice
+        return changes
+    return changes.take(order.take(pc.array_take(last, pc.array_sort_indices(last))))
+
+
+def _file_io(session: SparkSession, catalog_name: str, location: str) -> FileIO:
+    """A pyiceberg FileIO for the table's files, with the catalog's properties as the session has them (the
+    FileIO settings, ``s3.*`` and the like, are named alike in Iceberg-Java and pyiceberg)."""
+    from pyiceberg.io import load_file_io
+
+    prefix = f"spark.sql.catalog.{catalog_name}."
+    conf = session.sparkContext.getConf().getAll()
+    return load_file_io({k.removeprefix(prefix): v for k, v in conf if k.startswith(prefix)}, location)
+
+
+def _merge_source(io: FileIO, paths: Sequence[str], keys: Sequence[str], op_column: str,
+                  order_columns: Sequence[str]) -> tuple[list[str], int, str | None]:
+    """The round's changes as the MERGE's source: (files, how many deletes, the file written for them or None).
+
+    The change files are read with Arrow and reduced to the last change per key; when that leaves every row (no
+    key twice: the usual streaming round, each worker having folded its chunk already) they are the source as they
+    are, else the reduced rows are written beside them as one file (a change-file name, so that a crash's
+    leftover is cleared at start-up like theirs) that the caller deletes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    tables = []
+    for path in paths:
+        with io.new_input(path).open() as f:
+            tables.append(pq.read_table(f))
+    changes = pa.concat_tables(tables, promote_options="permissive")
+    latest = last_change_per_key(changes, keys, order_columns)
+    deletes = int(pc.sum(pc.equal(latest.column(op_column), "D")).as_py() or 0)
+    if latest.num_rows == changes.num_rows:
+        return list(paths), deletes, None
+    directory, _, name = paths[0].rpartition("/")
+    m = _CHANGE_NAME.match(name)
+    target = f"{directory}/{m['stem'] if m else name.removesuffix('.parquet')}-{uuid.uuid4()}.parquet"
+    with io.new_output(target).create(overwrite=True) as out:
+        pq.write_table(latest, out)
+    return [target], deletes, target
+
+
 def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
                   keys: Sequence[str], stage_id: str, op_column: str, order_columns: Sequence[str]
                   ) -> dict[str, Any]:
@@ -612,48 +718,85 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     are never written. Target columns the files do not have keep their values (null in new rows).
 
     Returns ``snapshot_id`` / ``parent_id`` of the staged snapshot (None: nothing changed), ``absent_deletes``
-    (deletes of keys the table does not have: no-ops, counted) and the snapshot's ``added-*`` / ``removed-*``
+    (deletes of keys the table does not have: no-ops, counted), the snapshot's ``added-*`` / ``removed-*``
     summary figures (``added-records``: rows inserted or replaced; position deletes: with Iceberg's file-scoped
     deletes a data file's earlier deletes are rewritten into its new delete file, so the rows replaced or deleted
-    are ``added-position-deletes`` minus ``removed-position-deletes``).
+    are ``added-position-deletes`` minus ``removed-position-deletes``) and ``steps`` (ms per step, also logged).
 
-    Spark jobs: the count of absent deletes (an anti-join of the deletes with the table's keys; when there are no
-    deletes, adaptive execution skips the table's side) and the MERGE; the picked changes are cached for both.
+    The work, cheapest first: the last change per key is picked with Arrow in this process (a Spark window would
+    cost a shuffle and a cached stage every round), so the MERGE reads a plain Parquet source; the deletes of
+    unknown keys are counted by one scan of the table's keys against the round's (few) delete keys, broadcast,
+    only when the round has deletes, and beside the MERGE (in a thread of its own).
     """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F  # noqa: N812  (pyspark's convention)
+    steps: dict[str, float] = {}
+    clock = time.perf_counter()
 
-    table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
-    changes = session.read.parquet(*paths)
-    latest = Window.partitionBy(*[F.col(_quoted_path(k)) for k in keys]).orderBy(
-        *[F.col(_quoted_path(c)).desc() for c in order_columns])
-    source = changes.withColumn(_ROW_NUMBER, F.row_number().over(latest)).where(F.col(_ROW_NUMBER) == 1) \
-        .drop(_ROW_NUMBER).cache()  # read by the counts and by the MERGE
-    view = f"tabletopic_changes_{stage_id.replace('-', '_')}"
-    source.createOrReplaceTempView(view)
+    def lap(step: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        steps[step] = round((now - clock) * 1000, 1)
+        clock = now
+
+    table = iceberg_table(session, catalog_name, identifier)
+    io = _file_io(session, catalog_name, paths[0])
+    source_paths, deletes, written = _merge_source(io, paths, keys, op_column, order_columns)
+    lap("pick")
     try:
+        source = session.read.parquet(*source_paths)
+        view = f"tabletopic_changes_{stage_id.replace('-', '_')}"
+        source.createOrReplaceTempView(view)
+        table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
         op = _quoted_path(op_column)
         on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
-        absent = int(session.sql(f"SELECT count(*) FROM (SELECT * FROM {view} WHERE {op} = 'D') s "  # noqa: S608
-                                 f"LEFT ANTI JOIN {table_name} t ON {on}").collect()[0][0])
-        present = set(changes.columns)
-        columns = [_quoted_path(c) for c in session.table(table_name).columns if c in present]
-        session.conf.set(WAP_ID_CONF, stage_id)
-        try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
-            session.sql(
-                f"MERGE INTO {table_name} t USING {view} s ON {on} "  # noqa: S608
-                f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
-                f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
-                f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({', '.join(columns)}) "
-                f"VALUES ({', '.join(f's.{c}' for c in columns)})")
+        present = set(source.columns)
+        columns = [_quoted_path(str(c.name())) for c in _iterate(table.schema().columns()) if str(c.name()) in present]
+        # the count reads main, which the staged MERGE does not move: it runs beside the MERGE, whose stages leave
+        # task slots idle (a round's MERGE is mostly one task per stage)
+        pool = ThreadPoolExecutor(1, thread_name_prefix="tabletopic-merge-count")
+        try:
+            base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
+            found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
+                if deletes and base is not None else None
+            session.conf.set(WAP_ID_CONF, stage_id)
+            try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
+                session.sql(
+                    f"MERGE INTO {table_name} t USING {view} s ON {on} "  # noqa: S608
+                    f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+                    f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+                    f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({', '.join(columns)}) "
+                    f"VALUES ({', '.join(f's.{c}' for c in columns)})")
+            finally:
+                session.conf.unset(WAP_ID_CONF)
+            lap("merge")
+            absent = deletes - (0 if found is None else found.result())
+            lap("absent")
         finally:
-            session.conf.unset(WAP_ID_CONF)
+            pool.shutdown(wait=True)  # the count ends before the view goes
+            session.catalog.dropTempView(view)
     finally:
-        session.catalog.dropTempView(view)
-        source.unpersist()
-    staged = _staged_snapshot(iceberg_table(session, catalog_name, identifier), stage_id)
+        if written is not None:
+            io.delete(written)
+    table.refresh()
+    staged = _staged_snapshot(table, stage_id)
     summary = {} if staged is None else {str(k): str(v) for k, v in dict(staged.summary()).items()
                                          if str(k).startswith(("added-", "removed-"))}
+    lap("snapshot")
+    log.info("merge %s of %s: %d change files, %d deletes (%d of unknown keys); ms %s", stage_id,
+             ".".join(identifier), len(paths), deletes, absent, steps)
     return {"snapshot_id": None if staged is None else int(staged.snapshotId()),
             "parent_id": None if staged is None or staged.parentId() is None else int(staged.parentId()),
-            "absent_deletes": absent, "summary": summary}
+            "absent_deletes": absent, "summary": summary, "steps": steps}
+
+
+def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *, keys: Sequence[str],
+                  op: str) -> int:
+    """How many of the delete keys of ``view`` the table has at ``snapshot_id``: its key columns scanned once,
+    semi-joined with the delete keys (broadcast: a round's deletes are few next to the table). Distinct keys, so
+    that a table holding a key twice (an append table switched to upserts) counts it once."""
+    deleted = ", ".join(f"s.{_quoted_path(k)} AS k{i}" for i, k in enumerate(keys))
+    on = " AND ".join(f"t.{_quoted_path(k)} = d.k{i}" for i, k in enumerate(keys))
+    found = ", ".join(f"t.{_quoted_path(k)}" for k in keys)
+    return int(session.sql(
+        f"SELECT /*+ BROADCAST(d) */ count(DISTINCT {found}) FROM {table_name} "  # noqa: S608
+        f"VERSION AS OF {int(snapshot_id)} t LEFT SEMI JOIN (SELECT {deleted} FROM {view} s WHERE s.{op} = 'D') d "
+        f"ON {on}").collect()[0][0])

@@ -1,0 +1,157 @@
+"""The upsert merge and the maintenance around it in the Spark side process's operations (``tabletopic.spark``),
+run in a Spark session of this process on a catalog of its own (no broker): the last change per key picked with
+Arrow across change files, the unknown-key deletes counted beside the MERGE, and a rewrite that meets a merge
+waiting for its publication (the broker publishes a round's staged merge with its offsets a moment after the merge
+returns) waits for it instead of giving up."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField, StringType, StructType
+
+from configs.model import BrokerConfig
+from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN
+from coordinator.merge import MERGE_TABLE_PROPERTIES
+from tabletopic import spark
+from tabletopic.catalog import load_catalog
+from tabletopic.fileio import local_path
+from tests.helpers.procs import SPARK_TEST_SETTINGS
+from tests.test_query_catalog import CATALOG, shipped_properties
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.timeout(600)
+
+SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "name", StringType(), required=False),
+                NestedField(3, "ref", StructType(NestedField(4, "code", StringType(), required=False)),
+                            required=False))
+ORDER = (CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN)
+
+
+def changes(rows: list[tuple[str, int, str, int, int]]) -> pa.Table:
+    """Change rows (op, id, name, Kafka partition, offset), ``ref.code`` = ``c<id>``."""
+    return pa.table({
+        "id": pa.array([r[1] for r in rows], pa.int64()),
+        "name": pa.array([r[2] for r in rows], pa.string()),
+        "ref": pa.array([{"code": f"c{r[1]}"} for r in rows], pa.struct([("code", pa.string())])),
+        CHANGE_OP_COLUMN: pa.array([r[0] for r in rows], pa.string()),
+        CHANGE_PARTITION_COLUMN: pa.array([r[3] for r in rows], pa.int32()),
+        CHANGE_OFFSET_COLUMN: pa.array([r[4] for r in rows], pa.int64()),
+    })
+
+
+def test_last_change_per_key_across_files_in_partition_offset_order() -> None:
+    rows = [("I", 1, "a", 0, 5), ("U", 2, "b", 1, 3), ("U", 1, "a2", 0, 9), ("D", 2, "-", 1, 7),
+            ("I", 3, "c", 0, 6), ("U", 1, "a-old", 0, 1), ("U", 3, "c-other-partition", 1, 0)]
+    got = spark.last_change_per_key(changes(rows), ["id"], ORDER).to_pylist()
+    picked = [(r[CHANGE_OP_COLUMN], r["id"], r["name"]) for r in got]
+    # in (partition, offset) order: (0, 6) c, (0, 9) a2, (1, 0) c-other-partition wins over (0, 6), (1, 7) D
+    assert picked == [("U", 1, "a2"), ("U", 3, "c-other-partition"), ("D", 2, "-")]
+    # by a dotted key (ref.code) the same
+    by_code = spark.last_change_per_key(changes(rows), ["ref.code"], ORDER).to_pylist()
+    assert [(r["id"], r["name"]) for r in by_code] == [(1, "a2"), (3, "c-other-partition"), (2, "-")]
+    unique = changes(rows[:2])
+    assert spark.last_change_per_key(unique, ["id"], ORDER) is unique  # nothing to drop: the same table
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, SparkSession]]:
+    root = tmp_path_factory.mktemp("merge")
+    config = BrokerConfig.from_properties({**shipped_properties(root), **SPARK_TEST_SETTINGS})
+    catalog = load_catalog(config, create=True)
+    assert catalog is not None
+    catalog.create_namespace_if_not_exists("default")
+    session = spark.spark_session(config, app_name="merge-tests", extra_conf={"spark.sql.shuffle.partitions": "2"})
+    yield catalog, session
+    spark.stop_session(session)
+
+
+def create_table(catalog: Catalog, name: str) -> Table:
+    return catalog.create_table(f"default.{name}", SCHEMA, properties={**MERGE_TABLE_PROPERTIES,
+                                                                       "format-version": "2"})
+
+
+def change_file(tbl: Table, rows: list[tuple[str, int, str, int, int]], partition: int) -> str:
+    path = f"{tbl.location()}/data/tt-chg-p{partition}-{rows[0][4]}-{uuid.uuid4()}.parquet"
+    pq.write_table(changes(rows), str(local_path(path)))
+    return path
+
+
+def merge(session: SparkSession, tbl: Table, paths: list[str], stage: str) -> dict[str, Any]:
+    return spark.merge_changes(session, CATALOG, ("default", tbl.name()[-1]), paths=paths, keys=["id"],
+                               stage_id=stage, op_column=CHANGE_OP_COLUMN, order_columns=ORDER)
+
+
+def publish(catalog: Catalog, tbl: Table, snapshot_id: int) -> None:
+    fresh = catalog.load_table(tbl.name())
+    fresh.manage_snapshots().set_current_snapshot(snapshot_id).commit()
+
+
+def rows_of(catalog: Catalog, tbl: Table) -> list[tuple[int, str]]:
+    got = catalog.load_table(tbl.name()).scan(selected_fields=("id", "name")).to_arrow().to_pylist()
+    return sorted((r["id"], r["name"]) for r in got)
+
+
+def test_merge_picks_the_last_change_across_files_and_counts_unknown_deletes(
+        env: tuple[Catalog, SparkSession]) -> None:
+    catalog, session = env
+    tbl = create_table(catalog, "m")
+    Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+    first = merge(session, tbl, [change_file(tbl, [("I", i, f"n{i}", 0, i) for i in range(6)], 0)], "s1")
+    assert first["absent_deletes"] == 0 and first["parent_id"] is None
+    publish(catalog, tbl, first["snapshot_id"])
+
+    # key 1 changes in both files of partition 0 and once in partition 1 (the latest, by partition then offset);
+    # 2 is deleted, then inserted again in a later file; 3 is deleted; 50 and 51 never existed
+    a = change_file(tbl, [("U", 1, "old", 0, 10), ("D", 2, "-", 0, 11), ("D", 50, "-", 0, 12)], 0)
+    b = change_file(tbl, [("U", 1, "newer", 0, 20), ("I", 2, "back", 0, 21), ("D", 3, "-", 0, 22)], 0)
+    c = change_file(tbl, [("U", 1, "newest", 1, 0), ("D", 51, "-", 1, 1), ("I", 7, "n7", 1, 2)], 1)
+    before = sorted(p.name for p in Path(str(local_path(f"{tbl.location()}/data"))).iterdir())
+    second = merge(session, tbl, [a, b, c], "s2")
+    assert second["absent_deletes"] == 2
+    assert second["parent_id"] == first["snapshot_id"]
+    assert set(second["steps"]) >= {"pick", "merge", "absent", "snapshot"}
+    after = sorted(p.name for p in Path(str(local_path(f"{tbl.location()}/data"))).iterdir()
+                   if p.name.startswith("tt-chg"))
+    assert after == [n for n in before if n.startswith("tt-chg")], "the picked changes' file is deleted"
+    assert rows_of(catalog, tbl) == [(i, f"n{i}") for i in range(6)], "staged: main has not moved"
+    publish(catalog, tbl, second["snapshot_id"])
+    assert rows_of(catalog, tbl) == [(0, "n0"), (1, "newest"), (2, "back"), (4, "n4"), (5, "n5"), (7, "n7")]
+
+
+def test_rewrite_waits_for_the_publication_of_a_staged_merge(env: tuple[Catalog, SparkSession]) -> None:
+    """The maintenance step runs the moment a merge ends, before the round publishes it: it waits for the
+    publication, then rewrites (it used to give up at once: no compaction while upserts stream)."""
+    catalog, session = env
+    tbl = create_table(catalog, "w")
+    Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+    for n in range(3):
+        staged = merge(session, tbl, [change_file(tbl, [("I", 10 * n + i, "x", 0, 10 * n + i) for i in range(3)],
+                                                  0)], f"f{n}")
+        publish(catalog, tbl, staged["snapshot_id"])
+    pending = merge(session, tbl, [change_file(tbl, [("U", 0, "y", 0, 100), ("D", 11, "-", 0, 101)], 0)], "p")
+    timer = threading.Timer(0.5, publish, (catalog, tbl, pending["snapshot_id"]))
+    timer.start()
+    try:
+        out = spark.rewrite_data_files(session, CATALOG, ("default", "w"),
+                                       {"min-input-files": "2", "delete-file-threshold": "1"})
+    finally:
+        timer.join()
+    assert not out.get("skipped"), out
+    assert out["rewritten_data_files"] >= 2
+    final = catalog.load_table(tbl.name())
+    assert final.snapshot_by_id(pending["snapshot_id"]) is not None
+    assert rows_of(catalog, tbl) == sorted([(0, "y"), (1, "x"), (2, "x"), (10, "x"), (12, "x"), (20, "x"),
+                                            (21, "x"), (22, "x")])
