@@ -492,7 +492,9 @@ _topic(
             "Field holding the CDC op I/U/D (first character, case-insensitive; anything else = insert); dotted "
             "paths allowed, e.g. _cdc.op (flatten_debezium's). Needs automq.table.topic.id.columns (deletes need a "
             "key). A record whose field is missing or empty is an update with upsert.enable, else an insert; an "
-            "insert of a key the table has replaces its row.",
+            "insert of a key the table has replaces its row. The field must hold text (a struct, list or map column "
+            "is refused; a value that is not text, such as bytes that are not UTF-8, makes the record bad data: "
+            "cdc_field_not_text).",
             field_path_validator),
     Setting("automq.table.topic.errors.tolerance", Type.STRING, "invalid_data",
             "none: a bad record blocks the partition; invalid_data: skip records whose bytes are unusable; "
@@ -538,7 +540,11 @@ _topic(
     Setting("automq.table.topic.iceberg.auto-create.properties", Type.LIST,
             ("write.metadata.delete-after-commit.enabled=true",),
             "key=value table properties given to tables the broker creates (replaces the defaults; applied at "
-            "creation only).",
+            "creation only: a table that exists is never changed by them). format-version=3 makes a format v3 "
+            "table (upserts write deletion vectors; created and committed through the broker's Spark side "
+            "process), else format 2. Refused, never overridden: format versions other than 2 and 3 (and one an "
+            "existing table is not), tabletopic.* keys (the broker's own), and on upsert/CDC tables merge modes "
+            "other than merge-on-read or write.wap.enabled=false.",
             key_value_list_validator),
 )
 

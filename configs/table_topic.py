@@ -9,6 +9,9 @@ adds what involves several settings at once (AutoMQ's rules between its table to
 - ``[_from_debezium_key_]`` stands alone (checked by the parser) and needs ``convert.key.type=by_schema_id``;
 - ``upsert.enable`` and ``cdc.field`` need ``id.columns``. AutoMQ does not check this up front (its delta writer
   then fails at run time); a table cannot apply an update or a delete without a key, so we refuse it here;
+- ``iceberg.auto-create.properties`` that would not apply as given are refused (never overridden): a
+  ``format-version`` other than 2 or 3, the broker's own ``tabletopic.*`` properties, and for upsert/CDC tables merge
+  modes other than merge-on-read or ``write.wap.enabled`` other than true;
 - the deprecated ``schema.type`` (``schemaless`` / ``schema``) cannot be combined with the ``convert.*`` /
   ``transform.*`` settings it stands for (AutoMQ's rule); ``schema`` implies ``by_schema_id`` and so needs a
   schema registry too;
@@ -219,8 +222,50 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: Broke
     if cdc_field is not None and cdc_field.strip() and not id_columns:
         raise _invalid(CDC_FIELD, cdc_field, f"CDC needs identifier columns to apply updates and deletes: "
                                              f"set {ID_COLUMNS}")
+    _check_auto_create_properties(values, delta_write=typed(values, UPSERT_ENABLE, bool) or bool(
+        cdc_field is not None and cdc_field.strip()))
     check_built(values)
     return values
+
+
+FORMAT_VERSION = "format-version"
+FORMAT_VERSIONS = ("2", "3")
+"""Iceberg table format versions a table topic's table can be created with (``format-version`` among
+``iceberg.auto-create.properties``; 2 when absent). Format 3 tables hold an upsert's deletes as deletion vectors;
+pyiceberg cannot write their metadata, so the broker commits them through its Spark side process."""
+RESERVED_PREFIX = "tabletopic."  # the broker's own table properties (committed offsets, ...): never the user's
+MERGE_MODES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
+
+
+def _check_auto_create_properties(values: Mapping[str, Value], *, delta_write: bool) -> None:
+    """The ``iceberg.auto-create.properties`` the broker would not apply as given are refused, never overridden:
+    a ``format-version`` other than 2 or 3, the broker's own ``tabletopic.*`` bookkeeping, and on an upsert/CDC
+    table merge modes other than merge-on-read or write-audit-publish turned off (its merges need both)."""
+    items = typed_list(values, ICEBERG_AUTO_CREATE_PROPERTIES)
+    props = {k.strip(): v.strip() for k, _, v in (item.partition("=") for item in items)}
+    shown = ",".join(items)
+    version = props.get(FORMAT_VERSION)
+    if version is not None and version not in FORMAT_VERSIONS:
+        raise _invalid(ICEBERG_AUTO_CREATE_PROPERTIES, shown,
+                       f"{FORMAT_VERSION}={version}: a table topic's table is format version 2 or 3 (3: upserts "
+                       f"write deletion vectors)")
+    reserved = sorted(k for k in props if k.startswith(RESERVED_PREFIX))
+    if reserved:
+        raise _invalid(ICEBERG_AUTO_CREATE_PROPERTIES, shown,
+                       f"{reserved[0]}: {RESERVED_PREFIX}* properties are the broker's own bookkeeping (committed "
+                       f"offsets, dead letters, partitioning)")
+    if not delta_write:
+        return
+    wrong = {k: props[k] for k in MERGE_MODES if props.get(k, "merge-on-read") != "merge-on-read"}
+    if props.get("write.wap.enabled", "true") != "true":
+        wrong["write.wap.enabled"] = props["write.wap.enabled"]
+    if wrong:
+        key, value = next(iter(wrong.items()))
+        raise _invalid(ICEBERG_AUTO_CREATE_PROPERTIES, shown,
+                       f"{key}={value}: an upsert/CDC table ({UPSERT_ENABLE}, {CDC_FIELD}) is merged merge-on-read "
+                       f"(position deletes or deletion vectors) and staged with write-audit-publish, so it needs "
+                       f"write.merge.mode, write.update.mode and write.delete.mode merge-on-read and "
+                       f"write.wap.enabled true")
 
 
 def _blank_to_none(value: str | None) -> str | None:
@@ -329,6 +374,12 @@ class TableTopicConfig:
     def id_from_debezium_key(self) -> bool:
         """``id.columns=[_from_debezium_key_]``: identifier columns are the fields of the Debezium key."""
         return self.id_columns == (FROM_DEBEZIUM_KEY,)
+
+    @property
+    def format_version(self) -> int:
+        """The format version of the table the broker creates (``format-version`` among the auto-create
+        properties, else 2)."""
+        return int(dict(self.iceberg_auto_create_properties).get(FORMAT_VERSION, "2"))
 
     @property
     def delta_write(self) -> bool:

@@ -41,6 +41,12 @@ on top of whatever is current without asking us, which would silently move offse
 (duplicates). It is therefore switched off for our transactions only (an in-memory overlay, never written to
 the table: Spark's commits keep their retries).
 
+Format v3 tables (``format-version=3`` among the auto-create properties), whose metadata pyiceberg 0.12 cannot
+write: every write above (creation, properties, spec evolution, a round's commit) is the same
+:class:`~coordinator.table_writer.TableUpdate` handed to the injected TableWriter (the Spark side process, Iceberg
+Java API), which commits it once on the exact metadata the checks saw; the checks, retries and resolution stay
+here (:mod:`coordinator.table_writer`). Dead-letter tables are always format v2.
+
 Blocking I/O: call from a worker thread.
 """
 
@@ -67,11 +73,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update.snapshot import ExpireSnapshots, ManageSnapshots
+from pyiceberg.transforms import parse_transform
 
 from configs.errors import InvalidConfigError
 from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_schema import partition_spec, table_schema
-from configs.table_topic import TableTopicConfig
+from configs.table_topic import FORMAT_VERSION, RESERVED_PREFIX, TableTopicConfig
 from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
 from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (
@@ -96,6 +103,15 @@ from coordinator.table import (
     referenced_files,
     same_path,
 )
+from coordinator.table_writer import (
+    WRITER_FORMAT_VERSION,
+    AddedFile,
+    TableUpdate,
+    TableWriter,
+    WriterMissingError,
+    commit_update,
+    written_by_writer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -112,17 +128,36 @@ def _desired_spec(schema: Schema, cfg: TableTopicConfig) -> PartitionSpec | str:
         return f"not applied: {e}"
 
 
-def _record_problem(tbl: Table, problem: str | None) -> Table:
+def apply_update(tbl: Table, update: TableUpdate, writer: TableWriter | None = None) -> Table:
+    """Commit ``update``'s properties and partition-spec changes on ``tbl`` (pyiceberg; a format v3 table through
+    ``writer``, :mod:`coordinator.table_writer`); returns the current table."""
+    if written_by_writer(tbl):
+        return commit_update(tbl, update, writer)
+    txn = tbl.transaction()
+    if update.set_properties:
+        txn.set_properties(dict(update.set_properties))
+    if update.remove_properties:
+        txn.remove_properties(*update.remove_properties)
+    # removals first, in their own update: a changed transform may keep its field name (k_bucket)
+    if update.remove_spec_fields:
+        with txn.update_spec() as upd:
+            for name in update.remove_spec_fields:
+                upd.remove_field(name)
+    if update.add_spec_fields:
+        with txn.update_spec() as upd:
+            for column, transform, name in update.add_spec_fields:
+                upd.add_field(column, parse_transform(transform), name)
+    return txn.commit_transaction()
+
+
+def _record_problem(tbl: Table, problem: str | None, writer: TableWriter | None = None) -> Table:
     """Set (or clear, with None) :data:`PARTITION_BY_PROBLEM_PROPERTY`; a no-op when it already says that."""
     if partition_by_problem(tbl) == problem:
         return tbl
-    txn = tbl.transaction()
     if problem is None:
-        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
-    else:
-        log.error("table %s: %s; keeping the current partitioning", ".".join(tbl.name()), problem)
-        txn.set_properties({PARTITION_BY_PROBLEM_PROPERTY: problem})
-    return txn.commit_transaction()
+        return apply_update(tbl, TableUpdate(remove_properties=(PARTITION_BY_PROBLEM_PROPERTY,)), writer)
+    log.error("table %s: %s; keeping the current partitioning", ".".join(tbl.name()), problem)
+    return apply_update(tbl, TableUpdate(set_properties={PARTITION_BY_PROBLEM_PROPERTY: problem}), writer)
 
 
 class TableConflictError(Exception):
@@ -138,8 +173,21 @@ def _not_dead_letters(tbl: Table, topic: str) -> Table:
     return tbl
 
 
-def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> Table:
-    """Load the topic's table, creating namespace and table (format v2, schema and spec from ``cfg``) if needed.
+def table_properties(cfg: TableTopicConfig) -> dict[str, str]:
+    """The properties of a new table for ``cfg``: its ``iceberg.auto-create.properties`` as given (the config checks
+    refuse those that would not apply: :mod:`configs.table_topic`), its format version (2 unless they ask for 3),
+    and an upsert/CDC table's merge properties."""
+    properties = {k: v for k, v in cfg.iceberg_auto_create_properties if not k.startswith(RESERVED_PREFIX)}
+    properties[FORMAT_VERSION] = str(WRITER_FORMAT_VERSION if cfg.format_version >= WRITER_FORMAT_VERSION else 2)
+    if cfg.delta_write:
+        properties.update(MERGE_TABLE_PROPERTIES)
+    return properties
+
+
+def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, writer: TableWriter | None = None
+                         ) -> Table:
+    """Load the topic's table, creating namespace and table (schema, spec and :func:`table_properties` from
+    ``cfg``) if needed: format v2 by pyiceberg, format v3 through ``writer`` (:mod:`coordinator.table_writer`).
 
     A table another process created first (TableAlreadyExistsError) is loaded instead; a dead-letter table of that
     name raises :class:`TableConflictError`.
@@ -151,8 +199,7 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
     desired = _desired_spec(table_schema(cfg), cfg)
-    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2",
-                  **(MERGE_TABLE_PROPERTIES if cfg.delta_write else {})}
+    properties = table_properties(cfg)
     if isinstance(desired, str):
         log.error("table %s: %s; creating it unpartitioned", ".".join(ident), desired)
         spec = UNPARTITIONED_PARTITION_SPEC
@@ -161,22 +208,28 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig) ->
         spec = desired
         properties[PARTITION_BY_PROPERTY] = partition_by_text(cfg)
     try:
-        tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
+        if properties[FORMAT_VERSION] == str(WRITER_FORMAT_VERSION):
+            if writer is None:
+                raise WriterMissingError(f"table {'.'.join(ident)} is to be format v3: it is created and committed "
+                                         "through the broker's Spark side process, and none is configured")
+            writer.create_table(ident, table_schema(cfg), spec, properties)
+            tbl = catalog.load_table(ident)
+        else:
+            tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
     except TableAlreadyExistsError:
         return _not_dead_letters(catalog.load_table(ident), topic)
-    log.info("created table %s for topic %s (spec %s)", ".".join(ident), topic, tbl.spec())
+    log.info("created table %s for topic %s (format v%d, spec %s)", ".".join(ident), topic,
+             tbl.metadata.format_version, tbl.spec())
     return tbl
 
 
-def prepare_merge_table(tbl: Table) -> Table:
+def prepare_merge_table(tbl: Table, writer: TableWriter | None = None) -> Table:
     """Give an upsert/CDC table the properties its merges need (:data:`MERGE_TABLE_PROPERTIES`) when it lacks
     them (a table created for appends, then switched to upserts); returns the current table."""
     missing = {k: v for k, v in MERGE_TABLE_PROPERTIES.items() if tbl.properties.get(k) != v}
     if not missing:
         return tbl
-    txn = tbl.transaction()
-    txn.set_properties(missing)
-    tbl = txn.commit_transaction()
+    tbl = apply_update(tbl, TableUpdate(set_properties=missing), writer)
     log.info("table %s: set %s for upserts", ".".join(tbl.name()), missing)
     return tbl
 
@@ -213,8 +266,9 @@ def load_or_create_dead_letter_table(catalog: Catalog, main: Table, cfg: TableTo
     if found is not None:
         return found
     ident = dead_letter_identifier(main.name())
-    properties = {**dict(cfg.iceberg_auto_create_properties), "format-version": "2",
-                  DEAD_LETTERS_OF_PROPERTY: ".".join(main.name())}
+    # format v2 whatever the main table's (it holds no deletes, and pyiceberg commits it)
+    properties = {**{k: v for k, v in cfg.iceberg_auto_create_properties if not k.startswith(RESERVED_PREFIX)},
+                  FORMAT_VERSION: "2", DEAD_LETTERS_OF_PROPERTY: ".".join(main.name())}
     try:
         tbl = catalog.create_table(ident, schema=DEAD_LETTER_SCHEMA, location=dead_letter_location(main.location()),
                                    properties=properties)
@@ -234,7 +288,7 @@ def partition_by_text(cfg: TableTopicConfig) -> str:
     return canonical_partition_by(cfg.partition_by)
 
 
-def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
+def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig, writer: TableWriter | None = None) -> Table:
     """Make the table's default spec match ``partition.by`` (add/remove fields); returns the current table.
 
     Only a *changed* ``partition.by`` is applied: the value last applied is recorded in the table
@@ -249,32 +303,27 @@ def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig) -> Table:
     """
     text = partition_by_text(cfg)
     if tbl.properties.get(PARTITION_BY_PROPERTY) == text:
-        return _record_problem(tbl, None)
+        return _record_problem(tbl, None, writer)
     desired = _desired_spec(tbl.schema(), cfg)
     if isinstance(desired, str):
-        return _record_problem(tbl, desired)
+        return _record_problem(tbl, desired, writer)
     want = _spec_key(desired)
     have = _spec_key(tbl.spec())
     if want == have:
-        return _record_problem(tbl, None)
+        return _record_problem(tbl, None, writer)
     schema = tbl.schema()
-    removed = [f for f in tbl.spec().fields if (f.source_id, str(f.transform), f.name) not in want]
-    added = [f for f in desired.fields if (f.source_id, str(f.transform), f.name) not in have]
-    txn = tbl.transaction()
-    if removed:
-        with txn.update_spec() as upd:
-            for f in removed:
-                upd.remove_field(f.name)
-    if added:
-        with txn.update_spec() as upd:
-            for f in added:
-                column = schema.find_column_name(f.source_id)
-                assert column is not None
-                upd.add_field(column, f.transform, f.name)
-    txn.set_properties({PARTITION_BY_PROPERTY: text})
-    if partition_by_problem(tbl) is not None:
-        txn.remove_properties(PARTITION_BY_PROBLEM_PROPERTY)
-    tbl = txn.commit_transaction()
+    added: list[tuple[str, str, str]] = []
+    for f in desired.fields:
+        if (f.source_id, str(f.transform), f.name) not in have:
+            column = schema.find_column_name(f.source_id)
+            assert column is not None
+            added.append((column, str(f.transform), f.name))
+    tbl = apply_update(tbl, TableUpdate(
+        set_properties={PARTITION_BY_PROPERTY: text},
+        remove_properties=(PARTITION_BY_PROBLEM_PROPERTY,) if partition_by_problem(tbl) is not None else (),
+        remove_spec_fields=tuple(f.name for f in tbl.spec().fields
+                                 if (f.source_id, str(f.transform), f.name) not in want),
+        add_spec_fields=tuple(added)), writer)
     log.info("evolved the partition spec of %s to %s (spec id %d) for partition.by=%s", ".".join(tbl.name()),
              tbl.spec(), tbl.spec().spec_id, text)
     return tbl
@@ -381,26 +430,51 @@ def snapshots_to_expire(meta: TableMetadata, policy: ExpirePolicy, now_ms: int) 
     return [s.snapshot_id for s in newest_first if s.snapshot_id not in keep and s.timestamp_ms < cutoff]
 
 
-def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
-    """The round's single transaction over ``tbl`` (not committed)."""
-    txn = _without_pyiceberg_retries(tbl).transaction()
+def _round_properties(tbl: Table, rc: RoundCommit) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The table properties the round sets and removes."""
     stored_topic = tbl.properties.get(TOPIC_ID_PROPERTY)
     other_incarnation = rc.topic_id is not None and stored_topic not in (None, rc.topic_id)
     offsets = {**({} if other_incarnation else committed_offsets(tbl)), **rc.new_offsets}
     props = {OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id}
     if rc.topic_id is not None:
         props[TOPIC_ID_PROPERTY] = rc.topic_id
+    removed: tuple[str, ...] = ()
     if rc.dead_letter_files:
         props[PENDING_DEAD_LETTERS_PROPERTY] = PendingDeadLetters(
             rc.commit_id, dict(rc.new_offsets), tuple(f.file_path for f in rc.dead_letter_files)).encode()
     elif PENDING_DEAD_LETTERS_PROPERTY in tbl.properties:
-        txn.remove_properties(PENDING_DEAD_LETTERS_PROPERTY)  # in the dead-letter table (_check_still_valid)
+        removed = (PENDING_DEAD_LETTERS_PROPERTY,)  # in the dead-letter table (_check_still_valid)
+    return props, removed
+
+
+def _round_summary(rc: RoundCommit) -> dict[str, str]:
+    return {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
+
+
+def round_update(tbl: Table, rc: RoundCommit, now_ms: int) -> TableUpdate:
+    """The round's single commit over a format v3 ``tbl``, for the TableWriter: what :func:`build_transaction` does
+    on a format v2 table (the snapshots to expire are chosen on ``tbl`` as it is, before the round's snapshot)."""
+    props, removed = _round_properties(tbl, rc)
+    staged = None if rc.merge is None else rc.merge.snapshot_id
+    expire = tuple(s for s in snapshots_to_expire(tbl.metadata, rc.expire, now_ms) if s != staged)
+    if staged is not None:
+        return TableUpdate(props, removed, publish=staged, expire=expire)
+    spec_id = tbl.spec().spec_id
+    return TableUpdate(props, removed, append=tuple(AddedFile.of(f, spec_id) for f in rc.data_files),
+                       summary=_round_summary(rc), expire=expire)
+
+
+def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
+    """The round's single transaction over ``tbl`` (not committed)."""
+    txn = _without_pyiceberg_retries(tbl).transaction()
+    props, removed = _round_properties(tbl, rc)
+    if removed:
+        txn.remove_properties(*removed)
     txn.set_properties(props)
     if rc.merge is not None:  # publish the merge: main moves to its snapshot (asserting main is where it was)
         ManageSnapshots(txn).set_current_snapshot(rc.merge.snapshot_id)
     else:
-        summary = {SUMMARY_COMMIT_ID: rc.commit_id, SUMMARY_WATERMARK: str(rc.watermark)}
-        with txn.update_snapshot(snapshot_properties=summary).fast_append() as append:
+        with txn.update_snapshot(snapshot_properties=_round_summary(rc)).fast_append() as append:
             for data_file in rc.data_files:
                 append.append_data_file(data_file)
     expired = snapshots_to_expire(txn.table_metadata, rc.expire, now_ms)
@@ -470,23 +544,34 @@ def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, path
     return Outcome.ABORTED, tbl
 
 
+def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, writer: TableWriter | None) -> Callable[[], Table]:
+    """One commit attempt of ``rc`` on ``tbl``: pyiceberg's transaction, or the TableWriter's for format v3."""
+    if written_by_writer(tbl):
+        update = round_update(tbl, rc, now_ms)
+        return lambda: commit_update(tbl, update, writer)
+    return build_transaction(tbl, rc, now_ms).commit_transaction
+
+
 def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
-                 ) -> CommitResult:
-    """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once; see the module doc."""
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 writer: TableWriter | None = None) -> CommitResult:
+    """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once; see the module doc. A format v3
+    table is committed through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries."""
     commit_s = 0.0
     for attempt in range(1, max_retries + 2):
         if attempt > 1 or (attempt == 1 and rc.merge is not None):  # a merge's snapshot is newer than ``tbl``
             tbl = tbl.catalog.load_table(tbl.name())
         problem = _check_still_valid(tbl, rc)
+        if problem is None and written_by_writer(tbl) and writer is None:
+            problem = f"the table is format v{tbl.metadata.format_version} and no TableWriter is configured"
         if problem is not None:
             log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), problem)
             remove_files(tbl, rc.paths)
             return CommitResult(Outcome.ABORTED, tbl, attempt, problem, commit_s * 1000)
-        txn = build_transaction(tbl, rc, int(clock() * 1000))
+        attempt_commit = _attempt(tbl, rc, int(clock() * 1000), writer)
         t0 = time.perf_counter()
         try:
-            committed = txn.commit_transaction()
+            committed = attempt_commit()
         except (CommitFailedException, ValidationException) as e:
             commit_s += time.perf_counter() - t0
             # Clean failure: nothing landed. Back off a little so that a concurrent committer can finish.

@@ -102,6 +102,7 @@ from coordinator.table import (
     referenced_files,
     same_path,
 )
+from coordinator.table_writer import TableWriter
 from tabletopic.faults import crash_point
 from tabletopic.logs import ConditionLog
 
@@ -259,6 +260,7 @@ class TableTopicCoordinator:
         partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
         schema_evolver: Evolver | None = None,
         merger: Merger | None = None,
+        table_writer: TableWriter | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -273,9 +275,10 @@ class TableTopicCoordinator:
         self._clock = clock
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
-        self._partition_log = partition_log
-        # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge)
-        self.schema_changes, self._merger = SchemaChanges(topic, catalog, schema_evolver), merger
+        # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge);
+        # what writes a format v3 table's metadata (coordinator.table_writer)
+        self._partition_log, self._merger, self._writer = partition_log, merger, table_writer
+        self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
@@ -535,7 +538,7 @@ class TableTopicCoordinator:
     async def _initialize(self) -> None:
         cfg = self._config_provider()
         cp = await asyncio.to_thread(self._store.load)
-        tbl = await asyncio.to_thread(load_or_create_table, self._catalog, self.topic, cfg)
+        tbl = await asyncio.to_thread(load_or_create_table, self._catalog, self.topic, cfg, self._writer)
         self._checkpoint = cp
         self._table = tbl
         if cp is not None and cp.phase is Phase.PRE_COMMIT:
@@ -782,7 +785,8 @@ class TableTopicCoordinator:
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
-            commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock))
+            commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock,
+            writer=self._writer))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
         if answers.change_files and result.outcome is Outcome.COMMITTED:  # the merge read them: never needed again
@@ -882,9 +886,9 @@ class TableTopicCoordinator:
             self.schema_changes.apply(tbl)
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
         if cfg.delta_write:
-            tbl = prepare_merge_table(tbl)
+            tbl = prepare_merge_table(tbl, self._writer)
         if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
-            tbl = evolve_partition_spec(tbl, cfg)
+            tbl = evolve_partition_spec(tbl, cfg, self._writer)
             self._partition_by_seen = cfg.partition_by
         self.partition_by_problem = partition_by_problem(tbl)
         return tbl

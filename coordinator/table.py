@@ -44,7 +44,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
 from configs.table_schema import KEY, VALUE, cdc_field_problem, column_list, id_columns_problem, table_schema
-from configs.table_topic import TableTopicConfig
+from configs.table_topic import FORMAT_VERSION, TableTopicConfig
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
@@ -173,6 +173,25 @@ def cdc_field_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> t
     if cfg.cdc_field is None:
         return ".".join(catalog_identifier(topic, cfg)), None
     return _schema_problem(catalog, topic, cfg, cdc_field_problem)
+
+
+def format_version_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and why the ``format-version`` its auto-create properties give does
+    not hold for it (None: they give none, the table does not exist or is of that version): the properties apply
+    when the broker creates the table, so a table of another version would silently stay as it is."""
+    ident = catalog_identifier(topic, cfg)
+    name = ".".join(ident)
+    asked = dict(cfg.iceberg_auto_create_properties).get(FORMAT_VERSION)
+    if asked is None or not catalog.table_exists(ident):
+        return name, None
+    have = catalog.load_table(ident).metadata.format_version
+    if str(have) == asked:
+        return name, None
+    change = (f"upgrade it (`tabletopic sql \"ALTER TABLE {name} SET TBLPROPERTIES ('{FORMAT_VERSION}'='{asked}')\"`) "
+              f"or drop it" if int(asked) > have else "a format version never goes down: drop the table")
+    return name, (f"it is format version {have}, not {asked} (auto-create properties apply when the broker creates "
+                  f"the table): {change} (with enable=false; turning it on again creates it), or leave "
+                  f"{FORMAT_VERSION} out")
 
 
 def committed_offsets(tbl: Table) -> dict[int, int]:

@@ -33,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError, ValidationException
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from configs.model import local_http_url
@@ -41,6 +44,8 @@ from configs.table_topic import (
     CONVERT_KEY_TYPE,
     CONVERT_VALUE_TYPE,
     ENABLE,
+    FORMAT_VERSION,
+    ICEBERG_AUTO_CREATE_PROPERTIES,
     ID_COLUMNS,
     SCHEMA_TYPE,
     SchemaType,
@@ -50,10 +55,17 @@ from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.maintenance import TableMaintenance
 from coordinator.merge import MergeRequest, MergeResult
-from coordinator.table import catalog_identifier, cdc_field_conflict, converter_conflicts, id_columns_conflict
+from coordinator.table import (
+    catalog_identifier,
+    cdc_field_conflict,
+    converter_conflicts,
+    format_version_conflict,
+    id_columns_conflict,
+)
+from coordinator.table_writer import TableUpdate
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
-from tabletopic.spark_service import SparkService
+from tabletopic.spark_service import SparkOperationError, SparkService
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
 from worker.pool import new_pool
@@ -160,8 +172,8 @@ class TableTopicHost:
     # ---- config checks ----
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
-        """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have and a
-        ``cdc.field`` that holds no text in it (blocking: reads the catalog).
+        """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have, a
+        ``cdc.field`` that holds no text in it and a ``format-version`` it is not (blocking: reads the catalog).
 
         Looks at the table only when the settings that decide its columns, its name or its key change, or when the
         table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
@@ -173,10 +185,12 @@ class TableTopicHost:
             return
         table, conflicts = converter_conflicts(self._catalog, topic, cfg)
         if not conflicts:
-            for key, check in ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict)):
+            for key, check in ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict),
+                               (ICEBERG_AUTO_CREATE_PROPERTIES, format_version_conflict)):
                 table, problem = check(self._catalog, topic, cfg)
                 if problem is not None:
-                    raise InvalidConfigError(f"Invalid value {new.get(key)} for configuration {key}: the table "
+                    value = new.get(key) or ",".join(f"{k}={v}" for k, v in cfg.iceberg_auto_create_properties)
+                    raise InvalidConfigError(f"Invalid value {value} for configuration {key}: the table "
                                              f"{table} already exists and {problem}")
             return
         key, value = _converter_setting(conflicts[0].column, cfg, before)
@@ -272,6 +286,7 @@ class TableTopicHost:
             partition_log=partition_log,
             schema_evolver=self._evolve_schema,
             merger=self._merge,
+            table_writer=None if self.spark is None else SparkTableWriter(self.spark),
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt
@@ -355,10 +370,44 @@ class TableTopicHost:
         log.debug("table topic %s stopped", topic)
 
 
+class SparkTableWriter:
+    """The :class:`coordinator.table_writer.TableWriter` of format v3 tables: the Spark side process applies each
+    write with the Iceberg Java API (blocking; the coordinator's thread). Its errors become pyiceberg's: a commit
+    that did not land (the table moved, a lost compare-and-set) CommitFailedException, a failed validation
+    ValidationException, a table that exists TableAlreadyExistsError; anything else (the process died or timed out
+    mid-commit) stays an unknown outcome."""
+
+    _ERRORS: dict[str, type[Exception]] = {"CommitFailedException": CommitFailedException,
+                                           "ValidationException": ValidationException,
+                                           "AlreadyExistsException": TableAlreadyExistsError}
+
+    def __init__(self, spark: SparkService) -> None:
+        self._spark = spark
+
+    def _error(self, e: SparkOperationError) -> Exception:
+        known = self._ERRORS.get(e.kind.rsplit(".", 1)[-1])
+        return known(e.message) if known is not None else e
+
+    def create_table(self, identifier: tuple[str, ...], schema: Schema, spec: PartitionSpec,
+                     properties: Mapping[str, str], location: str | None = None) -> None:
+        try:
+            self._spark.create_table(identifier, schema_json=schema.model_dump_json(),
+                                     spec_json=spec.model_dump_json(), properties=properties, location=location)
+        except SparkOperationError as e:
+            raise self._error(e) from e
+
+    def commit(self, identifier: tuple[str, ...], base_metadata_location: str, update: TableUpdate) -> None:
+        try:
+            self._spark.commit_table(identifier, base_location=base_metadata_location, update=update.plain())
+        except SparkOperationError as e:
+            raise self._error(e) from e
+
+
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
-    """What decides the table's name, converter columns, key and op field."""
+    """What decides the table's name, converter columns, key, op field and format version."""
     return (catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns,
-            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field)
+            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field,
+            dict(cfg.iceberg_auto_create_properties).get(FORMAT_VERSION))
 
 
 def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:

@@ -285,6 +285,26 @@ class SparkService:
             "op_column": op_column, "order_columns": list(order_columns)}, timeout=timeout)
         return result
 
+    # format v3 tables (coordinator.table_writer): the broker's writes to their metadata, which pyiceberg cannot do
+
+    def create_table(self, table: str | Sequence[str], *, schema_json: str, spec_json: str,
+                     properties: Mapping[str, str], location: str | None = None,
+                     timeout: float | None = None) -> int:
+        """Create a table with the Iceberg Java API (:func:`tabletopic.spark.create_table`); its format version."""
+        version: int = self.call("create_table", {
+            "identifier": table_identifier(table), "schema_json": schema_json, "spec_json": spec_json,
+            "properties": dict(properties), "location": location}, timeout=timeout)
+        return version
+
+    def commit_table(self, table: str | Sequence[str], *, base_location: str, update: Mapping[str, Any],
+                     timeout: float | None = None) -> int | None:
+        """Commit one update on the table at ``base_location``, once (:func:`tabletopic.spark.commit_table_update`);
+        main's head afterwards."""
+        head: int | None = self.call("commit_table", {"identifier": table_identifier(table),
+                                                      "base_location": base_location, "update": dict(update)},
+                                     timeout=timeout)
+        return head
+
     def call(self, op: str, args: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
         """Run operation ``op`` in the child and return its result.
 
@@ -586,6 +606,11 @@ def _child_ops() -> dict[str, Op]:
         "merge": lambda session, config, args: spark.merge_changes(
             session, config.catalog_name, args["identifier"], paths=args["paths"], keys=args["keys"],
             stage_id=args["stage_id"], op_column=args["op_column"], order_columns=args["order_columns"]),
+        "create_table": lambda session, config, args: spark.create_table(
+            session, config.catalog_name, args["identifier"], schema_json=args["schema_json"],
+            spec_json=args["spec_json"], properties=args["properties"], location=args["location"]),
+        "commit_table": lambda session, config, args: spark.commit_table_update(
+            session, config.catalog_name, args["identifier"], args["base_location"], args["update"]),
         "rewrite_data_files": lambda session, config, args: spark.rewrite_data_files(
             session, config.catalog_name, args["identifier"], args["options"]),
         "rewrite_manifests": lambda session, config, args: spark.rewrite_manifests(

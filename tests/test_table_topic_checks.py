@@ -386,3 +386,51 @@ def test_a_cdc_field_checked_against_the_existing_table(broker: BrokerProcess) -
                "column op is a struct, not text" in err.str(), err.str()
     incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "op.code"}).result(timeout=30)
     incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "kind"}).result(timeout=30)
+
+
+# ---- iceberg.auto-create.properties: applied as given, or refused ------------------------------------------
+
+AC = P + "iceberg.auto-create.properties"
+AUTO_CREATE_REFUSED = [
+    # (the auto-create properties, other settings, why)
+    ("format-version=1", {}, "format-version=1: a table topic's table is format version 2 or 3"),
+    ("format-version=4", {}, "format-version=4: a table topic's table is format version 2 or 3"),
+    ("tabletopic.offsets={\"0\":100}", {}, "tabletopic.offsets: tabletopic.* properties are the broker's own"),
+    ("write.merge.mode=copy-on-write", {P + "upsert.enable": "true", P + "id.columns": "[_kafka_key]"},
+     "write.merge.mode=copy-on-write: an upsert/CDC table"),
+    ("format-version=3,write.wap.enabled=false", {P + "cdc.field": "_kafka_key", P + "id.columns": "[_kafka_key]"},
+     "write.wap.enabled=false: an upsert/CDC table"),
+]
+
+
+@pytest.mark.parametrize(("props", "extra", "why"), AUTO_CREATE_REFUSED)
+def test_auto_create_properties_that_would_be_overridden_are_refused(broker: BrokerProcess, props: str,
+                                                                      extra: dict[str, str], why: str) -> None:
+    t = unique("ac")
+    settings = {P + "enable": "true", **extra, AC: props}
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for validate_only in (True, False):
+        err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)], validate_only=validate_only)[t])
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value {props} for configuration {AC}: {why}" in err.str(), err.str()
+    client.create_topics([NewTopic(t, 1, 1)])[t].result(timeout=30)
+    err = admin_error(incremental_set(client, t, **settings))
+    assert err.code() == KafkaError.INVALID_CONFIG and AC in err.str() and why in err.str(), err.str()
+
+
+def test_a_format_version_the_existing_table_is_not_is_refused(broker: BrokerProcess) -> None:
+    """Auto-create properties apply when the table is created: asking an existing format v2 table for format 3 is
+    refused (never a v2 table while the settings say 3); the version it is, or none, is accepted."""
+    t = unique("fv")
+    create(broker, t, 1, enable="true", commit_interval_ms="300", convert_value_type="string")
+    assert produce(broker, t, 5) == 5
+    wait_for_table(broker, t, 5)
+    assert catalog(broker).load_table(f"default.{t}").metadata.format_version == 2
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for validate_only in (True, False):
+        err = admin_error(incremental_set(client, t, validate_only, **{AC: "format-version=3"}))
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value format-version=3 for configuration {AC}: the table default.{t} already exists and " \
+               "it is format version 2, not 3" in err.str(), err.str()
+    incremental_set(client, t, **{AC: "format-version=2,write.parquet.compression-codec=snappy"}).result(timeout=30)
+    incremental_set(client, t, **{AC: "write.parquet.compression-codec=snappy"}).result(timeout=30)

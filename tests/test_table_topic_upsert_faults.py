@@ -15,14 +15,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pyiceberg.table import Table
 
 from coordinator.table import committed_offsets
 from tests.helpers.procs import BrokerProcess
-from tests.helpers.upserts import JsonChanges, assert_table, catalog
+from tests.helpers.upserts import JsonChanges, assert_table, catalog, through_crash_points
 
 P = "automq.table.topic."
 COLUMNS = ("id", "name", "amount")
@@ -81,30 +80,9 @@ def test_crash_points_around_the_merge_and_the_commit(broker: BrokerProcess) -> 
     after the round's commit (published with its offsets, checkpoint not updated): each restart converges, the
     unpublished merge is never seen, and the table equals the model."""
     b, topic, rng = broker, "crashy", random.Random(7)
-    s: JsonChanges | None = None
-    model: dict[int, dict[str, Any]] = {}
-    for n, point in enumerate(CRASH_POINTS):
-        b.env = {"TABLETOPIC_CRASH_AT": point}
-        b.start()
-        if s is None:
-            create(b, topic, 2)
-        else:
-            s.flush()  # what the crash interrupted (idempotent: each record once)
-        s = JsonChanges(b, topic)
-        s.model = model
-        batch(s, 40 + n, rng)
-        s.producer.flush(10)
-        assert b.wait_exit(240) == 137, point
-        assert f"crash point {point} reached" in b.log_text()
-    b.env = {}
-    b.start()
-    assert s is not None
-    s.flush()
-    s = JsonChanges(b, topic)
-    s.model = model
-    batch(s, 30, rng)
-    s.flush()
-    tbl = assert_table(b, topic, model, COLUMNS)
+    s = through_crash_points(b, topic, CRASH_POINTS, lambda: create(b, topic, 2),
+                             lambda s, n: batch(s, 40 + n if n < len(CRASH_POINTS) else 30, rng))
+    tbl = assert_table(b, topic, s.model, COLUMNS)
     assert staged_only(tbl), "the merge staged before the crash after it was never published"
     assert "[COMMIT_RESOLVED]" in b.log_text()
     b.stop()

@@ -150,3 +150,34 @@ def assert_table(b: BrokerProcess, topic: str, model: dict[Any, dict[str, Any]],
     assert delete_file_contents(tbl).get(2, 0) == 0, "equality deletes"
     assert change_files_on_disk(tbl) == []
     return tbl
+
+
+def through_crash_points(b: BrokerProcess, topic: str, points: tuple[str, ...], create: Callable[[], None],
+                         changes: Callable[[JsonChanges, int], None]) -> JsonChanges:
+    """Start the broker armed with each crash point in turn (``create`` the topic at the first start), produce
+    ``changes(s, n)`` (the n-th point's) until it dies there, then start it unarmed and produce some more; returns
+    the last stream, whose model holds every change (the broker still runs)."""
+    s: JsonChanges | None = None
+    model: dict[int, dict[str, Any]] = {}
+    for n, point in enumerate(points):
+        b.env = {"TABLETOPIC_CRASH_AT": point}
+        b.start()
+        if s is None:
+            create()
+        else:
+            s.flush()  # what the crash interrupted (idempotent: each record once)
+        s = JsonChanges(b, topic)
+        s.model = model
+        changes(s, n)
+        s.producer.flush(10)
+        assert b.wait_exit(300) == 137, point
+        assert f"crash point {point} reached" in b.log_text()
+    b.env = {}
+    b.start()
+    assert s is not None
+    s.flush()
+    s = JsonChanges(b, topic)
+    s.model = model
+    changes(s, len(points))
+    s.flush()
+    return s

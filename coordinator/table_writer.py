@@ -1,0 +1,118 @@
+"""Format v3 tables: every write to their metadata goes through an injected :class:`TableWriter`.
+
+pyiceberg 0.12 reads format v3 tables (deletion vectors included) but cannot write their metadata at all (creating
+one raises "Writing V3 is not yet supported"). So for a table whose format version is 3 or more (created with
+``format-version=3`` among ``automq.table.topic.iceberg.auto-create.properties``, or upgraded by hand), the
+committer (:mod:`coordinator.committer`) hands each of its catalog writes to a TableWriter instead: the broker's
+Spark side process, which applies it with the Iceberg Java API (the plugin host injects it, as it injects the
+:data:`coordinator.merge.Merger`). The committer still decides everything exactly as for format 2: what a round
+commits (the same properties: committed offsets, commit id, topic id, pending dead letters; the same snapshot
+summary; the staged merge published; the same snapshot expiry), the checks before each attempt, conflict retries
+and the resolution of unknown outcomes.
+
+The writer's contract (:meth:`TableWriter.commit`): one :class:`TableUpdate`, applied on the table's metadata at
+exactly ``base_metadata_location`` in one Iceberg transaction, whose catalog pointer moves with one compare-and-set
+from that location. It never retries by itself (Iceberg-Java's transaction retry, like pyiceberg's, re-applies the
+property update on whatever is current, which would move offsets someone else moved): when the table is not at
+that location any more, or another commit wins the swap, it raises CommitFailedException and nothing landed; the
+committer then re-reads the table, re-checks and tries again. Any other failure leaves the outcome unknown.
+
+Appended data files travel as :class:`AddedFile` (path, spec, partition values): the writer reads their metrics
+from the Parquet footers itself, as Iceberg-Java's own writers do.
+
+Dead-letter tables stay format 2 (they hold no deletes; pyiceberg commits them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from coordinator.contract import DataFile, file_spec_id
+
+WRITER_FORMAT_VERSION = 3
+"""Tables of this format version and later are written through the TableWriter."""
+
+
+class WriterMissingError(Exception):
+    """A format v3 table, and no TableWriter to write it (no Spark side process): nothing is written."""
+
+
+@dataclass(frozen=True, slots=True)
+class AddedFile:
+    """A data file to append: its location, the partition spec it was written with and its partition values (in
+    the spec's field order, Iceberg's internal representation: ints for dates, days, hours and buckets, ...)."""
+
+    path: str
+    spec_id: int
+    partition: tuple[Any, ...] = ()
+
+    @classmethod
+    def of(cls, data_file: DataFile, default_spec_id: int) -> AddedFile:
+        """From a worker's entry (its spec id, else ``default_spec_id``)."""
+        spec_id = file_spec_id(data_file)
+        record = data_file.partition
+        return cls(data_file.file_path, default_spec_id if spec_id is None else spec_id,
+                   tuple(record[i] for i in range(len(record))))
+
+
+@dataclass(frozen=True, slots=True)
+class TableUpdate:
+    """One catalog commit on a table, in this order: properties set and removed, partition fields removed then
+    added, a fast append of ``append`` with ``summary`` (None: no append) or ``publish`` (a staged snapshot becomes
+    ``main``'s head), snapshots expired (their files are left: maintenance deletes them)."""
+
+    set_properties: Mapping[str, str] = field(default_factory=dict)
+    remove_properties: tuple[str, ...] = ()
+    remove_spec_fields: tuple[str, ...] = ()
+    add_spec_fields: tuple[tuple[str, str, str], ...] = ()  # (source column, transform as Iceberg names it, name)
+    append: tuple[AddedFile, ...] | None = None
+    summary: Mapping[str, str] = field(default_factory=dict)
+    publish: int | None = None
+    expire: tuple[int, ...] = ()
+
+    def plain(self) -> dict[str, Any]:
+        """As plain Python values (for another process)."""
+        return {"set_properties": dict(self.set_properties), "remove_properties": list(self.remove_properties),
+                "remove_spec_fields": list(self.remove_spec_fields),
+                "add_spec_fields": [list(f) for f in self.add_spec_fields],
+                "append": None if self.append is None else [
+                    {"path": f.path, "spec_id": f.spec_id, "partition": list(f.partition)} for f in self.append],
+                "summary": dict(self.summary), "publish": self.publish, "expire": list(self.expire)}
+
+
+class TableWriter(Protocol):
+    """Writes format v3 tables' metadata (blocking; see the module doc)."""
+
+    def create_table(self, identifier: tuple[str, ...], schema: Schema, spec: PartitionSpec,
+                     properties: Mapping[str, str], location: str | None = None) -> None:
+        """Create the table (``properties`` hold its ``format-version``); TableAlreadyExistsError when one of that
+        name exists."""
+
+    def commit(self, identifier: tuple[str, ...], base_metadata_location: str, update: TableUpdate) -> None:
+        """Commit ``update`` on the table as it is at ``base_metadata_location``, once. CommitFailedException or
+        ValidationException: nothing landed; any other exception: the outcome is unknown."""
+
+
+def written_by_writer(tbl: Table) -> bool:
+    """True for a table whose metadata only the TableWriter can write (format v3 and later)."""
+    return tbl.metadata.format_version >= WRITER_FORMAT_VERSION
+
+
+def the_writer(tbl: Table, writer: TableWriter | None) -> TableWriter:
+    """``writer``, or WriterMissingError naming the table."""
+    if writer is None:
+        raise WriterMissingError(f"table {'.'.join(tbl.name())} is format v{tbl.metadata.format_version}: its "
+                                 "commits go through the broker's Spark side process, and none is configured")
+    return writer
+
+
+def commit_update(tbl: Table, update: TableUpdate, writer: TableWriter | None) -> Table:
+    """Commit ``update`` on ``tbl`` (as loaded) through ``writer``; returns the table reloaded."""
+    the_writer(tbl, writer).commit(tbl.name(), tbl.metadata_location, update)
+    return tbl.catalog.load_table(tbl.name())
