@@ -1,4 +1,5 @@
-"""Shared fixtures: a real broker process per test session (``broker``) or per test (``fresh_broker``)."""
+"""Shared fixtures: real broker processes per test session (``broker``; ``reg_broker`` with its own schema registry
+and metrics endpoint) or per test (``fresh_broker``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import BrokerProcess
+from tests.helpers.procs import BrokerProcess, free_port
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +17,20 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     b.start()
     yield b
     b.stop()
+
+
+@pytest.fixture(scope="session")
+def reg_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker serving its own schema registry (``schema.registry.listeners``) and metrics
+    (``automq.table.topic.metrics.port``), shared by the end-to-end table-topic tests that need no fresh broker:
+    each test has topics of its own. Its Spark side process starts at the first table change and serves every
+    later one (a start costs seconds and a JVM). ``broker`` has no registry: tests there count on its absence."""
+    b = BrokerProcess(tmp_path_factory.mktemp("reg-broker") / "data",
+                      {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}",
+                       "automq.table.topic.metrics.port": str(free_port())})
+    b.start()
+    yield b
+    b.stop(60)
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ from coordinator.table import (
 )
 from tabletopic.fileio import local_path
 from tabletopic.readers import duckdb_connect, duckdb_scan
-from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.procs import BrokerProcess
 from tests.test_coordinator_support import make_catalog, make_config
 from tests.test_table_topics import Row, alter, catalog, create, log_rows, table_rows
 from worker.convert import DEAD_LETTER_ARROW_SCHEMA
@@ -256,17 +256,15 @@ def test_kill_9_while_producing_bad_records(tmp_path: Path, stopper: list[Broker
 # ---- by_schema_id -----------------------------------------------------------------------------------------------
 
 
-def test_schema_ids_of_bad_confluent_records(tmp_path: Path, stopper: list[BrokerProcess]) -> None:
+def test_schema_ids_of_bad_confluent_records(reg_broker: BrokerProcess) -> None:
     """by_schema_id: a wrong magic byte and a truncated header have no schema id; an id the registry does not know
     is kept with the record."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    url = f"http://127.0.0.1:{free_port()}"
-    b = BrokerProcess(tmp_path / "data", {"schema.registry.listeners": url})
-    stopper.append(b)
-    b.start()
+    b = reg_broker  # the session's broker with a registry; a topic of its own
+    url = b.overrides["schema.registry.listeners"]
     topic = "avro_dead"
     create(b, topic, 1, enable="true", commit_interval_ms="300", convert_value_type="by_schema_id")
     schema = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]})

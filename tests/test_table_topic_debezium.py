@@ -1,6 +1,7 @@
 """``transform.value.type=flatten_debezium`` end to end: Debezium change events (PostgreSQL and MySQL envelopes as
 Debezium 2.x writes them, keys and values through confluent-kafka's AvroSerializer against the broker's own
-registry) on a real broker; the table read back with pyiceberg and DuckDB.
+registry) on a real broker (the session's ``reg_broker``, a topic per test); the table read back with pyiceberg and
+DuckDB.
 
 The oracle is the stream as produced: one row per change event in offset order (an append table: updates and
 deletes are rows too), the row ``after`` the change (``before`` for deletes) as columns beside ``_kafka_*``, and
@@ -15,10 +16,9 @@ import decimal
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
@@ -40,21 +40,11 @@ from tests.helpers.debezium import (
     mysql_source,
     pg_source,
 )
-from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.procs import BrokerProcess
 from tests.test_table_topic_flatten import create
 
 CDC = {"convert_value_type": "by_schema_id", "convert_key_type": "by_schema_id",
        "transform_value_type": "flatten_debezium"}
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path_factory.mktemp("debezium") / "data",
-                      {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}",
-                       "automq.table.topic.metrics.port": str(free_port())})
-    b.start()
-    yield b
-    b.stop()
 
 
 class Changes:
@@ -122,12 +112,12 @@ def pg_row(i: int, name: str | None = None, price: str | None = None, **more: An
             "created_at": None if name is None else 1_700_000_000_000_000 + i, **more}
 
 
-def test_postgres_changes_become_rows_with_cdc(broker: BrokerProcess) -> None:
+def test_postgres_changes_become_rows_with_cdc(reg_broker: BrokerProcess) -> None:
     topic = "pg.public.customers"
-    create(broker, topic, **CDC)
+    create(reg_broker, topic, **CDC)
     v1 = envelope(topic, PG_SOURCE, PG_COLUMNS)
     v2 = envelope(topic, PG_SOURCE, [*PG_COLUMNS, NEW_COLUMN])  # ALTER TABLE customers ADD COLUMN email
-    out = Changes(broker, topic)
+    out = Changes(reg_broker, topic)
 
     def src(ts: int, **kw: Any) -> dict[str, Any]:
         return pg_source("customers", ts, **kw)
@@ -146,9 +136,10 @@ def test_postgres_changes_become_rows_with_cdc(broker: BrokerProcess) -> None:
     out.send(None, 4, None)                                                                          # 11
     out.flush()
 
-    got = table_rows(broker, topic, 8)
+    got = table_rows(reg_broker, topic, 8)
     assert len(got) == 8
-    tbl = SqlCatalog("tabletopic", uri=broker.catalog_uri, warehouse=broker.warehouse).load_table(("default", topic))
+    tbl = SqlCatalog("tabletopic", uri=reg_broker.catalog_uri, warehouse=reg_broker.warehouse).load_table(
+        ("default", topic))
     names = [f.name for f in tbl.schema().fields]
     assert "_kafka_value" not in names
     assert names[-2:] == ["_cdc", "email"]  # email: added when the second schema arrived
@@ -183,17 +174,17 @@ def test_postgres_changes_become_rows_with_cdc(broker: BrokerProcess) -> None:
         "FROM iceberg_scan($p) ORDER BY _kafka_metadata.offset", params={"p": metadata_path(tbl)}).fetchall()
     assert duck == [(o, i, n, e, cd["op"], cd["ts"], cd["offset"], cd["source"]) for o, _, i, n, _, e, cd in seen]
 
-    dlq = table_rows(broker, f"{topic}_dlq", 2)
+    dlq = table_rows(reg_broker, f"{topic}_dlq", 2)
     assert [(r["offset"], r["reason"]) for r in dlq] == [(6, "debezium_bad_op_value"), (9, "debezium_no_after_value")]
     want = {"tombstone": 2.0, "debezium_bad_op_value": 1.0, "debezium_no_after_value": 1.0}
-    assert skipped(broker, topic, want) == want
+    assert skipped(reg_broker, topic, want) == want
 
 
-def test_mysql_tombstones_never_block_errors_tolerance_none(broker: BrokerProcess) -> None:
+def test_mysql_tombstones_never_block_errors_tolerance_none(reg_broker: BrokerProcess) -> None:
     topic = "mysql.inventory.customers"
-    create(broker, topic, errors_tolerance="none", **CDC)
+    create(reg_broker, topic, errors_tolerance="none", **CDC)
     schema = envelope(topic, MYSQL_SOURCE, MYSQL_COLUMNS)
-    out = Changes(broker, topic)
+    out = Changes(reg_broker, topic)
 
     def row(i: int, first: str, email: str) -> dict[str, Any]:
         return {"id": i, "first_name": first, "last_name": "Thomas", "email": email}
@@ -210,7 +201,7 @@ def test_mysql_tombstones_never_block_errors_tolerance_none(broker: BrokerProces
     out.send(schema, 1005, event("c", src(40, 1043), 41, after=row(1005, "Jo", "jo@acme.com")))
     out.flush()
 
-    got = table_rows(broker, topic, 5)
+    got = table_rows(reg_broker, topic, 5)
     assert [(r["_kafka_metadata"]["offset"], r["id"], r["email"], r["_cdc"]) for r in got] == [
         (0, 1001, "sally.thomas@acme.com", {"op": "I", "ts": 11, "offset": 0, "source": "inventory.customers"}),
         (1, 1002, "gbailey@foobar.com", {"op": "I", "ts": 12, "offset": 1, "source": "inventory.customers"}),
@@ -218,6 +209,7 @@ def test_mysql_tombstones_never_block_errors_tolerance_none(broker: BrokerProces
         (3, 1002, "gbailey@foobar.com", {"op": "D", "ts": 31, "offset": 3, "source": "inventory.customers"}),
         (5, 1005, "jo@acme.com", {"op": "I", "ts": 41, "offset": 5, "source": "inventory.customers"}),
     ]
-    tbl = SqlCatalog("tabletopic", uri=broker.catalog_uri, warehouse=broker.warehouse).load_table(("default", topic))
+    tbl = SqlCatalog("tabletopic", uri=reg_broker.catalog_uri, warehouse=reg_broker.warehouse).load_table(
+        ("default", topic))
     assert [f.name for f in tbl.schema().fields][3:] == ["id", "first_name", "last_name", "email", "_cdc"]
-    assert skipped(broker, topic, {"tombstone": 1.0}) == {"tombstone": 1.0}
+    assert skipped(reg_broker, topic, {"tombstone": 1.0}) == {"tombstone": 1.0}

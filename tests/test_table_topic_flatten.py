@@ -1,15 +1,14 @@
-"""Plain JSON (``convert.value.type=json``) and ``flatten`` end to end: a real broker, real producers, the table
-read back with pyiceberg and DuckDB. The oracle is the log: every record once, its fields where the settings say.
+"""Plain JSON (``convert.value.type=json``) and ``flatten`` end to end: a real broker (the session's ``reg_broker``,
+a topic per test), real producers, the table read back with pyiceberg and DuckDB. The oracle is the log: every
+record once, its fields where the settings say.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -19,18 +18,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.types import DoubleType, LongType, StringType, StructType
 
 from tabletopic.readers import duckdb_connect, metadata_path
-from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.procs import BrokerProcess
 
 P = "automq.table.topic."
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = BrokerProcess(tmp_path_factory.mktemp("flatten") / "data",
-                      {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}"})
-    b.start()
-    yield b
-    b.stop()
 
 
 def create(b: BrokerProcess, topic: str, **conf: str) -> None:
@@ -60,18 +50,18 @@ def rows(b: BrokerProcess, topic: str, n: int, timeout: float = 90) -> list[dict
     raise AssertionError(f"{topic}: {len(got)} rows, expected {n}")
 
 
-def test_plain_json_values_become_a_struct_that_grows(broker: BrokerProcess) -> None:
+def test_plain_json_values_become_a_struct_that_grows(reg_broker: BrokerProcess) -> None:
     topic = "plain_json"
-    create(broker, topic, convert_value_type="json")
+    create(reg_broker, topic, convert_value_type="json")
     first = [{"id": 1, "name": "a", "score": 0.5}, {"id": 2, "name": "b", "score": 1}]  # int + float: double
     # a later integer score fits the double column; 2.5 in a long column would not (Iceberg widens no long to
     # double), nor does "four"
     later = [{"id": 3, "score": 2, "tags": ["x"], "address": {"city": "Oslo"}}, {"id": "four"}]
-    produce(broker, topic, [json.dumps(v).encode() for v in first])
-    assert len(rows(broker, topic, 2)) == 2
-    produce(broker, topic, [json.dumps(v).encode() for v in later] + [b"not json", b"[1, 2]", None])
-    got = rows(broker, topic, 4)  # offsets 0, 1, 2 and 6 (a null value is a row with a null value)
-    tbl = SqlCatalog("tabletopic", uri=broker.catalog_uri, warehouse=broker.warehouse).load_table(
+    produce(reg_broker, topic, [json.dumps(v).encode() for v in first])
+    assert len(rows(reg_broker, topic, 2)) == 2
+    produce(reg_broker, topic, [json.dumps(v).encode() for v in later] + [b"not json", b"[1, 2]", None])
+    got = rows(reg_broker, topic, 4)  # offsets 0, 1, 2 and 6 (a null value is a row with a null value)
+    tbl = SqlCatalog("tabletopic", uri=reg_broker.catalog_uri, warehouse=reg_broker.warehouse).load_table(
         f"default.{topic}")
     value = tbl.schema().find_field("_kafka_value").field_type
     assert isinstance(value, StructType)
@@ -87,10 +77,10 @@ def test_plain_json_values_become_a_struct_that_grows(broker: BrokerProcess) -> 
     assert set(by_offset) == {0, 1, 2, 6}
 
 
-def test_flatten_puts_the_value_fields_beside_the_record_columns(broker: BrokerProcess) -> None:
+def test_flatten_puts_the_value_fields_beside_the_record_columns(reg_broker: BrokerProcess) -> None:
     topic = "flat_avro"
-    create(broker, topic, schema_type="schema")  # AutoMQ's legacy name for by_schema_id + flatten
-    registry = SchemaRegistryClient({"url": broker.overrides["schema.registry.listeners"]})
+    create(reg_broker, topic, schema_type="schema")  # AutoMQ's legacy name for by_schema_id + flatten
+    registry = SchemaRegistryClient({"url": reg_broker.overrides["schema.registry.listeners"]})
     v1 = json.dumps({"type": "record", "name": "Row", "fields": [{"name": "id", "type": "int"},
                                                                  {"name": "city", "type": "string"}]})
     v2 = json.dumps({"type": "record", "name": "Row", "fields": [
@@ -98,10 +88,10 @@ def test_flatten_puts_the_value_fields_beside_the_record_columns(broker: BrokerP
         {"name": "zip", "type": ["null", "string"], "default": None}]})
     ctx = SerializationContext(topic, MessageField.VALUE)
     ser1, ser2 = AvroSerializer(registry, v1), AvroSerializer(registry, v2)
-    produce(broker, topic, [ser1({"id": i, "city": f"c{i}"}, ctx) for i in range(3)]
-            + [ser2({"id": 10 + i, "city": "x", "zip": "z"}, ctx) for i in range(2)])
-    got = rows(broker, topic, 5)
-    tbl = SqlCatalog("tabletopic", uri=broker.catalog_uri, warehouse=broker.warehouse).load_table(
+    produce(reg_broker, topic, [ser1({"id": i, "city": f"c{i}"}, ctx) for i in range(3)]
+                + [ser2({"id": 10 + i, "city": "x", "zip": "z"}, ctx) for i in range(2)])
+    got = rows(reg_broker, topic, 5)
+    tbl = SqlCatalog("tabletopic", uri=reg_broker.catalog_uri, warehouse=reg_broker.warehouse).load_table(
         f"default.{topic}")
     names = [f.name for f in tbl.schema().fields]
     assert "_kafka_value" not in names and {"_kafka_header", "_kafka_key", "_kafka_metadata"} <= set(names)
@@ -114,12 +104,12 @@ def test_flatten_puts_the_value_fields_beside_the_record_columns(broker: BrokerP
     assert duck == [(r["id"], r["city"], r["zip"]) for r in got]
 
 
-def test_flatten_json_and_a_field_named_like_a_record_column(broker: BrokerProcess) -> None:
+def test_flatten_json_and_a_field_named_like_a_record_column(reg_broker: BrokerProcess) -> None:
     topic = "flat_json"
-    create(broker, topic, convert_value_type="json", transform_value_type="flatten")
-    produce(broker, topic, [json.dumps({"a": 1}).encode(), json.dumps({"_kafka_key": "x", "a": 2}).encode(),
-                            json.dumps({"a": 3, "b": True}).encode()])
-    got = rows(broker, topic, 2)
+    create(reg_broker, topic, convert_value_type="json", transform_value_type="flatten")
+    produce(reg_broker, topic, [json.dumps({"a": 1}).encode(), json.dumps({"_kafka_key": "x", "a": 2}).encode(),
+                                json.dumps({"a": 3, "b": True}).encode()])
+    got = rows(reg_broker, topic, 2)
     time.sleep(1.5)  # a later round would add a wrongly kept record
-    got = rows(broker, topic, 2)
+    got = rows(reg_broker, topic, 2)
     assert [(r["_kafka_key"], r["a"], r.get("b")) for r in got] == [("k0", 1, None), ("k2", 3, True)]

@@ -55,11 +55,9 @@ EVOLVE_TIMEOUT_S = 200  # the first table change starts the broker's Spark side 
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = registry_broker(tmp_path_factory.mktemp("streams") / "data", {P + "metrics.port": str(free_port())})
-    b.start()
-    yield b
-    b.stop()
+def reg(reg_broker: BrokerProcess) -> BrokerProcess:
+    """The session's broker with a registry (tests/conftest.py); each test writes topics of its own."""
+    return reg_broker
 
 
 def value_columns(b: BrokerProcess, topic: str) -> dict[str, Any]:
@@ -373,8 +371,13 @@ def test_a_registry_outage_holds_records_back_and_loses_none(external: tuple[Bro
     unseen += [(i % 2, None, first({"id": i, "name": f"n{i}"}, ctx)) for i in range(50, 60)]  # behind them
     registry.stop()
     assert produce_all(b, topic, unseen) == 40
-    # past a round's wait for the registry (it then commits what it has): still nothing skipped, nothing new
-    time.sleep(REGISTRY_WAIT_S + 5)
+    # past a round's wait for the registry (REGISTRY_WAIT_S; it then commits what it has, and says so for each
+    # partition): still nothing skipped, nothing new
+    deadline = time.monotonic() + REGISTRY_WAIT_S + 60
+    while not all(f"{topic}-{p}: waiting for the schema registry" in b.log_text() for p in (0, 1)):
+        assert time.monotonic() < deadline, "no round gave up waiting for the registry"
+        time.sleep(0.5)
+    time.sleep(2.0)  # that round's commit, and a later (wrong) one, would show up now
     assert len(table_rows(b, topic)) == 20
     assert skipped(b, topic) == {}
     assert "the partitions that need it wait and retry" in b.log_text()

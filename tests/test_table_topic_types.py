@@ -43,14 +43,13 @@ from pyiceberg.types import (
 )
 
 from tabletopic.readers import duckdb_connect, metadata_path
-from tests.helpers.procs import BrokerProcess
+from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess
 from tests.helpers.schema_topics import (
     assert_once_each,
     catalog,
     create_topic,
     log_records,
     produce_all,
-    registry_broker,
     registry_client,
     row_key,
     wait_rows,
@@ -65,11 +64,9 @@ N = 24  # records per topic
 
 
 @pytest.fixture(scope="module")
-def reg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = registry_broker(tmp_path_factory.mktemp("types") / "data")
-    b.start()
-    yield b
-    b.stop()
+def reg(reg_broker: BrokerProcess) -> BrokerProcess:
+    """The session's broker with a registry (tests/conftest.py); each test writes topics of its own."""
+    return reg_broker
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +76,7 @@ def spark(reg: BrokerProcess) -> Iterator[Any]:
     from tabletopic.spark import spark_session, stop_session
 
     props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
-    props["log.dirs"] = str(reg.data_dir)
+    props.update({"log.dirs": str(reg.data_dir), **SPARK_TEST_SETTINGS})
     session = spark_session(BrokerConfig.from_properties(props))
     yield session
     stop_session(session)
