@@ -25,6 +25,7 @@ from tabletopic.catalog import load_catalog
 from tabletopic.cli.sql import repl, run_statement
 from tabletopic.readers import pyiceberg_rows
 from tabletopic.spark import spark_session, stop_session
+from tests.helpers.procs import SPARK_TEST_SETTINGS
 from tests.test_query_catalog import (
     CATALOG,
     PARTITION_BY,
@@ -55,7 +56,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("query")
-    props = shipped_properties(root)
+    props = {**shipped_properties(root), **SPARK_TEST_SETTINGS}
     config = BrokerConfig.from_properties(props)
     catalog = load_catalog(config, create=True)
     assert catalog is not None
@@ -90,39 +91,36 @@ def run_cli(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False, capture_output=True, text=True, timeout=240)
 
 
-def test_sql_command_prints_the_count(env: Env) -> None:
-    proc = run_cli(env, "SELECT count(*) AS n FROM default.t")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[1:4] == ["| n  |", "+----+", "| 40 |"]
-    assert "starting Spark" in proc.stderr
-
-
-def test_sql_command_is_quiet_about_a_retried_commit_and_brief_about_errors(env: Env) -> None:
-    """A compaction whose first commit attempt loses to another committer (as beside a broker committing every
-    interval) prints its result, not Iceberg-Java's retry warning with its stack trace; a wrong statement after
-    it prints one error line and exits 1."""
+def test_sql_command_prints_results_and_is_quiet_about_a_retried_commit_and_brief_about_errors(env: Env) -> None:
+    """One `tabletopic sql` run (each starts a JVM): a query prints its result table; a compaction whose first
+    commit attempt loses to another committer (as beside a broker committing every interval) prints its result,
+    not Iceberg-Java's retry warning with its stack trace; a wrong statement after it prints one error line and
+    exits 1."""
     identifier = "default.retried"
     create_topic_table(env.catalog, "retried")
     for start in range(0, 20, 4):  # five small data files
         append(env.catalog, identifier, make_rows(range(start, start + 4)))
     # the first commit attempt loses the compare-and-set, as when another process committed first: Iceberg retries
     with losing_next_commit(env.config) as lost:
-        proc = run_cli(env, f"CALL {CATALOG}.system.rewrite_data_files(table => '{identifier}'); "
+        proc = run_cli(env, "SELECT count(*) AS n FROM default.t; "
+                            f"CALL {CATALOG}.system.rewrite_data_files(table => '{identifier}'); "
                             "SELECT * FROM default.missing")
         assert lost()  # the conflict happened
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
+    assert lines[:5] == ["+----+", "| n  |", "+----+", "| 40 |", "+----+"]  # the count's table
+    lines = lines[5:]  # the CALL's
     header = [c.strip() for c in lines[1].strip("|").split("|")]
     result = dict(zip(header, [c.strip() for c in lines[3].strip("|").split("|")], strict=True))
     assert (result["rewritten_data_files_count"], result["added_data_files_count"]) == ("5", "1")
     assert len(env.catalog.load_table(identifier).inspect.files()) == 1
     assert "\tat " not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
-    # stderr: the progress lines, the CALL's row count, and the error on one line
+    # stderr: the progress lines, each statement's row count, and the error on one line
     stderr = proc.stderr.splitlines()
     assert stderr[0].startswith("starting Spark") and stderr[1].startswith("Spark ready")
-    assert re.fullmatch(r"\(1 row, [0-9.]+ s\)", stderr[2]), stderr
-    assert stderr[3].startswith("error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `default`.`missing`")
-    assert len(stderr) == 4, stderr
+    assert all(re.fullmatch(r"\(1 row, [0-9.]+ s\)", line) for line in stderr[2:4]), stderr
+    assert stderr[4].startswith("error: [TABLE_OR_VIEW_NOT_FOUND] The table or view `default`.`missing`")
+    assert len(stderr) == 5, stderr
 
 
 def test_spark_reads_what_pyiceberg_and_duckdb_read(env: Env, spark: SparkSession) -> None:
