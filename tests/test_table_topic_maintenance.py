@@ -35,7 +35,7 @@ from tabletopic.catalog import broker_config
 from tabletopic.errors import InvalidConfigError
 from tabletopic.readers import duckdb_connect, duckdb_scan
 from tabletopic.spark_service import SparkService
-from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess, free_port
 from tests.test_metrics import scrape
 from tests.test_table_topics import catalog, end_offsets
 
@@ -295,7 +295,7 @@ def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, i
         assert sorted(duckdb_scan(duckdb_connect(), tbl).project("_kafka_key, _kafka_value").fetchall()) == pyiceberg
         return pyiceberg
 
-    config = broker_config(None, {"log.dirs": str(b.data_dir), "spark.driver.memory": "512m"})
+    config = broker_config(None, {"log.dirs": str(b.data_dir), "spark.driver.memory": "512m", **SPARK_TEST_SETTINGS})
     with SparkService(config, log_path=tmp_path / "merge-spark.log") as spark:
         spark.sql(f"MERGE INTO default.{topic} t USING (SELECT concat('k', id) AS k, id < 60 AS gone "
                   "FROM range(0, 100) WHERE id < 60 OR id = 80) s ON t._kafka_key = s.k "
@@ -326,7 +326,7 @@ def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, i
 
 # ---- settings ----
 
-def test_maintenance_settings_are_validated(broker: BrokerProcess) -> None:
+def test_maintenance_settings_are_validated(mbroker: tuple[BrokerProcess, int]) -> None:
     """Types, ranges and defaults of the compaction settings; a bad value is refused at CreateTopics naming it."""
     cfg = TableTopicConfig.from_topic({}, BrokerConfig.from_properties({}))
     assert (cfg.compaction_enable, cfg.compaction_interval_ms, cfg.compaction_target_file_size_bytes,
@@ -350,7 +350,7 @@ def test_maintenance_settings_are_validated(broker: BrokerProcess) -> None:
     assert ExpirePolicy.from_config(cfg).older_than_hours == 1 + EXPIRY_BACKSTOP_HOURS
     assert ExpirePolicy.from_config(TableTopicConfig(compaction_enable=False)).older_than_hours == 1
 
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": mbroker[0].bootstrap})
     fut = admin.create_topics([NewTopic("mt_bad", 1, 1, config={P + "compaction.delete.ratio": "2"})])["mt_bad"]
     with pytest.raises(KafkaException) as ke:
         fut.result(30)
