@@ -843,6 +843,21 @@ def _merge_source(io: FileIO, paths: Sequence[str], keys: Sequence[str], op_colu
     return [target], deletes, target
 
 
+def _staged_merge(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str,
+                  columns: Sequence[str]) -> None:
+    """The ``MERGE INTO`` of the changes in ``view`` (last per key, op column ``op``), staged under ``stage_id``."""
+    session.conf.set(WAP_ID_CONF, stage_id)
+    try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
+        session.sql(
+            f"MERGE INTO {table_name} t USING {view} s ON {on} "  # noqa: S608
+            f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
+            f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
+            f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({', '.join(columns)}) "
+            f"VALUES ({', '.join(f's.{c}' for c in columns)})")
+    finally:
+        session.conf.unset(WAP_ID_CONF)
+
+
 def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
                   keys: Sequence[str], stage_id: str, op_column: str, order_columns: Sequence[str]
                   ) -> dict[str, Any]:
@@ -897,16 +912,7 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
             base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
             found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
                 if deletes and base is not None else None
-            session.conf.set(WAP_ID_CONF, stage_id)
-            try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
-                session.sql(
-                    f"MERGE INTO {table_name} t USING {view} s ON {on} "  # noqa: S608
-                    f"WHEN MATCHED AND s.{op} = 'D' THEN DELETE "
-                    f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{c} = s.{c}' for c in columns)} "
-                    f"WHEN NOT MATCHED AND s.{op} <> 'D' THEN INSERT ({', '.join(columns)}) "
-                    f"VALUES ({', '.join(f's.{c}' for c in columns)})")
-            finally:
-                session.conf.unset(WAP_ID_CONF)
+            _staged_merge(session, table_name, view, stage_id=stage_id, on=on, op=op, columns=columns)
             lap("merge")
             absent = deletes - (0 if found is None else found.result())
             lap("absent")
