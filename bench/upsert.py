@@ -515,6 +515,9 @@ class PhaseB:
     maintenance_ms_p50: float = float("nan")
     maintenance_ms_max: float = float("nan")
     round_period_s: float = float("nan")
+    fresh_p50_s: float = float("nan")
+    fresh_p99_s: float = float("nan")
+    fresh_max_s: float = float("nan")
     checks: list[Check] = field(default_factory=list)
     final_data_files: int = 0
     final_delete_files: int = 0
@@ -771,38 +774,44 @@ def sample_files(data_dir: Path, t0: float, rounds: int, with_count: bool, repea
 
 def stream_rounds(broker: brokers.Broker, data_dir: Path, stream: ChangeStream, res: PhaseB,
                   args: argparse.Namespace) -> None:
-    """The live stream until ``--rounds`` rounds committed, sampling the table's files."""
+    """The live stream until ``--rounds`` rounds committed, sampling the table's files; then every event
+    committed, and the freshness of its markers (informational: compaction runs beside these rounds)."""
     t0_wall, t0 = time.time(), time.perf_counter()
     rounds = RoundCounter(broker.log_path, TOPIC, t0_wall)
-    live = LiveStream(broker.bootstrap, TOPIC, stream, args.live_rate, 1_000_000_000, args.partitions).start()
-    n = 0
-    try:
-        while True:
-            done = rounds()
-            sample = sample_files(data_dir, t0, done, n % args.count_every == 0, 3)
-            res.samples.append(sample)
-            n += 1
-            if n == 1 or time.perf_counter() - t0 >= args.progress_s * (len(res.samples) // max(
-                    1, int(args.progress_s / args.sample_s))):
-                count = f", count(*) {sample.count_ms:.0f} ms" if sample.count_ms is not None else ""
-                log(f"  phase B: {done:,}/{args.rounds:,} rounds, {live.sent:,} events sent, data files "
-                    f"{sum(sample.data_files.values())}, delete files {sum(sample.delete_files.values())} over "
-                    f"{len(sample.data_files)} partition(s){count}")
-            if done >= args.rounds:
-                break
-            if not broker.alive():
-                raise BenchError("broker exited during phase B")
-            time.sleep(max(0.0, args.sample_s - (time.perf_counter() - t0 - sample.t)))
-    finally:
-        live.stop()
-    res.seconds = time.perf_counter() - t0
-    res.events = live.sent
-    res.rounds = rounds()
+    with CommitWatcher(data_dir, TOPIC) as watcher:
+        live = LiveStream(broker.bootstrap, TOPIC, stream, args.live_rate, args.marker_every, args.partitions)
+        live.start()
+        n, last_log = 0, 0.0
+        try:
+            while True:
+                done = rounds()
+                sample = sample_files(data_dir, t0, done, n % args.count_every == 0, 3)
+                res.samples.append(sample)
+                n += 1
+                if n == 1 or sample.t - last_log >= args.progress_s:
+                    last_log = sample.t
+                    count = f", count(*) {sample.count_ms:.0f} ms" if sample.count_ms is not None else ""
+                    log(f"  phase B: {done:,}/{args.rounds:,} rounds, {live.sent:,} events sent; per table "
+                        f"partition at most {max(sample.data_files.values(), default=0)} data and "
+                        f"{max(sample.delete_files.values(), default=0)} delete files{count}")
+                if done >= args.rounds:
+                    break
+                if not broker.alive() or not live.alive():
+                    raise BenchError("the broker or the live stream stopped during phase B")
+                time.sleep(max(0.0, args.sample_s - (time.perf_counter() - t0 - sample.t)))
+        finally:
+            live.stop()
+        res.seconds = time.perf_counter() - t0
+        res.events, res.rounds = live.sent, rounds()
+        watcher.wait_for(e2e.end_offsets(broker.bootstrap, TOPIC, args.partitions), args.commit_timeout_s, args,
+                         "phase B end")
+        commits = list(watcher.commits)
+    fresh = e2e.freshness(live.track, commits)
+    res.fresh_p50_s, res.fresh_p99_s, res.fresh_max_s = quantiles(fresh, (0.5, 0.99, 1.0))
     res.round_period_s = res.seconds / max(1, res.rounds)
     res.commits = e2e.CommitStats.of(e2e.commit_lines(broker.log_path, TOPIC, since_wall=t0_wall)).line()
     res.rounds_times = RoundTimes.of(broker, TOPIC, t0_wall)
-    runs = [m for m in (MAINTENANCE_RE.search(line) for line in broker.log_path.read_text(errors="replace")
-                        .splitlines()) if m and m["topic"] == TOPIC]
+    runs = [m for m in log_matches(broker.log_path, MAINTENANCE_RE, t0_wall) if m["topic"] == TOPIC]
     res.maintenance_runs = len(runs)
     res.maintenance_failed = sum(1 for m in runs if m["failures"].strip() != "none")
     if runs:
@@ -821,19 +830,30 @@ def full_compaction(session: Any, data_dir: Path) -> None:
     log(f"  manifests: {spark.rewrite_manifests(session, e2e.CATALOG_NAME, ident)}")
 
 
-def maintenance_bound(broker: brokers.Broker, res: PhaseB, args: argparse.Namespace) -> None:
-    """The bound on data files per table partition that the maintenance settings imply (see the report)."""
+def merge_files_per_round(table: Any, buckets: int) -> int:
+    """The most data files a round's merge added per table partition (the staged snapshots' summaries)."""
+    added = [int(str(snap.summary["added-data-files"])) for snap in table.snapshots()
+             if snap.summary is not None and "wap.id" in snap.summary.additional_properties
+             and "added-data-files" in snap.summary.additional_properties]
+    # a partitioned table's merge adds a file per partition it touches: per partition, the most is one share
+    return math.ceil(max(added, default=1) / max(1, buckets))
+
+
+def maintenance_bound(res: PhaseB, args: argparse.Namespace, table: Any) -> None:
+    """The bound on data files per table partition that the maintenance settings imply: a maintenance run
+    bin-packs a partition's small files into one once there are compaction.min.input.files of them (every file is
+    small here: the table is far below the target size), so after a run a partition has at most
+    min.input.files - 1 files; until the next run, one compaction.interval.ms later, rounds (at least
+    commit.interval.ms apart) add theirs."""
     interval_s = args.compaction_interval_ms / 1000
-    per_round = max((x.data_files and max(x.data_files.values()) for x in res.samples), default=0)
-    rounds_per_run = math.ceil(interval_s / (args.interval_ms / 1000))
-    # between two runs at most every round's new files pile up on what the last run left: one compacted file
-    # per target size (all of it here) plus fewer than min.input.files small ones it did not bin-pack
-    new_files = max(1, args.merge_files_per_round)
-    res.bound_data_files = 1 + (args.min_input_files - 1) + rounds_per_run * new_files
-    res.bound_text = (f"1 compacted file + {args.min_input_files - 1} (< compaction.min.input.files) left small + "
-                      f"{rounds_per_run} rounds per compaction.interval.ms ({interval_s:g} s at a "
-                      f"{args.interval_ms} ms interval) x {new_files} data file(s) a round adds per table partition "
-                      f"= {res.bound_data_files}; observed max {per_round}")
+    rounds_per_run = math.ceil(args.compaction_interval_ms / args.interval_ms)
+    per_round = merge_files_per_round(table, args.buckets)
+    res.bound_data_files = (args.min_input_files - 1) + rounds_per_run * per_round
+    res.bound_text = (f"(compaction.min.input.files - 1 = {args.min_input_files - 1}) + {rounds_per_run} rounds per "
+                      f"compaction.interval.ms ({interval_s:g} s / {args.interval_ms} ms) x {per_round} data "
+                      f"file(s) a round's merge adds per partition (the most seen) = {res.bound_data_files} (a run "
+                      f"that is skipped or fails adds one more interval's worth); delete files: at most one per "
+                      f"data file (file-scoped position deletes)")
 
 
 def phase_b(broker: brokers.Broker, work: Path, stream: ChangeStream, args: argparse.Namespace,
@@ -842,7 +862,6 @@ def phase_b(broker: brokers.Broker, work: Path, stream: ChangeStream, args: argp
     res = PhaseB()
     with phase(broker, f"B {args.rounds:,} rounds at {args.live_rate:,.0f} events/s, compaction on", phases):
         stream_rounds(broker, data_dir, stream, res, args)
-        wait_all_committed(broker, data_dir, TOPIC, args.partitions, args, "phase B end")
     log(f"  phase B: {res.rounds} rounds in {res.seconds:.0f} s ({res.round_period_s:.2f} s per round), "
         f"{res.events:,} events; {res.rounds_times.line()}; maintenance runs {res.maintenance_runs} "
         f"({res.maintenance_failed} with failures)")
@@ -869,7 +888,7 @@ def phase_b(broker: brokers.Broker, work: Path, stream: ChangeStream, args: argp
     log(f"  count(*): {res.count_ms:.1f} ms on {res.final_data_files} data + {res.final_delete_files} delete files, "
         f"{res.compacted_count_ms:.1f} ms fully compacted ({res.compacted_data_files} + "
         f"{res.compacted_delete_files})")
-    maintenance_bound(broker, res, args)
+    maintenance_bound(res, args, e2e.open_catalog(data_dir).load_table(f"{e2e.NAMESPACE}.{TOPIC}"))
     return res
 
 
@@ -940,6 +959,8 @@ def print_phase_b(b: PhaseB, args: argparse.Namespace) -> None:
           f"min.input.files {args.min_input_files})")
     print(f"  {b.commits}")
     print(f"  {b.rounds_times.line()}")
+    print(f"  freshness of the markers (informational, maintenance runs beside the rounds): p50 {b.fresh_p50_s:.3f} s, "
+          f"p99 {b.fresh_p99_s:.3f} s, max {b.fresh_max_s:.3f} s")
     print(f"  maintenance runs: {b.maintenance_runs} ({b.maintenance_failed} with failures), ms p50 "
           f"{b.maintenance_ms_p50:.0f} max {b.maintenance_ms_max:.0f}")
     if b.samples:
@@ -950,6 +971,10 @@ def print_phase_b(b: PhaseB, args: argparse.Namespace) -> None:
               f"{args.sample_s:g} s: data files max {data_max}, final {max(last.data_files.values(), default=0)}; "
               f"delete files max {del_max}, final {max(last.delete_files.values(), default=0)}")
         print(f"  bound: {b.bound_text}   {mark(data_max <= b.bound_data_files)}")
+        step = max(1, len(b.samples) // 12)
+        print("  over time (s: rounds, most data / delete files in a partition): " + ", ".join(
+            f"{x.t:.0f}: {x.rounds}, {max(x.data_files.values(), default=0)}/{max(x.delete_files.values(), default=0)}"
+            for x in b.samples[::step]))
         counts = [s.count_ms for s in b.samples if s.count_ms is not None]
         if counts:
             p50, mx = quantiles(counts, (0.5, 1.0))
@@ -995,8 +1020,6 @@ def main() -> int:
     ap.add_argument("--compaction-interval-ms", type=int, default=60_000,
                     help=f"{P}compaction.interval.ms of the topic (the default's)")
     ap.add_argument("--min-input-files", type=int, default=5, help=f"{P}compaction.min.input.files")
-    ap.add_argument("--merge-files-per-round", type=int, default=1,
-                    help="data files a round's merge adds per table partition (for the stated bound)")
     ap.add_argument("--workdir", type=Path, help="broker data + log here (kept); default: a temporary directory")
     ap.add_argument("--broker-override", action="append", default=[], metavar="K=V", help="a broker setting")
     e2e.add_common_args(ap, commit_timeout_s=1800.0)
@@ -1032,7 +1055,8 @@ def main() -> int:
             if "a" in parts:
                 a = phase_a(broker, work, stream, args, phases, session_box)
             if "b" in parts:
-                if a is None:  # the table topic from an empty topic
+                if a is None:  # the table topic from an empty topic, the Spark side process started first
+                    warm_up_table_topic(broker, work / "data", args, phases)
                     e2e.create_topic(broker.bootstrap, TOPIC, args.partitions, table_topic_settings(args))
                 b = phase_b(broker, work, stream, args, phases, session_box)
 
