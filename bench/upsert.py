@@ -11,8 +11,9 @@ string (``I``/``U``/``D``, AutoMQ's ``cdc.field``), ``name`` string, ``amount`` 
 the table can be checked row by row); Kafka key = the id, so a key's changes stay in one partition, in order. Of
 the events, 70% update a live key, 10% delete a live key and 20% insert a key that is not live (never seen or
 deleted before), over ``--keys`` ids; while no key is live an event is an insert, while every key is live an
-insert becomes an update (the mix actually produced is printed). A model follows the stream: per live key the
-``seq`` of its last change.
+insert becomes an update (the mix actually produced is printed). That mix fills the table to ``--keys`` live keys
+by the end of the catch-up; the live streams after it keep the table's size: 70% updates, 15% deletes, 15% inserts
+of ids never used before. A model follows the stream: per live key the ``seq`` of its last change.
 
 **Phase A, throughput and freshness** (``--events`` (1M) over ``--keys`` (100k), 1 s interval):
 
@@ -145,7 +146,11 @@ _OP_BYTES = {op: _avro_string(op) for op in OPS}
 
 class ChangeStream:
     """Change events keyed over ``keys`` ids with the 70/10/20 update/delete/insert mix (see the module doc), as
-    Confluent-framed Avro; ``model`` is the table they make (live key → seq of its last change)."""
+    Confluent-framed Avro; ``model`` is the table they make (live key → seq of its last change).
+
+    :meth:`go_live` switches to the live streams' mix: 70% updates, 15% deletes and 15% inserts of ids never used
+    before (the table keeps its size, deleted rows stay deleted). With the catch-up's mix the live keys reach
+    ``keys`` at the end, after which an insert could only bring back a key deleted a moment before."""
 
     def __init__(self, keys: int, schema_id: int, seed: int = 7) -> None:
         self.rng = random.Random(seed)
@@ -153,10 +158,25 @@ class ChangeStream:
         self.model: dict[int, int] = {}
         self.live: list[int] = []  # the live keys, for picking one at random (swap-remove)
         self.pos: dict[int, int] = {}
-        self.dead: list[int] = list(range(keys))
+        self.dead: list[int] = list(range(keys))  # keys an insert may take
         self.rng.shuffle(self.dead)
+        self.next_new: int | None = None  # live mix: inserts take never used ids from here
+        self.live_from: int | None = None
+        self.deletes, self.inserts = 0.1, 0.2
         self.seq = 0
         self.counts = dict.fromkeys(OPS, 0)
+
+    def go_live(self, keys: int) -> None:
+        """The live mix from now on, or once the live keys are (nearly) ``keys`` (a table topic filled from
+        nothing ramps up with the catch-up's mix first)."""
+        self.live_from = keys
+        self._maybe_live()
+
+    def _maybe_live(self) -> None:
+        if self.live_from is not None and (not self.dead or len(self.live) >= 0.99 * self.live_from):
+            self.deletes, self.inserts = 0.15, 0.15
+            self.next_new, self.live_from = self.live_from, None
+            self.counts = dict.fromkeys(OPS, 0)
 
     def _pick_live(self) -> int:
         return self.live[int(self.rng.random() * len(self.live))]
@@ -167,23 +187,30 @@ class ChangeStream:
         if last != key:
             self.live[i] = last
             self.pos[last] = i
-        self.dead.append(key)
+        if self.next_new is None:
+            self.dead.append(key)
 
     def _add_live(self) -> int:
-        i = int(self.rng.random() * len(self.dead))
-        key = self.dead[i]
-        self.dead[i] = self.dead[-1]
-        self.dead.pop()
+        if self.next_new is not None:
+            key, self.next_new = self.next_new, self.next_new + 1
+        else:
+            i = int(self.rng.random() * len(self.dead))
+            key = self.dead[i]
+            self.dead[i] = self.dead[-1]
+            self.dead.pop()
         self.pos[key] = len(self.live)
         self.live.append(key)
         return key
 
     def next_change(self) -> tuple[str, int, int]:
         """(op, key, seq) of the next event, the model updated."""
+        if self.live_from is not None:
+            self._maybe_live()
         r = self.rng.random()
-        if not self.live or (r >= 0.8 and self.dead):
+        can_insert = self.next_new is not None or bool(self.dead)
+        if not self.live or (r >= 1 - self.inserts and can_insert):
             op, key = "I", self._add_live()
-        elif r < 0.1:
+        elif r < self.deletes:
             op, key = "D", self._pick_live()
             self._remove_live(key)
         else:
@@ -480,6 +507,7 @@ class PhaseA:
     tt_rounds: RoundTimes = field(default_factory=RoundTimes)
     tt_checks: list[Check] = field(default_factory=list)
     live_rate: float = 0.0
+    fresh_mix: str = ""
     fresh_events: int = 0
     fresh_markers: int = 0
     fresh_p50_s: float = float("nan")
@@ -515,6 +543,7 @@ class PhaseB:
     maintenance_ms_p50: float = float("nan")
     maintenance_ms_max: float = float("nan")
     round_period_s: float = float("nan")
+    mix: str = ""
     fresh_p50_s: float = float("nan")
     fresh_p99_s: float = float("nan")
     fresh_max_s: float = float("nan")
@@ -689,7 +718,7 @@ def freshness_run(broker: brokers.Broker, data_dir: Path, stream: ChangeStream, 
         watcher.wait_for(ends, args.commit_timeout_s, args, "freshness")
         commits = list(watcher.commits)
     fresh = e2e.freshness(live.track, commits)
-    res.fresh_events, res.fresh_markers = live.sent, len(fresh)
+    res.fresh_events, res.fresh_markers, res.fresh_mix = live.sent, len(fresh), stream.mix()
     res.fresh_p50_s, res.fresh_p99_s, res.fresh_max_s = quantiles(fresh, (0.5, 0.99, 1.0))
     res.fresh_commits = e2e.CommitStats.of(e2e.commit_lines(broker.log_path, TOPIC, since_wall=t0_wall)).line()
     res.fresh_rounds = RoundTimes.of(broker, TOPIC, t0_wall)
@@ -715,6 +744,7 @@ def phase_a(broker: brokers.Broker, work: Path, stream: ChangeStream, args: argp
     warm_up_table_topic(broker, data_dir, args, phases)
     tabletopic_catch_up(broker, data_dir, ends, model, res, args, phases)
     res.spark_ready_s = [float(m["s"]) for m in SPARK_READY_RE.finditer(broker.log_path.read_text(errors="replace"))]
+    stream.go_live(args.keys)
     if args.fresh_s > 0:
         freshness_run(broker, data_dir, stream, res, args, phases)
     return res
@@ -802,7 +832,7 @@ def stream_rounds(broker: brokers.Broker, data_dir: Path, stream: ChangeStream, 
         finally:
             live.stop()
         res.seconds = time.perf_counter() - t0
-        res.events, res.rounds = live.sent, rounds()
+        res.events, res.rounds, res.mix = live.sent, rounds(), stream.mix()
         watcher.wait_for(e2e.end_offsets(broker.bootstrap, TOPIC, args.partitions), args.commit_timeout_s, args,
                          "phase B end")
         commits = list(watcher.commits)
@@ -945,7 +975,7 @@ def print_phase_a(a: PhaseA, args: argparse.Namespace) -> None:
         print(f"  freshness at {a.live_rate:,.0f} events/s for {args.fresh_s:.0f} s ({a.fresh_events:,} events, "
               f"{a.fresh_markers:,} markers): p50 {a.fresh_p50_s:.3f} s  p99 {a.fresh_p99_s:.3f} s  max "
               f"{a.fresh_max_s:.3f} s   target p99 <= {target:.1f} s {mark(a.fresh_p99_s <= target)}")
-        print(f"      ({a.fresh_commits})")
+        print(f"      (live mix: {a.fresh_mix}; {a.fresh_commits})")
         print(f"      ({a.fresh_rounds.line()})")
         print(f"      table after the live stream: {checks_line(a.fresh_checks)}")
     if a.spark_ready_s:
@@ -957,7 +987,7 @@ def print_phase_b(b: PhaseB, args: argparse.Namespace) -> None:
     print(f"\nPhase B: {b.rounds:,} rounds at {args.live_rate:,.0f} events/s ({b.events:,} events, {b.seconds:.0f} s, "
           f"{b.round_period_s:.2f} s per round), compaction on (interval {args.compaction_interval_ms} ms, "
           f"min.input.files {args.min_input_files})")
-    print(f"  {b.commits}")
+    print(f"  live mix: {b.mix}; {b.commits}")
     print(f"  {b.rounds_times.line()}")
     print(f"  freshness of the markers (informational, maintenance runs beside the rounds): p50 {b.fresh_p50_s:.3f} s, "
           f"p99 {b.fresh_p99_s:.3f} s, max {b.fresh_max_s:.3f} s")
@@ -1058,6 +1088,7 @@ def main() -> int:
                 if a is None:  # the table topic from an empty topic, the Spark side process started first
                     warm_up_table_topic(broker, work / "data", args, phases)
                     e2e.create_topic(broker.bootstrap, TOPIC, args.partitions, table_topic_settings(args))
+                    stream.go_live(args.keys)
                 b = phase_b(broker, work, stream, args, phases, session_box)
 
         try:
