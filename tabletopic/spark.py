@@ -804,6 +804,19 @@ def last_change_per_key(changes: pa.Table, keys: Sequence[str], order_columns: S
     return changes.take(order.take(pc.array_take(last, pc.array_sort_indices(last))))
 
 
+def _no_local_checksums(session: SparkSession) -> None:
+    """Hadoop's local file system writes a ``.crc`` side file next to every file it creates, and creating a file
+    forks a ``chmod`` (no native Hadoop library here): a merge creates a data file, a delete file per data file it
+    touches, manifests, a manifest list and a metadata file, so twice as many forks as files, ~10-20 ms each on a
+    busy 2-core machine. The side files protect nothing a reader checks (pyiceberg, DuckDB and the broker's own
+    writes have none), so the JVM's cached local file system (shared by every Iceberg and Spark file access of
+    this process) stops writing and reading them. Idempotent."""
+    jvm: Any = session._jvm
+    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(session._jsc.hadoopConfiguration())
+    local.setWriteChecksum(False)
+    local.setVerifyChecksum(False)
+
+
 def _file_io(session: SparkSession, catalog_name: str, location: str) -> FileIO:
     """A pyiceberg FileIO for the table's files, with the catalog's properties as the session has them (the
     FileIO settings, ``s3.*`` and the like, are named alike in Iceberg-Java and pyiceberg)."""
@@ -892,6 +905,7 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
         steps[step] = round((now - clock) * 1000, 1)
         clock = now
 
+    _no_local_checksums(session)
     table = iceberg_table(session, catalog_name, identifier)
     io = _file_io(session, catalog_name, paths[0])
     source_paths, deletes, written = _merge_source(io, paths, keys, op_column, order_columns)

@@ -1,8 +1,8 @@
 """The upsert merge and the maintenance around it in the Spark side process's operations (``tabletopic.spark``),
 run in a Spark session of this process on a catalog of its own (no broker): the last change per key picked with
-Arrow across change files, the unknown-key deletes counted beside the MERGE, and a rewrite that meets a merge
-waiting for its publication (the broker publishes a round's staged merge with its offsets a moment after the merge
-returns) waits for it instead of giving up."""
+Arrow across change files, the unknown-key deletes counted beside the MERGE, no Hadoop checksum side files, and a
+rewrite that meets a merge waiting for its publication (the broker publishes a round's staged merge with its
+offsets a moment after the merge returns) waits for it instead of giving up."""
 
 from __future__ import annotations
 
@@ -129,6 +129,8 @@ def test_merge_picks_the_last_change_across_files_and_counts_unknown_deletes(
     assert rows_of(catalog, tbl) == [(i, f"n{i}") for i in range(6)], "staged: main has not moved"
     publish(catalog, tbl, second["snapshot_id"])
     assert rows_of(catalog, tbl) == [(0, "n0"), (1, "newest"), (2, "back"), (4, "n4"), (5, "n5"), (7, "n7")]
+    # Spark wrote data, delete, manifest and metadata files without Hadoop's .crc side files (a fork each)
+    assert not list(Path(str(local_path(tbl.location()))).rglob("*.crc"))
 
 
 def test_rewrite_waits_for_the_publication_of_a_staged_merge(env: tuple[Catalog, SparkSession]) -> None:
