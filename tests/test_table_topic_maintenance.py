@@ -184,7 +184,7 @@ def test_compaction_beside_a_streaming_topic(mbroker: tuple[BrokerProcess, int])
         t = cat.load_table(f"default.{topic}")
         return t if int(summary(t)["total-data-files"]) == 1 else None
 
-    tbl = wait_for("the tail compacted", compacted)
+    tbl = wait_for("the tail compacted", compacted, timeout=420)  # Spark on a loaded 2-core machine: minutes
     assert stream.check(tbl)
     assert sorted(table_offsets(tbl)) == sorted(stream.good)  # every good record once, after all the rewrites
     rounds = b.log_text().count("[COMMIT_COMPLETE] topic=mt_stream ")
