@@ -33,10 +33,12 @@ of ids never used before. A model follows the stream: per live key the ``seq`` o
    table's ``tabletopic.offsets`` (committed in the same catalog commit as the merge) reach the end offsets.
 4. both tables are **checked against the model**: DuckDB and pyiceberg each read one row per live key with the
    model's values, deleted keys absent. A rate is reported only for a table that is right.
-5. **freshness**: a paced live stream (``--live-rate`` events/s for ``--fresh-s`` s) of the same generator into the
-   table topic; every ``--marker-every``-th event is a marker: its CreateTime and (partition, offset) from the
-   delivery report, visible at the first 50 ms poll of the catalog whose ``tabletopic.offsets`` covers it (the
-   merge and the offsets land in one commit, so that is when readers see it). p50/p99, target p99 <= interval + 3 s.
+5. **freshness**: a paced live stream (``--live-rate`` events/s for ``--fresh-s`` s, after ``--fresh-warmup-s``
+   (60 s) whose markers do not count: the first rounds after the catch-up are the JVM's first updates and deletes
+   at this size) of the same generator into the table topic; every ``--marker-every``-th event is a marker: its
+   CreateTime and (partition, offset) from the delivery report, visible at the first 50 ms poll of the catalog
+   whose ``tabletopic.offsets`` covers it (the merge and the offsets land in one commit, so that is when readers
+   see it). p50/p99, target p99 <= interval + 3 s.
 
 Rates are events/s, first event consumed → table reflecting every event; target tabletopic >= 2x the DIY job.
 
@@ -126,7 +128,7 @@ AVRO_SCHEMA = {
 }
 DIY_COLUMNS_SQL = ("id BIGINT, op STRING, name STRING, amount DOUBLE, quantity INT, updated_at TIMESTAMP, "
                    "seq BIGINT")
-MERGE_ON_READ = ("'format-version'='2', 'write.merge.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
+MERGE_ON_READ = ("'write.merge.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
                  "'write.delete.mode'='merge-on-read'")
 
 
@@ -323,7 +325,7 @@ class DiyJob:
     :func:`e2e.consume_and_append`: ``add`` deserializes one message and keeps the key's last change, ``append``
     merges the batch."""
 
-    def __init__(self, session: Any, registry_url: str, topic: str, table: str) -> None:
+    def __init__(self, session: Any, registry_url: str, topic: str, table: str, format_version: int = 2) -> None:
         from pyspark.sql.types import (
             DoubleType,
             IntegerType,
@@ -336,6 +338,7 @@ class DiyJob:
 
         self.session = session
         self.table = table
+        self.format_version = format_version
         self.deserialize = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
         self.ctx = SerializationContext(topic, MessageField.VALUE)
         self.schema = StructType([StructField("id", LongType()), StructField("op", StringType()),
@@ -351,7 +354,7 @@ class DiyJob:
 
     def create(self) -> None:
         self.session.sql(f"CREATE TABLE {e2e.NAMESPACE}.{self.table} ({DIY_COLUMNS_SQL}) USING iceberg "
-                         f"TBLPROPERTIES ({MERGE_ON_READ})")
+                         f"TBLPROPERTIES ('format-version'='{self.format_version}', {MERGE_ON_READ})")
 
     def __len__(self) -> int:
         return self.buffered
@@ -407,6 +410,9 @@ def table_topic_settings(args: argparse.Namespace) -> dict[str, str]:
                 P + "compaction.min.input.files": str(args.min_input_files)}
     if args.buckets:
         settings[P + "partition.by"] = f"[bucket(id, {args.buckets})]"
+    if args.format_version != 2:  # the broker's default properties, and the format
+        settings[P + "iceberg.auto-create.properties"] = \
+            f"write.metadata.delete-after-commit.enabled=true,format-version={args.format_version}"
     return settings
 
 
@@ -558,6 +564,19 @@ class PhaseB:
     bound_text: str = ""
 
 
+def logged_commits(broker: brokers.Broker, topic: str, since_wall: float | None, seen: int,
+                   timeout_s: float = 10.0) -> list[e2e.CommitLine]:
+    """The ``[COMMIT_COMPLETE]`` lines of ``topic`` since ``since_wall``, once there are as many as the commits the
+    catalog watcher saw (``seen``): the broker logs a round after its catalog commit, so the last line can trail
+    the commit a reader sees (waits ``timeout_s`` at most)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = e2e.commit_lines(broker.log_path, topic, since_wall=since_wall)
+        if len(lines) >= seen or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
 def wait_all_committed(broker: brokers.Broker, data_dir: Path, topic: str, partitions: int,
                        args: argparse.Namespace, label: str) -> None:
     ends = e2e.end_offsets(broker.bootstrap, topic, partitions)
@@ -654,7 +673,7 @@ def fill(broker: brokers.Broker, stream: ChangeStream, res: PhaseA, args: argpar
 def diy_catch_up(broker: brokers.Broker, session: Any, ends: dict[int, int], model: dict[int, int], res: PhaseA,
                  args: argparse.Namespace, phases: list[PhaseStats], data_dir: Path) -> None:
     assert broker.registry_url is not None
-    job = DiyJob(session, broker.registry_url, TOPIC, DIY_TABLE)
+    job = DiyJob(session, broker.registry_url, TOPIC, DIY_TABLE, args.format_version)
     job.create()
     with phase(broker, "A DIY job: consumer -> AvroDeserializer -> DataFrame -> MERGE INTO", phases):
         t0 = time.perf_counter()
@@ -688,7 +707,7 @@ def tabletopic_catch_up(broker: brokers.Broker, data_dir: Path, ends: dict[int, 
         e2e.alter_topic_configs(broker.bootstrap, TOPIC, table_topic_settings(args))
         done = watcher.wait_for(ends, args.commit_timeout_s, args, "tabletopic catch-up")
         res.tt_s = done.perf - t0
-    lines = e2e.commit_lines(broker.log_path, TOPIC)
+    lines = logged_commits(broker, TOPIC, None, len(watcher.commits))
     res.tt_commits = e2e.CommitStats.of(lines).line()
     res.tt_rounds = RoundTimes.of(broker, TOPIC)
     if lines and lines[0].wall is not None:
@@ -698,33 +717,46 @@ def tabletopic_catch_up(broker: brokers.Broker, data_dir: Path, ends: dict[int, 
     res.tt_checks = check_table(data_dir, TOPIC, model)
 
 
+def after(track: DeliveryTrack, since_ms: float) -> DeliveryTrack:
+    """The markers of ``track`` produced at or after ``since_ms`` (epoch ms)."""
+    out = DeliveryTrack(len(track.offsets))
+    for p, (offsets, created) in enumerate(zip(track.offsets, track.created_ms, strict=True)):
+        for offset, ms in zip(offsets, created, strict=True):
+            if ms >= since_ms:
+                out.offsets[p].append(offset)
+                out.created_ms[p].append(ms)
+    return out
+
+
 def freshness_run(broker: brokers.Broker, data_dir: Path, stream: ChangeStream, res: PhaseA,
                   args: argparse.Namespace, phases: list[PhaseStats]) -> None:
+    """The live stream for ``--fresh-warmup-s`` + ``--fresh-s``; the markers of the last ``--fresh-s`` count (the
+    rounds right after a catch-up are the JVM's first of their kind: a running broker is past them)."""
     res.live_rate = args.live_rate
     with (phase(broker, f"A freshness: {args.live_rate:,.0f} events/s for {args.fresh_s:.0f} s", phases),
           CommitWatcher(data_dir, TOPIC) as watcher):
-        t0_wall = time.time()
         live = LiveStream(broker.bootstrap, TOPIC, stream, args.live_rate, args.marker_every, args.partitions)
         live.start()
-        deadline = time.perf_counter() + args.fresh_s
-        last = time.perf_counter()
-        while time.perf_counter() < deadline and live.alive():
+        start = time.perf_counter()
+        measured_wall, last = time.time() + args.fresh_warmup_s, start
+        while time.perf_counter() < start + args.fresh_warmup_s + args.fresh_s and live.alive():
             time.sleep(0.2)
             if time.perf_counter() - last >= args.progress_s:
                 last = time.perf_counter()
-                log(f"  freshness: {live.sent:,} events sent, {len(watcher.commits)} commits seen")
+                log(f"  freshness: {live.sent:,} events sent, {len(watcher.commits)} commits seen"
+                    + (" (warm-up)" if time.time() < measured_wall else ""))
         live.stop()
         ends = e2e.end_offsets(broker.bootstrap, TOPIC, args.partitions)
         watcher.wait_for(ends, args.commit_timeout_s, args, "freshness")
-        commits = list(watcher.commits)
-    fresh = e2e.freshness(live.track, commits)
+        commits = [c for c in watcher.commits if c.wall >= measured_wall]
+    fresh = e2e.freshness(after(live.track, measured_wall * 1000), commits)
     res.fresh_events, res.fresh_markers, res.fresh_mix = live.sent, len(fresh), stream.mix()
     res.fresh_p50_s, res.fresh_p99_s, res.fresh_max_s = quantiles(fresh, (0.5, 0.99, 1.0))
-    res.fresh_commits = e2e.CommitStats.of(e2e.commit_lines(broker.log_path, TOPIC, since_wall=t0_wall)).line()
-    res.fresh_rounds = RoundTimes.of(broker, TOPIC, t0_wall)
+    res.fresh_commits = e2e.CommitStats.of(logged_commits(broker, TOPIC, measured_wall, len(commits))).line()
+    res.fresh_rounds = RoundTimes.of(broker, TOPIC, measured_wall)
     log(f"  freshness: {live.sent:,} events at {live.sent / max(live.seconds, 1e-9):,.0f}/s, {len(fresh):,} "
-        f"markers: p50 {res.fresh_p50_s:.3f} s, p99 {res.fresh_p99_s:.3f} s, max {res.fresh_max_s:.3f} s; "
-        f"{res.fresh_commits}")
+        f"markers after the warm-up: p50 {res.fresh_p50_s:.3f} s, p99 {res.fresh_p99_s:.3f} s, max "
+        f"{res.fresh_max_s:.3f} s; {res.fresh_commits}")
     res.fresh_checks = check_table(data_dir, TOPIC, stream.model)
 
 
@@ -839,7 +871,7 @@ def stream_rounds(broker: brokers.Broker, data_dir: Path, stream: ChangeStream, 
     fresh = e2e.freshness(live.track, commits)
     res.fresh_p50_s, res.fresh_p99_s, res.fresh_max_s = quantiles(fresh, (0.5, 0.99, 1.0))
     res.round_period_s = res.seconds / max(1, res.rounds)
-    res.commits = e2e.CommitStats.of(e2e.commit_lines(broker.log_path, TOPIC, since_wall=t0_wall)).line()
+    res.commits = e2e.CommitStats.of(logged_commits(broker, TOPIC, t0_wall, len(commits) - 1)).line()
     res.rounds_times = RoundTimes.of(broker, TOPIC, t0_wall)
     runs = [m for m in log_matches(broker.log_path, MAINTENANCE_RE, t0_wall) if m["topic"] == TOPIC]
     res.maintenance_runs = len(runs)
@@ -883,7 +915,7 @@ def maintenance_bound(res: PhaseB, args: argparse.Namespace, table: Any) -> None
                       f"compaction.interval.ms ({interval_s:g} s / {args.interval_ms} ms) x {per_round} data "
                       f"file(s) a round's merge adds per partition (the most seen) = {res.bound_data_files} (a run "
                       f"that is skipped or fails adds one more interval's worth); delete files: at most one per "
-                      f"data file (file-scoped position deletes)")
+                      f"data file (file-scoped position deletes, or a deletion vector in format v3)")
 
 
 def phase_b(broker: brokers.Broker, work: Path, stream: ChangeStream, args: argparse.Namespace,
@@ -951,7 +983,8 @@ def all_ok(checks: list[Check]) -> bool:
 
 def print_phase_a(a: PhaseA, args: argparse.Namespace) -> None:
     print(f"\nPhase A: {a.events:,} change events over {args.keys:,} keys ({a.mix}; {a.live_keys:,} live at the end), "
-          f"{args.partitions} partitions, Avro by_schema_id, commit interval {args.interval_ms} ms")
+          f"{args.partitions} partitions, Avro by_schema_id, format v{args.format_version}, commit interval "
+          f"{args.interval_ms} ms")
     print(f"  {'':<30}{'seconds':>9}{'events/s':>12}   table == model")
     if a.diy_s is not None:
         rate = a.rate(a.diy_s) if all_ok(a.diy_checks) else 0.0
@@ -972,7 +1005,8 @@ def print_phase_a(a: PhaseA, args: argparse.Namespace) -> None:
               + ("" if ok else "   (a table differs from the model: no ratio)"))
     if a.fresh_markers:
         target = args.interval_ms / 1000 + 3
-        print(f"  freshness at {a.live_rate:,.0f} events/s for {args.fresh_s:.0f} s ({a.fresh_events:,} events, "
+        print(f"  freshness at {a.live_rate:,.0f} events/s for {args.fresh_s:.0f} s after {args.fresh_warmup_s:.0f} s "
+              f"of warm-up ({a.fresh_events:,} events, "
               f"{a.fresh_markers:,} markers): p50 {a.fresh_p50_s:.3f} s  p99 {a.fresh_p99_s:.3f} s  max "
               f"{a.fresh_max_s:.3f} s   target p99 <= {target:.1f} s {mark(a.fresh_p99_s <= target)}")
         print(f"      (live mix: {a.fresh_mix}; {a.fresh_commits})")
@@ -1039,8 +1073,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1000, help="rounds of phase B")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--buckets", type=int, default=0, help="partition.by=[bucket(id, N)] (0: unpartitioned)")
+    ap.add_argument("--format-version", type=int, choices=(2, 3), default=2,
+                    help="Iceberg format of both tables (3: deletion vectors instead of position delete files)")
     ap.add_argument("--live-rate", type=float, default=5000.0, help="events/s of the live stream (A freshness, B)")
     ap.add_argument("--fresh-s", type=float, default=60.0, help="length of phase A's freshness run (0: none)")
+    ap.add_argument("--fresh-warmup-s", type=float, default=60.0,
+                    help="the live stream runs this long before the freshness run's markers count")
     ap.add_argument("--marker-every", type=int, default=10, help="every N-th live event is a freshness marker")
     ap.add_argument("--sample-s", type=float, default=10.0, help="phase B: count the table's files this often")
     ap.add_argument("--count-every", type=int, default=3, help="phase B: time a count(*) every N samples")
