@@ -91,7 +91,7 @@ def _as_text(raw: pa.Array) -> tuple[pa.Array, dict[int, str]]:
     try:
         return raw.cast(pa.string()), {}
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        pass
+        pass  # not castable as a whole (e.g. some bytes are not UTF-8): the rows at fault are found below
     if not (pa.types.is_binary(raw.type) or pa.types.is_large_binary(raw.type)
             or pa.types.is_fixed_size_binary(raw.type)):
         return pa.nulls(len(raw), pa.string()), _rows(pc.is_valid(raw), REASON_CDC_NOT_TEXT)
