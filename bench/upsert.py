@@ -23,7 +23,7 @@ of ids never used before. A model follows the stream: per live key the ``seq`` o
    ``spark.createDataFrame(rows, schema)`` → ``MERGE INTO`` an Iceberg table (``WHEN MATCHED AND op = 'D' THEN
    DELETE WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED AND op <> 'D' THEN INSERT *``), every ``--sink-interval-s``
    (1 s, the table topic's interval) or ``--sink-max-records`` events, whichever first, then the consumer's offsets
-   are committed. Its Spark: local, the broker's Spark settings (``local[2]``, the same driver memory as the broker's
+   are committed. Its Spark: local, the broker's Spark settings (``local[4]``, the same driver memory as the broker's
    Spark side process), the same Iceberg runtime jar, a table in the same (SQLite JDBC) catalog, format v2,
    merge-on-read like ours. The session is started and one MERGE of a warm-up table run before the clock starts.
 3. **tabletopic catch-up**: a small warm-up upsert topic first (the broker's Spark side process starts there, as it

@@ -364,9 +364,10 @@ _broker(
             at_least(1), dynamic=False),
     # ---- The Spark side process (tabletopic.spark_service): every broker setting starting with spark. goes to its
     # Spark session (and to `tabletopic sql`'s); the two below are declared for their defaults and checks.
-    Setting("spark.master", Type.STRING, "local[2]",
+    Setting("spark.master", Type.STRING, "local[4]",
             "Spark master of the broker's Spark side process (schema evolution; started when a table first needs "
-            "it), e.g. local[2] (in-process, the default) or spark://host:7077 for a Spark cluster. Every broker "
+            "it), e.g. local[4] (in-process, the default: four task threads, which keep two cores busy while tasks "
+            "wait on files) or spark://host:7077 for a Spark cluster. Every broker "
             "setting starting with spark. is passed to that Spark session unchanged (and to `tabletopic sql`).",
             non_blank, dynamic=False),
     Setting("spark.driver.memory", Type.STRING, "1g",

@@ -141,6 +141,7 @@ class RoundReport:
     commit_ms: float = 0.0  # duration of the catalog commit
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped (errors.tolerance) by reason
     dead_letters: int = 0  # skipped records handed over as dead letters (in the dead-letter table once it is in)
+    delete_files: int = -1  # delete files in the table after the round (its snapshot summary); -1 unknown
 
 
 class MergeError(RuntimeError):
@@ -867,7 +868,7 @@ class TableTopicCoordinator:
                            watermark=-1 if answers.timed_out else watermark, commit_ms=result.commit_ms,
                            skipped=_sum_skipped(accepted, merged),
                            dead_letters=sum(f.record_count for f in answers.dead_letter_files),
-                           **answers.report_fields())
+                           delete_files=_total_delete_files(result.table), **answers.report_fields())
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
@@ -1014,6 +1015,13 @@ class TableTopicCoordinator:
         if wrong:
             return f"files written with another partition spec than {request.spec_id}: {wrong[:3]}"
         return None
+
+
+def _total_delete_files(tbl: Table) -> int:
+    snapshot = tbl.current_snapshot()
+    summary = None if snapshot is None else snapshot.summary
+    value = None if summary is None else summary.additional_properties.get("total-delete-files")
+    return -1 if value is None else int(value)
 
 
 def _sum_skipped(responses: Iterable[CommitResponse], merged: MergeResult | None = None) -> dict[str, int]:

@@ -3,7 +3,9 @@
 One :class:`TableMaintenance` per table topic (the plugin host starts it next to the coordinator). Every
 ``automq.table.topic.compaction.interval.ms`` (tabletopic's own settings, ``compaction.*``, read at every run) it
 looks at the table with pyiceberg and runs the steps that have work, each one call to the broker's Spark side
-process (Iceberg's Spark actions, :mod:`tabletopic.spark`):
+process (Iceberg's Spark actions, :mod:`tabletopic.spark`). A run comes sooner (at most every
+:data:`EARLY_GAP_S`) once the rounds report ``compaction.min.input.files`` more delete files than the last run left
+(:meth:`TableMaintenance.note_delete_files`): an upsert table's merges slow down with every delete file.
 
 1. bin-pack data files smaller than 75% of ``compaction.target.file.size.bytes`` once a table partition has
    ``compaction.min.input.files`` of them, rewriting too any data file whose position deletes cover
@@ -78,6 +80,7 @@ log = logging.getLogger(__name__)
 
 LAST_RUN_FILE = "maintenance.json"  # in the topic's state directory (<log.dirs>/__tables/<topic>/)
 CHECK_PERIOD_S = 5.0  # the loop re-reads the settings at least this often (a shorter interval applies soon)
+EARLY_GAP_S = 5.0  # a run that delete files call for starts no sooner than this after the previous run's start
 ORPHAN_PERIOD_S = 3600.0  # orphan removal lists the table's whole directory: at the first run, then hourly
 STOP_WAIT_S = 5.0  # stop() waits this long for a step in flight (closing the Spark process ends it anyway)
 _CONFLICTS = ("CommitFailedException", "ValidationException", "Cannot commit")
@@ -240,10 +243,26 @@ class TableMaintenance:
         self._stopping = False
         self._rewritten_at: dict[str, int | None] = {}  # step → the snapshot it left the table at
         self._orphans_due = 0.0  # monotonic time of the next orphan removal
+        self._delete_files = 0  # the table's delete files after the last round (note_delete_files)
+        self._delete_floor = 0  # ... and after the last run: a run is due early once min.input.files more
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
 
     # ---- lifecycle (event loop) ----
+
+    def note_delete_files(self, count: int) -> None:
+        """A round left the table with ``count`` delete files (event loop). Once they reach
+        ``compaction.min.input.files`` the next run starts without waiting for the interval (at most every
+        :data:`EARLY_GAP_S`): an upsert table's merges read every delete file, so a round's merge gets slower with
+        each one (measured by ``bench/upsert.py``), and its readers too."""
+        self._delete_files = count
+        if self._early(self._config_provider().compaction_min_input_files):
+            self._wake.set()
+
+    def _early(self, min_input_files: int) -> bool:
+        # counted from what the last run left: a run that could not rewrite them (large files, few deletes each)
+        # must not be followed by another every few seconds
+        return self._delete_files >= self._delete_floor + min_input_files
 
     async def start(self) -> None:
         self._stopping = False
@@ -272,17 +291,23 @@ class TableMaintenance:
         while not self._stopping:
             cfg = self._config_provider()
             policy = MaintenancePolicy.from_config(cfg)
-            delay = min(CHECK_PERIOD_S, last + policy.interval_s - loop.time())
+            due = last + policy.interval_s
+            if self._early(policy.min_input_files):
+                due = min(due, last + EARLY_GAP_S)
+            delay = min(CHECK_PERIOD_S, due - loop.time())
             if delay > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
             last = loop.time()
+            self._delete_floor = self._delete_files  # until the run says what it left
             if not policy.enabled:
                 continue
             try:
                 report = await asyncio.to_thread(self.run_once, cfg)
+                if report is not None:
+                    self._delete_floor = report.delete_files_after
             except Exception as e:  # a catalog outage, a bug: the next run tries again
                 self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
                                      self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)

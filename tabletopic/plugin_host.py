@@ -329,6 +329,8 @@ class TableTopicHost:
         tt = self._running.get(topic)
         if tt is not None:
             m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
+            if tt.maintenance is not None and report.delete_files >= 0:
+                tt.maintenance.note_delete_files(report.delete_files)
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
         if report.outcome is RoundOutcome.COMMITTED:

@@ -209,7 +209,7 @@ def spark_conf(
     """Every Spark setting :func:`spark_session` uses (no JVM started).
 
     Precedence, lowest first: the fixed settings and the catalog wiring below, the broker's ``spark.*`` settings
-    (``spark.master`` and ``spark.driver.memory`` have defaults: local[2], 1g), ``master``/``driver_memory`` when
+    (``spark.master`` and ``spark.driver.memory`` have defaults: local[4], 1g), ``master``/``driver_memory`` when
     given, ``extra_conf``.
     """
     catalog, jars = catalog_conf(config)
@@ -226,8 +226,11 @@ def spark_conf(
         "spark.jars": ",".join(str(j) for j in [iceberg_runtime_jar(), *jars]),
         "spark.sql.extensions": ICEBERG_EXTENSIONS,
         "spark.sql.defaultCatalog": config.catalog_name,
-        # small local queries: Spark's default of 200 shuffle partitions costs seconds of empty tasks
-        "spark.sql.shuffle.partitions": "4",
+        # small local queries: Spark's default of 200 shuffle partitions costs seconds of empty tasks; two, not
+        # coalesced by adaptive execution into one, let a merge write its delete and data files in two tasks
+        # (measured with an upsert table's MERGE: about a fifth faster than four coalesced to one)
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.adaptive.coalescePartitions.enabled": "false",
         # keep Spark's own (unused) session-catalog warehouse out of the working directory
         "spark.sql.warehouse.dir": (Path(tempfile.gettempdir()) / "tabletopic-spark-warehouse").as_uri(),
         **catalog,

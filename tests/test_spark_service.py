@@ -168,12 +168,12 @@ def in_flight(service: SparkService, statement: str) -> tuple[threading.Thread, 
 def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     config = BrokerConfig.from_properties({**shipped_properties(tmp_path), "spark.executor.cores": "2",
                                            "spark.sql.shuffle.partitions": "7"})
-    assert config.spark_master == "local[2]" and config.spark_driver_memory == "1g"  # the stated defaults
+    assert config.spark_master == "local[4]" and config.spark_driver_memory == "1g"  # the stated defaults
     assert config.spark_idle_stop_ms == 600_000  # ten minutes
-    assert config.spark_settings == {"spark.master": "local[2]", "spark.driver.memory": "1g",
+    assert config.spark_settings == {"spark.master": "local[4]", "spark.driver.memory": "1g",
                                      "spark.executor.cores": "2", "spark.sql.shuffle.partitions": "7"}
     conf = spark_conf(config)
-    assert conf["spark.master"] == "local[2]" and conf["spark.driver.memory"] == "1g"
+    assert conf["spark.master"] == "local[4]" and conf["spark.driver.memory"] == "1g"
     assert conf["spark.executor.cores"] == "2"
     assert conf["spark.sql.shuffle.partitions"] == "7"  # a broker setting wins over the built-in default
     assert conf["spark.sql.catalog.tabletopic.type"] == "jdbc"  # the catalog wiring is still there
@@ -185,7 +185,7 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     assert spark_conf(cluster)["spark.master"] == "spark://127.0.0.1:7077"
     assert spark_conf(cluster)["spark.driver.memory"] == "2G"
     entries = {e.name: e for e in describe_broker(config, ["spark.master", "spark.executor.cores"])}
-    assert entries["spark.master"].value == "local[2]"
+    assert entries["spark.master"].value == "local[4]"
     assert entries["spark.executor.cores"].doc == "Passed through to the Spark session."
 
 

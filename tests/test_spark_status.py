@@ -104,11 +104,11 @@ def test_spark_state_idle_stop_restarts_and_the_brokers_memory(tmp_path: Path) -
         # ---- no table needs Spark yet: not started, with the settings it will use (the stated defaults)
         m = spark_metrics(b)
         assert m["state"] == "not started" and m["pid"] == 0 and m["starts"] == 0, m
-        assert m["master"] == "local[2]" and m["driver_memory"] == "1g" and m["driver_memory_bytes"] == 1 << 30
+        assert m["master"] == "local[4]" and m["driver_memory"] == "1g" and m["driver_memory_bytes"] == 1 << 30
         assert m["idle_stop_seconds"] == IDLE_STOP_S
         line = tables_output(b)
         assert line.startswith("Spark side process: not started since "), line
-        assert "master local[2], driver memory 1g, idle stop after 5 s" in line, line
+        assert "master local[4], driver memory 1g, idle stop after 5 s" in line, line
 
         topic = "spark_state"
         admin = AdminClient({"bootstrap.servers": b.bootstrap})

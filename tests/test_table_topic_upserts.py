@@ -151,6 +151,36 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     assert err.code() == KafkaError.INVALID_CONFIG and f"{P}upsert.enable" in err.str(), err.str()
 
 
+def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any) -> None:
+    """With ``compaction.interval.ms`` an hour, an upsert table's maintenance still runs once its rounds leave
+    ``compaction.min.input.files`` delete files (a merge reads every one): the deletes are applied, the delete
+    files go, and every reader still returns the model's rows."""
+    topic = "early_compaction"
+    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
+           upsert_enable="true", compaction_enable="true", compaction_interval_ms="3600000",
+           compaction_min_input_files="3")
+    s = JsonChanges(broker, topic)
+    runs = broker.data_dir / "__tables" / topic / "maintenance.json"
+    columns = ("id", "name")
+    most = 0
+    for n in range(8):  # a round per batch: each update of every key adds a delete file per data file it hits
+        for i in range(30):
+            s.change("U", i, name=f"v{n}-{i}")
+        s.flush()
+        tbl = wait_committed(broker, topic, timeout=FIRST_MERGE_S)
+        most = max(most, delete_file_contents(tbl).get(1, 0))
+        if runs.exists():
+            break
+    deadline = time.monotonic() + 120
+    while not runs.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert runs.exists(), f"no maintenance run within two minutes ({most} delete files at most)"
+    run = json.loads(runs.read_text())
+    assert run["deletes_applied"] > 0 and run["delete_files_before"] >= 3, run
+    assert most >= 3 or run["delete_files_before"] >= 3, most
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+
+
 def test_upserts_turned_on_for_an_append_table(broker: BrokerProcess, spark: Any) -> None:
     """An append table topic switched to upserts keyed by the record key (``id.columns=[_kafka_key]``): the rows
     it had stay, later records replace the row with their key. The table is partitioned by a column outside the
