@@ -5,7 +5,9 @@ One :class:`TableMaintenance` per table topic (the plugin host starts it next to
 looks at the table with pyiceberg and runs the steps that have work, each one call to the broker's Spark side
 process (Iceberg's Spark actions, :mod:`tabletopic.spark`). A run comes sooner (at most every
 :data:`EARLY_GAP_S`) once the rounds report ``compaction.min.input.files`` more delete files than the last run left
-(:meth:`TableMaintenance.note_delete_files`): an upsert table's merges slow down with every delete file.
+(:meth:`TableMaintenance.note_delete_files`): an upsert table's merges slow down with every delete file. When the
+rounds go idle leaving delete files, the next run rewrites every data file that has any
+(:meth:`TableMaintenance.note_idle`).
 
 1. bin-pack data files smaller than 75% of ``compaction.target.file.size.bytes`` once a table partition has
    ``compaction.min.input.files`` of them, rewriting too any data file whose position deletes cover
@@ -52,7 +54,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -118,6 +120,7 @@ class MaintenancePolicy:
     min_input_manifests: int
     orphan_age_hours: int
     expire: ExpirePolicy
+    settle: bool = False  # rewrite every data file that has a delete file (a table whose rounds went idle)
 
     @classmethod
     def from_config(cls, cfg: TableTopicConfig) -> MaintenancePolicy:
@@ -132,7 +135,7 @@ class MaintenancePolicy:
         return {"target-file-size-bytes": str(self.target_file_size_bytes),
                 "min-input-files": str(self.min_input_files),
                 "delete-ratio-threshold": str(self.delete_ratio),
-                "delete-file-threshold": str(self.min_input_files),
+                "delete-file-threshold": "1" if self.settle else str(self.min_input_files),
                 "remove-dangling-deletes": "true",
                 "use-starting-sequence-number": "false"}
 
@@ -245,6 +248,7 @@ class TableMaintenance:
         self._orphans_due = 0.0  # monotonic time of the next orphan removal
         self._delete_files = 0  # the table's delete files after the last round (note_delete_files)
         self._delete_floor = 0  # ... and after the last run: a run is due early once min.input.files more
+        self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
 
@@ -257,6 +261,14 @@ class TableMaintenance:
         each one (measured by ``bench/upsert.py``), and its readers too."""
         self._delete_files = count
         if self._early(self._config_provider().compaction_min_input_files):
+            self._wake.set()
+
+    def note_idle(self) -> None:
+        """The coordinator found nothing new to commit (event loop). If the last round left delete files, the next
+        run (at most :data:`EARLY_GAP_S` after the previous one) rewrites every data file that has any, whatever
+        the thresholds: a table whose stream paused is left with no deletes for its readers."""
+        if self._delete_files > 0 and not self._settle:
+            self._settle = True
             self._wake.set()
 
     def _early(self, min_input_files: int) -> bool:
@@ -292,7 +304,7 @@ class TableMaintenance:
             cfg = self._config_provider()
             policy = MaintenancePolicy.from_config(cfg)
             due = last + policy.interval_s
-            if self._early(policy.min_input_files):
+            if self._settle or self._early(policy.min_input_files):
                 due = min(due, last + EARLY_GAP_S)
             delay = min(CHECK_PERIOD_S, due - loop.time())
             if delay > 0:
@@ -302,12 +314,15 @@ class TableMaintenance:
                 continue
             last = loop.time()
             self._delete_floor = self._delete_files  # until the run says what it left
+            settle, self._settle = self._settle, False
             if not policy.enabled:
                 continue
             try:
-                report = await asyncio.to_thread(self.run_once, cfg)
+                report = await asyncio.to_thread(self.run_once, cfg, settle=settle)
                 if report is not None:
                     self._delete_floor = report.delete_files_after
+                    if settle:
+                        self._delete_files = report.delete_files_after  # no new round since: what is left
             except Exception as e:  # a catalog outage, a bug: the next run tries again
                 self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
                                      self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
@@ -320,8 +335,9 @@ class TableMaintenance:
 
     # ---- one run (blocking: a worker thread) ----
 
-    def run_once(self, cfg: TableTopicConfig) -> MaintenanceReport | None:
-        """Run the steps that have work; None when none had (or the table does not exist yet)."""
+    def run_once(self, cfg: TableTopicConfig, *, settle: bool = False) -> MaintenanceReport | None:
+        """Run the steps that have work; None when none had (or the table does not exist yet). ``settle``: every
+        data file with deletes is rewritten (:meth:`note_idle`)."""
         if self._spark is None:
             return None
         ident = catalog_identifier(self.topic, cfg)
@@ -330,6 +346,8 @@ class TableMaintenance:
         except NoSuchTableError:
             return None
         policy = MaintenancePolicy.from_config(cfg)
+        if settle:
+            policy = replace(policy, settle=True)
         first = tbl
         before = _Totals.of(tbl)
         report = MaintenanceReport(self.topic, ".".join(ident), int(self._clock() * 1000),

@@ -331,6 +331,8 @@ class TableTopicHost:
             m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
             if tt.maintenance is not None and report.delete_files >= 0:
                 tt.maintenance.note_delete_files(report.delete_files)
+            elif tt.maintenance is not None and report.outcome is RoundOutcome.IDLE:
+                tt.maintenance.note_idle()
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
         if report.outcome is RoundOutcome.COMMITTED:

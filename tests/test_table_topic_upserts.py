@@ -154,7 +154,8 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
 def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any) -> None:
     """With ``compaction.interval.ms`` an hour, an upsert table's maintenance still runs once its rounds leave
     ``compaction.min.input.files`` delete files (a merge reads every one): the deletes are applied, the delete
-    files go, and every reader still returns the model's rows."""
+    files go, and every reader still returns the model's rows. Fewer delete files than that are applied once the
+    topic goes idle."""
     topic = "early_compaction"
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
            upsert_enable="true", compaction_enable="true", compaction_interval_ms="3600000",
@@ -178,6 +179,21 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
     run = json.loads(runs.read_text())
     assert run["deletes_applied"] > 0 and run["delete_files_before"] >= 3, run
     assert most >= 3 or run["delete_files_before"] >= 3, most
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+
+    # one more round leaves fewer delete files than min.input.files: once the topic goes idle they are applied
+    for i in range(0, 30, 2):
+        s.change("U", i, name=f"last-{i}")
+    s.flush()
+    tbl = wait_committed(broker, topic, timeout=FIRST_MERGE_S)
+    left = delete_file_contents(tbl).get(1, 0)
+    assert 0 < left < 3, left
+    deadline = time.monotonic() + 120
+    while delete_file_contents(tbl).get(1, 0) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        tbl = catalog(broker).load_table(f"default.{topic}")
+    assert delete_file_contents(tbl).get(1, 0) == 0, "the idle table kept its delete files"
+    assert json.loads(runs.read_text())["deletes_applied"] > 0
     assert_readers_agree(spark, broker, topic, s.model, columns)
 
 
