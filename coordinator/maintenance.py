@@ -249,6 +249,7 @@ class TableMaintenance:
         self._delete_files = 0  # the table's delete files after the last round (note_delete_files)
         self._delete_floor = 0  # ... and after the last run: a run is due early once min.input.files more
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
+        self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
 
@@ -260,15 +261,17 @@ class TableMaintenance:
         :data:`EARLY_GAP_S`): an upsert table's merges read every delete file, so a round's merge gets slower with
         each one (measured by ``bench/upsert.py``), and its readers too."""
         self._delete_files = count
+        self._settle_tried = False
         if self._early(self._config_provider().compaction_min_input_files):
             self._wake.set()
 
     def note_idle(self) -> None:
         """The coordinator found nothing new to commit (event loop). If the last round left delete files, the next
         run (at most :data:`EARLY_GAP_S` after the previous one) rewrites every data file that has any, whatever
-        the thresholds: a table whose stream paused is left with no deletes for its readers."""
-        if self._delete_files > 0 and not self._settle:
-            self._settle = True
+        the thresholds: a table whose stream paused is left with no deletes for its readers. Tried once per idle
+        spell (until a round reports again), whatever its outcome: an idle table is not looked at every few seconds."""
+        if self._delete_files > 0 and not self._settle and not self._settle_tried:
+            self._settle, self._settle_tried = True, True
             self._wake.set()
 
     def _early(self, min_input_files: int) -> bool:
@@ -321,8 +324,6 @@ class TableMaintenance:
                 report = await asyncio.to_thread(self.run_once, cfg, settle=settle)
                 if report is not None:
                     self._delete_floor = report.delete_files_after
-                    if settle:
-                        self._delete_files = report.delete_files_after  # no new round since: what is left
             except Exception as e:  # a catalog outage, a bug: the next run tries again
                 self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
                                      self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
@@ -429,7 +430,8 @@ class TableMaintenance:
     def _rewrite_data(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
         totals = _Totals.of(tbl)
         due = totals.data_files >= policy.min_input_files or totals.delete_files > 0
-        if not due or not self._changed_since(STEP_DATA, tbl):
+        # a run at this snapshot with the thresholds may have left deletes a settling run applies
+        if not due or not (policy.settle or self._changed_since(STEP_DATA, tbl)):
             return tbl
         assert self._spark is not None
         spark = self._spark
