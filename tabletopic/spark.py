@@ -491,6 +491,20 @@ def _published(table: Any, timeout_s: float = PUBLISH_WAIT_S) -> bool:
     return True
 
 
+class _Steps:
+    """Milliseconds per step of an operation, for its log line."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._clock = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        """Record the time since the previous lap (or the start) under ``step``."""
+        now = time.perf_counter()
+        self.ms[step] = round((now - self._clock) * 1000, 1)
+        self._clock = now
+
+
 def _iterate(iterable: Any, *, closeable: bool = False) -> Any:
     """The elements of a Java Iterable; a CloseableIterable (``closeable``) is closed at the end."""
     try:
@@ -546,14 +560,22 @@ def rewrite_data_files(session: SparkSession, catalog_name: str, identifier: Seq
     deletes covered them); only ``skipped`` (1) when a staged write still waits to be published after
     :data:`PUBLISH_WAIT_S` (:func:`_published`).
     """
+    steps = _Steps()
+    lap = steps.lap
     table = iceberg_table(session, catalog_name, identifier)
-    if not _published(table):
+    published = _published(table)
+    lap("wait")
+    if not published:
         return {"skipped": 1}
     start = _current_id(table)
     result = _with_options(_actions(session).rewriteDataFiles(table).binPack(), options).execute()
+    lap("rewrite")
     table.refresh()
     sums = _replaced_since(table, start)
     dropped = _drop_dangling_deletes(session, table)
+    lap("dangling")
+    log.info("rewrite of %s: %d data files -> %d; ms %s", ".".join(identifier), int(result.rewrittenDataFilesCount()),
+             int(result.addedDataFilesCount()), steps.ms)
     return {"rewritten_data_files": int(result.rewrittenDataFilesCount()),
             "added_data_files": int(result.addedDataFilesCount()),
             "rewritten_bytes": int(result.rewrittenBytesCount()),
@@ -899,15 +921,8 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     unknown keys are counted by one scan of the table's keys against the round's (few) delete keys, broadcast,
     only when the round has deletes, and beside the MERGE (in a thread of its own).
     """
-    steps: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(step: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        steps[step] = round((now - clock) * 1000, 1)
-        clock = now
-
+    steps = _Steps()
+    lap = steps.lap
     _no_local_checksums(session)
     table = iceberg_table(session, catalog_name, identifier)
     io = _file_io(session, catalog_name, paths[0])
@@ -945,10 +960,10 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
                                          if str(k).startswith(("added-", "removed-"))}
     lap("snapshot")
     log.info("merge %s of %s: %d change files, %d deletes (%d of unknown keys); ms %s", stage_id,
-             ".".join(identifier), len(paths), deletes, absent, steps)
+             ".".join(identifier), len(paths), deletes, absent, steps.ms)
     return {"snapshot_id": None if staged is None else int(staged.snapshotId()),
             "parent_id": None if staged is None or staged.parentId() is None else int(staged.parentId()),
-            "absent_deletes": absent, "summary": summary, "steps": steps}
+            "absent_deletes": absent, "summary": summary, "steps": steps.ms}
 
 
 def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *, keys: Sequence[str],

@@ -31,8 +31,10 @@ from tests.helpers.upserts import (
     assert_table,
     catalog,
     delete_file_contents,
+    maintenance_run_path,
     model_view,
     wait_committed,
+    wait_maintenance_run,
 )
 from tests.test_metrics import scrape
 from worker.changes import REASON_ID_NULL
@@ -161,7 +163,7 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
            upsert_enable="true", compaction_enable="true", compaction_interval_ms="3600000",
            compaction_min_input_files="3")
     s = JsonChanges(broker, topic)
-    runs = broker.data_dir / "__tables" / topic / "maintenance.json"
+    runs = maintenance_run_path(broker, topic)
     columns = ("id", "name")
     most = 0
     for n in range(8):  # a round per batch: each update of every key adds a delete file per data file it hits
@@ -172,11 +174,7 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
         most = max(most, delete_file_contents(tbl).get(1, 0))
         if runs.exists():
             break
-    deadline = time.monotonic() + 120
-    while not runs.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert runs.exists(), f"no maintenance run within two minutes ({most} delete files at most)"
-    run = json.loads(runs.read_text())
+    run = wait_maintenance_run(broker, topic, f"{most} delete files at most")
     assert run["deletes_applied"] > 0 and run["delete_files_before"] >= 3, run
     assert most >= 3 or run["delete_files_before"] >= 3, most
     assert_readers_agree(spark, broker, topic, s.model, columns)

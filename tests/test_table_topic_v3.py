@@ -25,7 +25,16 @@ from coordinator.table_writer import TableUpdate
 from tabletopic.catalog import broker_config
 from tabletopic.spark import commit_table_update
 from tests.helpers.procs import BrokerProcess
-from tests.helpers.upserts import JsonChanges, assert_table, catalog, model_view, through_crash_points, wait_committed
+from tests.helpers.upserts import (
+    JsonChanges,
+    assert_table,
+    catalog,
+    maintenance_run_path,
+    model_view,
+    through_crash_points,
+    wait_committed,
+    wait_maintenance_run,
+)
 
 P = "automq.table.topic."
 COLUMNS = ("id", "name", "amount")
@@ -183,3 +192,41 @@ def test_v3_exactly_once_across_crash_points(own_broker: BrokerProcess) -> None:
     assert tbl.metadata.format_version == 3
     assert "[COMMIT_RESOLVED]" in b.log_text()
     b.stop()
+
+
+def test_v3_upsert_table_is_compacted(broker: BrokerProcess, spark: Any) -> None:
+    """Maintenance on a format v3 upsert table (compaction on, as by default): once the rounds leave
+    ``compaction.min.input.files`` deletion vectors, Spark's rewrite applies them, the deletion vectors of the
+    rewritten files go, the committed offsets stay, and every reader returns the model's rows, also after the rounds
+    that follow the rewrite."""
+    topic = "v3_compacted"
+    create(broker, topic, 1, {**UPSERTS, P + "compaction.enable": "true", P + "compaction.interval.ms": "3600000",
+                              P + "compaction.min.input.files": "3"})
+    s = JsonChanges(broker, topic)
+    runs = maintenance_run_path(broker, topic)
+    for i in range(40):
+        s.change("I", i, name=f"n{i}", amount=i)
+    s.flush()
+    assert_table(broker, topic, s.model, COLUMNS, timeout=300)
+    rng, most = random.Random(11), 0
+    for _ in range(10):  # a round per batch, each adding a deletion vector per data file it hits
+        changes(s, 50, rng)
+        s.flush()
+        tbl = wait_committed(broker, topic, timeout=300)
+        most = max(most, files_by_kind(tbl).get((1, "PUFFIN"), 0))
+        if runs.exists():
+            break
+    run = wait_maintenance_run(broker, topic, f"{most} deletion vectors at most")
+    assert run["failures"] == {} and run["deletes_applied"] > 0 and run["rewritten_data_files"] > 0, run
+    assert run["delete_files_after"] < run["delete_files_before"], run
+    tbl = assert_table(broker, topic, s.model, COLUMNS)
+    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    assert tbl.metadata.format_version == 3
+    assert set(files_by_kind(tbl)) <= {(0, "PARQUET"), (1, "PUFFIN")}, files_by_kind(tbl)
+
+    for _ in range(2):  # the rounds after the rewrite merge into its files
+        changes(s, 50, rng)
+        s.flush()
+        tbl = assert_table(broker, topic, s.model, COLUMNS)
+    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    assert "Traceback" not in broker.log_text()

@@ -99,6 +99,22 @@ def wait_committed(b: BrokerProcess, topic: str, timeout: float = 240,
     raise AssertionError(f"{topic}: committed {offsets}, log ends at {ends}")
 
 
+def maintenance_run_path(b: BrokerProcess, topic: str) -> Path:
+    """Where the broker records the topic's last maintenance run (JSON)."""
+    return b.data_dir / "__tables" / topic / "maintenance.json"
+
+
+def wait_maintenance_run(b: BrokerProcess, topic: str, note: str, timeout: float = 120) -> dict[str, Any]:
+    """The record of the topic's last maintenance run, once there is one (``note`` says what was expected)."""
+    runs = maintenance_run_path(b, topic)
+    deadline = time.monotonic() + timeout
+    while not runs.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert runs.exists(), f"{topic}: no maintenance run within {timeout:.0f} s ({note})"
+    run: dict[str, Any] = json.loads(runs.read_text())
+    return run
+
+
 def keyed_rows(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> dict[Any, tuple[Any, ...]]:
     """``rows`` by their first column (the key), each as its ``columns``; asserts one row per key."""
     out: dict[Any, tuple[Any, ...]] = {}
