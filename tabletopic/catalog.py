@@ -1,6 +1,7 @@
 """The broker's Iceberg catalog: the one place that turns ``automq.table.topic.catalog.*`` into a pyiceberg catalog.
 
-``sql`` (the embedded catalog) is pyiceberg's ``SqlCatalog``, whose tables are Iceberg-Java's ``JdbcCatalog``
+``sql`` (the embedded catalog) is pyiceberg's ``SqlCatalog`` (parsing each metadata file once:
+``tabletopic.caching_catalog``), whose tables are Iceberg-Java's ``JdbcCatalog``
 schema V1, so Spark (``tabletopic.spark``) opens the very same catalog under the same name. For SQLite this
 module owns the settings that make sharing the file safe: a busy timeout, WAL journal mode, and creating the
 catalog tables here (Iceberg-Java must not: see ``tabletopic.spark``). Every other type goes to pyiceberg's
@@ -215,17 +216,17 @@ def _sql_uri(props: Mapping[str, str]) -> str:
 def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | None:
     """Open the broker's catalog, named ``config.catalog_name``; None when ``catalog.type`` is unset.
 
-    ``sql``: a pyiceberg ``SqlCatalog`` (SQLite or PostgreSQL URI); any other type:
-    ``pyiceberg.catalog.load_catalog(name, **properties)``. Only the broker passes ``create=True`` (make the
-    SQLite file, the warehouse directory and the catalog tables when missing); a reader gets
-    CatalogNotFoundError when the catalog does not exist yet.
+    ``sql``: a pyiceberg ``SqlCatalog`` (:class:`~tabletopic.caching_catalog.CachingSqlCatalog`; SQLite or
+    PostgreSQL URI); any other type: ``pyiceberg.catalog.load_catalog(name, **properties)``. Only the broker
+    passes ``create=True`` (make the SQLite file, the warehouse directory and the catalog tables when missing); a
+    reader gets CatalogNotFoundError when the catalog does not exist yet.
     """
     catalog_type = config.catalog_type
     if catalog_type is None:
         return None
     name = config.catalog_name
     if catalog_type == "sql":
-        from pyiceberg.catalog.sql import SqlCatalog
+        from tabletopic.caching_catalog import CachingSqlCatalog
 
         props = sql_catalog_properties(config)
         uri = _sql_uri(props)
@@ -235,7 +236,7 @@ def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | Non
             _require_sql_catalog(uri)
             # pyiceberg creates missing catalog tables unless told not to (a broker dropping them meanwhile)
             props["init_catalog_tables"] = "false"
-        catalog = SqlCatalog(name, **props)
+        catalog = CachingSqlCatalog(name, **props)
         log.info("catalog %s: sql at %s, warehouse %s", name, _redact(uri), props.get("warehouse"))
         return catalog
 
