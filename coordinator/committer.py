@@ -79,6 +79,7 @@ from configs.errors import InvalidConfigError
 from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import FORMAT_VERSION, RESERVED_PREFIX, TableTopicConfig
+from coordinator import metadata_copies  # noqa: F401 (commits cost what a table's snapshots cost to copy)
 from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
 from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (

@@ -16,4 +16,5 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -p no:cacheprovider "$@"
+# the slowest tests are listed at the end (the suite must stay fast on a 2-core machine)
+exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
