@@ -104,14 +104,25 @@ def maintenance_run_path(b: BrokerProcess, topic: str) -> Path:
     return b.data_dir / "__tables" / topic / "maintenance.json"
 
 
-def wait_maintenance_run(b: BrokerProcess, topic: str, note: str, timeout: float = 120) -> dict[str, Any]:
-    """The record of the topic's last maintenance run, once there is one (``note`` says what was expected)."""
+def last_maintenance_run(b: BrokerProcess, topic: str) -> dict[str, Any] | None:
+    """The record of the topic's last maintenance run; None before the first."""
     runs = maintenance_run_path(b, topic)
-    deadline = time.monotonic() + timeout
-    while not runs.exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert runs.exists(), f"{topic}: no maintenance run within {timeout:.0f} s ({note})"
+    if not runs.exists():
+        return None
     run: dict[str, Any] = json.loads(runs.read_text())
+    return run
+
+
+def wait_maintenance_run(b: BrokerProcess, topic: str, note: str, timeout: float = 120,
+                         until: Callable[[dict[str, Any]], bool] = lambda run: True) -> dict[str, Any]:
+    """The record of the topic's last maintenance run, once there is one for which ``until`` holds (``note`` says
+    what was expected)."""
+    deadline = time.monotonic() + timeout
+    run = last_maintenance_run(b, topic)
+    while (run is None or not until(run)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        run = last_maintenance_run(b, topic)
+    assert run is not None and until(run), f"{topic}: no such maintenance run within {timeout:.0f} s ({note}): {run}"
     return run
 
 
