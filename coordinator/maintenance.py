@@ -225,6 +225,30 @@ class _SparkDownError(Exception):
     """The Spark side process could not run a step: the rest of the run waits for the next one."""
 
 
+@dataclass
+class DeleteFileCount:
+    """When the delete files of an upsert table call for a run before the interval is up.
+
+    ``seen`` is the table's delete-file count as last known: a round's report, or the table at the end of a run
+    (the newer of the two: a run's rewrite blocks the rounds' merges, so no round reports between its commit and
+    its end, and the count a round gave before the run would otherwise stand for a table the run has emptied, and
+    call for a second, idle run that raises ``floor`` by a whole ``min.input.files``). ``floor`` is what the last
+    run left, or found and could not rewrite (large files, few deletes each: it is not retried every few seconds).
+    """
+
+    seen: int = 0
+    floor: int = 0
+
+    def due(self, min_input_files: int) -> bool:
+        return self.seen >= self.floor + min_input_files
+
+    def run_started(self) -> None:
+        self.floor = self.seen  # until the run says what it left
+
+    def run_ended(self, delete_files_after: int) -> None:
+        self.seen = self.floor = delete_files_after
+
+
 class TableMaintenance:
     """The maintenance loop of one table topic's table (see the module doc)."""
 
@@ -246,8 +270,7 @@ class TableMaintenance:
         self._stopping = False
         self._rewritten_at: dict[str, int | None] = {}  # step → the snapshot it left the table at
         self._orphans_due = 0.0  # monotonic time of the next orphan removal
-        self._delete_files = 0  # the table's delete files after the last round (note_delete_files)
-        self._delete_floor = 0  # ... and after the last run: a run is due early once min.input.files more
+        self._deletes = DeleteFileCount()  # a run is due early once min.input.files more than the last run left
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
         self.last_report: MaintenanceReport | None = None
@@ -260,9 +283,9 @@ class TableMaintenance:
         ``compaction.min.input.files`` the next run starts without waiting for the interval (at most every
         :data:`EARLY_GAP_S`): an upsert table's merges read every delete file, so a round's merge gets slower with
         each one (measured by ``bench/upsert.py``), and its readers too."""
-        self._delete_files = count
+        self._deletes.seen = count
         self._settle_tried = False
-        if self._early(self._config_provider().compaction_min_input_files):
+        if self._deletes.due(self._config_provider().compaction_min_input_files):
             self._wake.set()
 
     def note_idle(self) -> None:
@@ -270,14 +293,9 @@ class TableMaintenance:
         run (at most :data:`EARLY_GAP_S` after the previous one) rewrites every data file that has any, whatever
         the thresholds: a table whose stream paused is left with no deletes for its readers. Tried once per idle
         spell (until a round reports again), whatever its outcome: an idle table is not looked at every few seconds."""
-        if self._delete_files > 0 and not self._settle and not self._settle_tried:
+        if self._deletes.seen > 0 and not self._settle and not self._settle_tried:
             self._settle, self._settle_tried = True, True
             self._wake.set()
-
-    def _early(self, min_input_files: int) -> bool:
-        # counted from what the last run left: a run that could not rewrite them (large files, few deletes each)
-        # must not be followed by another every few seconds
-        return self._delete_files >= self._delete_floor + min_input_files
 
     async def start(self) -> None:
         self._stopping = False
@@ -307,7 +325,7 @@ class TableMaintenance:
             cfg = self._config_provider()
             policy = MaintenancePolicy.from_config(cfg)
             due = last + policy.interval_s
-            if self._settle or self._early(policy.min_input_files):
+            if self._settle or self._deletes.due(policy.min_input_files):
                 due = min(due, last + EARLY_GAP_S)
             delay = min(CHECK_PERIOD_S, due - loop.time())
             if delay > 0:
@@ -316,14 +334,14 @@ class TableMaintenance:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
             last = loop.time()
-            self._delete_floor = self._delete_files  # until the run says what it left
+            self._deletes.run_started()
             settle, self._settle = self._settle, False
             if not policy.enabled:
                 continue
             try:
                 report = await asyncio.to_thread(self.run_once, cfg, settle=settle)
                 if report is not None:
-                    self._delete_floor = report.delete_files_after
+                    self._deletes.run_ended(report.delete_files_after)
             except Exception as e:  # a catalog outage, a bug: the next run tries again
                 self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
                                      self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
