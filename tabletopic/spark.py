@@ -198,6 +198,9 @@ def _log4j2_file() -> Path:
     return path
 
 
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the driver JVM's: see spark_conf
+
+
 def spark_conf(
     config: BrokerConfig,
     *,
@@ -222,7 +225,14 @@ def spark_conf(
         "spark.driver.bindAddress": LOCAL_IP,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        # many small queries a minute on a machine shared with the broker: the JVM's optimizing JIT (C2) and whole-
+        # stage code generation compile new code for every round's plans, and were the side process's largest CPU
+        # users once its queries ran hot (bench/upsert.py: round p50 2.1 s -> 1.6 s with C1 only, the serial
+        # collector and no whole-stage codegen); the queries are small, so the slower peak code costs little
+        # (Spark puts the default options before spark.driver.extraJavaOptions, which a broker setting may replace)
+        "spark.driver.defaultJavaOptions": JIT_OPTIONS,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file().as_uri()}",
+        "spark.sql.codegen.wholeStage": "false",
         "spark.jars": ",".join(str(j) for j in [iceberg_runtime_jar(), *jars]),
         "spark.sql.extensions": ICEBERG_EXTENSIONS,
         "spark.sql.defaultCatalog": config.catalog_name,

@@ -178,6 +178,15 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     assert conf["spark.sql.shuffle.partitions"] == "7"  # a broker setting wins over the built-in default
     assert conf["spark.sql.catalog.tabletopic.type"] == "jdbc"  # the catalog wiring is still there
     assert not any("idle" in key for key in conf)  # tabletopic's own setting stays with the broker
+    # the JVM tuning for many small queries is a default a broker setting replaces, and the log4j file stays
+    assert conf["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    assert conf["spark.sql.codegen.wholeStage"] == "false"
+    tuned = spark_conf(BrokerConfig.from_properties({**shipped_properties(tmp_path),
+                                                     "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
+                                                     "spark.sql.codegen.wholeStage": "true"}))
+    assert tuned["spark.driver.defaultJavaOptions"] == "-XX:+UseG1GC"
+    assert tuned["spark.sql.codegen.wholeStage"] == "true"
+    assert "log4j2.configurationFile" in tuned["spark.driver.extraJavaOptions"]
     # explicit arguments (`tabletopic sql --driver-memory`) win over the broker's settings
     assert spark_conf(config, master="local[1]", driver_memory="2g")["spark.driver.memory"] == "2g"
     cluster = BrokerConfig.from_properties({**shipped_properties(tmp_path), "spark.master": "spark://127.0.0.1:7077",

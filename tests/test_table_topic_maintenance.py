@@ -35,7 +35,7 @@ from tabletopic.catalog import broker_config
 from tabletopic.errors import InvalidConfigError
 from tabletopic.readers import duckdb_connect, duckdb_scan
 from tabletopic.spark_service import SparkService
-from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess, free_port
+from tests.helpers.procs import BrokerProcess, free_port
 from tests.test_metrics import scrape
 from tests.test_table_topics import catalog, end_offsets
 
@@ -295,7 +295,7 @@ def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, i
         assert sorted(duckdb_scan(duckdb_connect(), tbl).project("_kafka_key, _kafka_value").fetchall()) == pyiceberg
         return pyiceberg
 
-    config = broker_config(None, {"log.dirs": str(b.data_dir), "spark.driver.memory": "512m", **SPARK_TEST_SETTINGS})
+    config = broker_config(None, {"log.dirs": str(b.data_dir), "spark.driver.memory": "512m"})
     with SparkService(config, log_path=tmp_path / "merge-spark.log") as spark:
         spark.sql(f"MERGE INTO default.{topic} t USING (SELECT concat('k', id) AS k, id < 60 AS gone "
                   "FROM range(0, 100) WHERE id < 60 OR id = 80) s ON t._kafka_key = s.k "

@@ -43,7 +43,7 @@ from pyiceberg.types import (
 )
 
 from tabletopic.readers import duckdb_connect, metadata_path
-from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess
+from tests.helpers.procs import BrokerProcess
 from tests.helpers.schema_topics import (
     assert_once_each,
     catalog,
@@ -76,7 +76,7 @@ def spark(reg: BrokerProcess) -> Iterator[Any]:
     from tabletopic.spark import spark_session, stop_session
 
     props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
-    props.update({"log.dirs": str(reg.data_dir), **SPARK_TEST_SETTINGS})
+    props.update({"log.dirs": str(reg.data_dir)})
     session = spark_session(BrokerConfig.from_properties(props))
     yield session
     stop_session(session)

@@ -29,7 +29,7 @@ from pyiceberg.exceptions import NoSuchTableError
 
 from configs.partition_spec import parse_partition_by
 from tabletopic.readers import duckdb_connect, duckdb_scan, metadata_path, pyiceberg_rows
-from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess, free_port
+from tests.helpers.procs import BrokerProcess, free_port
 
 Row = tuple[int, int, Any, Any, tuple[tuple[str, bytes | None], ...], int]
 
@@ -221,7 +221,6 @@ def test_spark_sql_reads_the_same_rows(broker: BrokerProcess) -> None:
         (b"d%d" % i, ["h", "x", "y"], b"last%d" % i) for i in range(10)]
     out = subprocess.run(
         [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={broker.data_dir}",
-         *[arg for k, v in SPARK_TEST_SETTINGS.items() for arg in ("--override", f"{k}={v}")],
          f"SELECT count(*) AS n, count(DISTINCT _kafka_metadata.partition, _kafka_metadata.offset) AS d "
          f"FROM default.{topic}"],
         capture_output=True, text=True, timeout=300, check=False,
@@ -232,7 +231,7 @@ def test_spark_sql_reads_the_same_rows(broker: BrokerProcess) -> None:
     from tabletopic.spark import spark_session, stop_session
 
     props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
-    props.update({"log.dirs": str(broker.data_dir), **SPARK_TEST_SETTINGS})
+    props.update({"log.dirs": str(broker.data_dir)})
     spark = spark_session(BrokerConfig.from_properties(props))
     try:
         srows = spark.sql(f"SELECT _kafka_metadata.partition, _kafka_metadata.offset, _kafka_key, _kafka_value, "

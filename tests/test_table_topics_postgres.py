@@ -15,7 +15,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from configs.model import BrokerConfig, load_properties
 from tabletopic.catalog import CatalogNotFoundError, broker_config, load_catalog
 from tests.helpers.postgres import PostgresServer
-from tests.helpers.procs import SPARK_TEST_SETTINGS, BrokerProcess
+from tests.helpers.procs import BrokerProcess
 from tests.test_table_topics import create, end_offsets, log_rows, normalize_log, produce
 
 CATALOG_URI = "automq.table.topic.catalog.uri"
@@ -84,7 +84,7 @@ def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None
         from tabletopic.spark import spark_session, stop_session
 
         props = load_properties(Path(__file__).resolve().parents[1] / "configs" / "server.properties")
-        props.update({"log.dirs": str(b.data_dir), CATALOG_URI: pg.url, **SPARK_TEST_SETTINGS})
+        props.update({"log.dirs": str(b.data_dir), CATALOG_URI: pg.url})
         spark = spark_session(BrokerConfig.from_properties(props))
         try:
             n = spark.sql(f"SELECT count(DISTINCT _kafka_metadata.partition, _kafka_metadata.offset) "

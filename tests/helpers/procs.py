@@ -30,12 +30,6 @@ def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen[bytes] | 
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-# Every Spark JVM the tests start (brokers' side processes, in-process sessions, `tabletopic sql`) runs short jobs on
-# small tables: the C1 compiler alone and the serial collector halve the CPU a start costs (about 14 -> 7 s of CPU
-# on the 2-core test machines), which the other tests running meanwhile get back. Spark prepends
-# spark.driver.defaultJavaOptions to the broker's own spark.driver.extraJavaOptions (its log4j settings).
-SPARK_TEST_SETTINGS = {"spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-
 
 class BrokerProcess:
     """A tabletopic broker run as ``python -m tabletopic serve`` on a free loopback port.
@@ -43,15 +37,14 @@ class BrokerProcess:
     ``overrides`` are extra ``--override`` settings. The broker's log goes to ``<data_dir>/../broker-N.log``.
     The schema registry is off unless ``overrides`` set ``schema.registry.listeners`` (many brokers run at once).
     Automatic compaction is off unless ``overrides`` or a topic turn it on (``automq.table.topic.compaction.enable``):
-    it would rewrite the files other tests look at, and start a Spark process in every long-lived broker. Its Spark
-    side process gets :data:`SPARK_TEST_SETTINGS`.
+    it would rewrite the files other tests look at, and start a Spark process in every long-lived broker.
     """
 
     def __init__(self, data_dir: Path, overrides: dict[str, str] | None = None, port: int | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.overrides = {"group.initial.rebalance.delay.ms": "0", "schema.registry.listeners": "",
-                          "automq.table.topic.compaction.enable": "false", **SPARK_TEST_SETTINGS,
+                          "automq.table.topic.compaction.enable": "false",
                           **(overrides or {})}
         self.proc: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}  # extra environment for the next start (e.g. TABLETOPIC_CRASH_AT)
