@@ -37,8 +37,9 @@ class CachingSqlCatalog(SqlCatalog):
         self._lock = threading.Lock()  # rounds, maintenance and the metrics load tables from several threads
         self.parsed_files = 0  # metadata files this catalog parsed (the rest of its loads were served cached)
 
-    def _remember(self, location: str, metadata: TableMetadata) -> None:
+    def _remember(self, location: str, metadata: TableMetadata, *, parsed: bool = False) -> None:
         with self._lock:
+            self.parsed_files += parsed
             self._parsed[location] = metadata
             self._parsed.move_to_end(location)
             while len(self._parsed) > CACHED_METADATA:
@@ -52,8 +53,7 @@ class CachingSqlCatalog(SqlCatalog):
                 self._parsed.move_to_end(location)
         if metadata is None or not orm_table.table_namespace or not orm_table.table_name:
             table = super()._convert_orm_to_iceberg(orm_table)  # parses (and raises what pyiceberg raises)
-            self.parsed_files += 1
-            self._remember(table.metadata_location, table.metadata)
+            self._remember(table.metadata_location, table.metadata, parsed=True)
             return table
         return Table(
             identifier=(*self.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
