@@ -25,7 +25,6 @@ from tabletopic.catalog import load_catalog
 from tabletopic.cli.sql import repl, run_statement
 from tabletopic.readers import pyiceberg_rows
 from tabletopic.spark import spark_session, stop_session
-from tests.helpers.procs import SPARK_TEST_SETTINGS
 from tests.test_query_catalog import (
     CATALOG,
     PARTITION_BY,
@@ -56,7 +55,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("query")
-    props = {**shipped_properties(root), **SPARK_TEST_SETTINGS}
+    props = shipped_properties(root)
     config = BrokerConfig.from_properties(props)
     catalog = load_catalog(config, create=True)
     assert catalog is not None

@@ -26,7 +26,6 @@ from coordinator.merge import MERGE_TABLE_PROPERTIES
 from tabletopic import spark
 from tabletopic.catalog import load_catalog
 from tabletopic.fileio import local_path
-from tests.helpers.procs import SPARK_TEST_SETTINGS
 from tests.test_query_catalog import CATALOG, shipped_properties
 
 if TYPE_CHECKING:
@@ -69,7 +68,7 @@ def test_last_change_per_key_across_files_in_partition_offset_order() -> None:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, SparkSession]]:
     root = tmp_path_factory.mktemp("merge")
-    config = BrokerConfig.from_properties({**shipped_properties(root), **SPARK_TEST_SETTINGS})
+    config = BrokerConfig.from_properties(shipped_properties(root))
     catalog = load_catalog(config, create=True)
     assert catalog is not None
     catalog.create_namespace_if_not_exists("default")
