@@ -198,7 +198,7 @@ def _log4j2_file() -> Path:
     return path
 
 
-JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the driver JVM's: see spark_conf
+DRIVER_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # the driver JVM's: see spark_conf
 
 
 def spark_conf(
@@ -230,7 +230,7 @@ def spark_conf(
         # users once its queries ran hot (bench/upsert.py: round p50 2.1 s -> 1.6 s with C1 only, the serial
         # collector and no whole-stage codegen); the queries are small, so the slower peak code costs little
         # (Spark puts the default options before spark.driver.extraJavaOptions, which a broker setting may replace)
-        "spark.driver.defaultJavaOptions": JIT_OPTIONS,
+        "spark.driver.defaultJavaOptions": DRIVER_JVM_OPTIONS,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file().as_uri()}",
         "spark.sql.codegen.wholeStage": "false",
         "spark.jars": ",".join(str(j) for j in [iceberg_runtime_jar(), *jars]),

@@ -473,6 +473,8 @@ def test_an_idle_process_is_stopped_and_started_again_by_the_next_call(env: Env)
         wait_for(lambda: service.state == "stopped idle", 30, "the idle stop")
         assert time.monotonic() - t0 > 1.5
         assert service.pid is None and not alive(pid) and not alive(jvm)
+        # the state is set in memory a moment before the status file is written (by the watcher thread)
+        wait_for(lambda: (read_status(env.root / "idle") or {}).get("state") == "stopped idle", 10, "the status file")
         status = read_status(env.root / "idle")
         assert status is not None and status["state"] == "stopped idle" and status["idle_stops"] == 1
         assert status["starts"] == 1 and status["restarts"] == 0 and status["failures"] == 0
