@@ -45,7 +45,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -142,6 +142,7 @@ class RoundReport:
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped (errors.tolerance) by reason
     dead_letters: int = 0  # skipped records handed over as dead letters (in the dead-letter table once it is in)
     delete_files: int = -1  # delete files in the table after the round (its snapshot summary); -1 unknown
+    rewrite: Mapping[str, int] | None = None  # the round rewrote the table: what it compacted (MergeResult.rewrite)
 
 
 class MergeError(RuntimeError):
@@ -239,6 +240,7 @@ class TableTopicCoordinator:
     """
 
     _dead_letter_table: Table | None = None  # the dead-letter table as last loaded; None until dead letters need it
+    rounds = commits = aborted_rounds = failed_rounds = stale_responses = 0  # metrics: counters of rounds
     merges = 0  # metrics: upsert/CDC rounds merged and published, the duration of the last merge
     last_merge_ms = 0.0
 
@@ -262,6 +264,7 @@ class TableTopicCoordinator:
         schema_evolver: Evolver | None = None,
         merger: Merger | None = None,
         table_writer: TableWriter | None = None,
+        rewrite_wanted: Callable[[], bool] | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -277,8 +280,10 @@ class TableTopicCoordinator:
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge);
-        # what writes a format v3 table's metadata (coordinator.table_writer)
-        self._partition_log, self._merger, self._writer = partition_log, merger, table_writer
+        # what writes a format v3 table's metadata (coordinator.table_writer); what is asked before each merge
+        # (event loop): True when that round is to rewrite the table (its maintenance left the compaction to it)
+        self._partition_log, self._merger, self._writer, self._rewrite_wanted = (
+            partition_log, merger, table_writer, rewrite_wanted or _never)
         self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
@@ -307,12 +312,7 @@ class TableTopicCoordinator:
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
 
-        # Metrics, exported by the broker as they are.
-        self.rounds = 0
-        self.commits = 0
-        self.aborted_rounds = 0
-        self.failed_rounds = 0
-        self.stale_responses = 0
+        # Metrics, exported by the broker as they are (the round counters: class defaults).
         self.last_commit_duration_ms = 0.0  # the catalog commit of the last committed round
         self.last_round_duration_ms = 0.0
         self.records_committed = 0
@@ -823,7 +823,8 @@ class TableTopicCoordinator:
                                  "process), and none is configured")
             crash_point("coordinator-before-merge")
             merged = await asyncio.shield(asyncio.to_thread(
-                self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys)))
+                self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys,
+                                                      rewrite=self._rewrite_wanted())))
         except Exception as e:
             await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths)
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
@@ -868,7 +869,8 @@ class TableTopicCoordinator:
                            watermark=-1 if answers.timed_out else watermark, commit_ms=result.commit_ms,
                            skipped=_sum_skipped(accepted, merged),
                            dead_letters=sum(f.record_count for f in answers.dead_letter_files),
-                           delete_files=_total_delete_files(result.table), **answers.report_fields())
+                           delete_files=_total_delete_files(result.table),
+                           rewrite=None if merged is None else merged.rewrite, **answers.report_fields())
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
@@ -1015,6 +1017,10 @@ class TableTopicCoordinator:
         if wrong:
             return f"files written with another partition spec than {request.spec_id}: {wrong[:3]}"
         return None
+
+
+def _never() -> bool:
+    return False
 
 
 def _total_delete_files(tbl: Table) -> int:

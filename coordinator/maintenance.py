@@ -88,6 +88,7 @@ STOP_WAIT_S = 5.0  # stop() waits this long for a step in flight (closing the Sp
 _CONFLICTS = ("CommitFailedException", "ValidationException", "Cannot commit")
 
 STEP_DATA = "rewrite_data_files"
+STEP_DATA_BY_ROUND = "rewrite_data_files_by_round"  # a round rewrote the table (take_round_rewrite)
 STEP_EXPIRE = "expire_snapshots"
 STEP_MANIFESTS = "rewrite_manifests"
 STEP_ORPHANS = "remove_orphan_files"
@@ -121,12 +122,13 @@ class MaintenancePolicy:
     orphan_age_hours: int
     expire: ExpirePolicy
     settle: bool = False  # rewrite every data file that has a delete file (a table whose rounds went idle)
+    by_round: bool = False  # an upsert/CDC table: a rewrite of the whole table is left to its next round
 
     @classmethod
     def from_config(cls, cfg: TableTopicConfig) -> MaintenancePolicy:
         return cls(cfg.compaction_enable, cfg.compaction_interval_ms / 1000, cfg.compaction_target_file_size_bytes,
                    cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
-                   cfg.orphan_files_older_than_hours, ExpirePolicy.settings(cfg))
+                   cfg.orphan_files_older_than_hours, ExpirePolicy.settings(cfg), by_round=cfg.delta_write)
 
     def data_options(self) -> dict[str, str]:
         """Iceberg's RewriteDataFiles options. The rewritten files take a new sequence number, so that the delete
@@ -238,12 +240,18 @@ class DeleteFileCount:
 
     seen: int = 0
     floor: int = 0
+    _prior: int = 0  # the floor before the run in flight
 
     def due(self, min_input_files: int) -> bool:
         return self.seen >= self.floor + min_input_files
 
     def run_started(self) -> None:
-        self.floor = self.seen  # until the run says what it left
+        self._prior, self.floor = self.floor, self.seen  # until the run says what it left
+
+    def handed_off(self) -> None:
+        """The run left its rewrite to a round: still due until a round has done it (a failed round must not
+        leave the delete files to pile up to twice the threshold)."""
+        self.floor = self._prior
 
     def run_ended(self, delete_files_after: int) -> None:
         self.seen = self.floor = delete_files_after
@@ -273,6 +281,8 @@ class TableMaintenance:
         self._deletes = DeleteFileCount()  # a run is due early once min.input.files more than the last run left
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
+        self._round_rewrite = False  # the next upsert round is to rewrite the table (take_round_rewrite)
+        self._writes: set[asyncio.Task[None]] = set()  # state-file writes of rounds' rewrites in flight
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
 
@@ -296,6 +306,44 @@ class TableMaintenance:
         if self._deletes.seen > 0 and not self._settle and not self._settle_tried:
             self._settle, self._settle_tried = True, True
             self._wake.set()
+
+    def take_round_rewrite(self) -> bool:
+        """Asked by the coordinator before an upsert/CDC round's merge (event loop): True, once, when the last run
+        left the rewrite of the table to that round (:meth:`_rewrite_data`). The round applies its changes by
+        writing the table again (:mod:`coordinator.merge`) and reports it (:meth:`note_round_rewrite`)."""
+        wanted, self._round_rewrite = self._round_rewrite, False
+        return wanted
+
+    def note_round_rewrite(self, cfg: TableTopicConfig, figures: Mapping[str, int]) -> None:
+        """A round rewrote the table (event loop): recorded as a maintenance run of its own (the ``[MAINTENANCE]``
+        line, the observer, the state file) and the delete files it left (none) become the floor."""
+        report = MaintenanceReport(
+            self.topic, ".".join(catalog_identifier(self.topic, cfg)), int(self._clock() * 1000),
+            steps=[STEP_DATA_BY_ROUND], data_files_before=figures["data_files_before"],
+            data_files_after=figures["data_files_after"], delete_files_before=figures["delete_files_before"],
+            delete_files_after=figures["delete_files_after"], bytes_before=figures["bytes_before"],
+            bytes_after=figures["bytes_after"], rewritten_data_files=figures["data_files_before"],
+            added_data_files=figures["data_files_after"], rewritten_bytes=figures["bytes_before"],
+            added_bytes=figures["bytes_after"], deletes_applied=figures["deletes_applied"],
+            removed_delete_files=figures["delete_files_before"], duration_ms=figures.get("ms", 0))
+        self._deletes.run_ended(report.delete_files_after)
+        self._settle_tried = False
+        self._record(report)
+
+    def _record(self, report: MaintenanceReport) -> None:
+        """Log, keep and observe a run's report (event loop; the state file is written in a thread)."""
+        self.runs += 1
+        self.last_report = report
+        log.info("%s", report.line())
+        if self._state_dir is not None:
+            task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._write_state, report))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+        if self._on_run is not None:
+            try:
+                self._on_run(report)
+            except Exception:
+                log.exception("table topic %s: maintenance observer failed", self.topic)
 
     async def start(self) -> None:
         self._stopping = False
@@ -342,6 +390,8 @@ class TableMaintenance:
                 report = await asyncio.to_thread(self.run_once, cfg, settle=settle)
                 if report is not None:
                     self._deletes.run_ended(report.delete_files_after)
+                if self._round_rewrite:  # left to the next round: due again until a round has done it
+                    self._deletes.handed_off()
             except Exception as e:  # a catalog outage, a bug: the next run tries again
                 self._conditions.log("run", logging.ERROR, "table topic %s: maintenance run failed: %s: %s",
                                      self.topic, type(e).__name__, e, state=(type(e), str(e)), exc_info=e)
@@ -403,6 +453,9 @@ class TableMaintenance:
             self._conditions.clear("steps", logging.INFO, "table topic %s: maintenance steps succeed again",
                                    self.topic)
         self._conditions.clear("run")
+        self._write_state(report)
+
+    def _write_state(self, report: MaintenanceReport) -> None:
         if self._state_dir is not None:
             try:
                 atomic_write_json(self._state_dir / LAST_RUN_FILE, asdict(report))
@@ -450,6 +503,13 @@ class TableMaintenance:
         due = totals.data_files >= policy.min_input_files or totals.delete_files > 0
         # a run at this snapshot with the thresholds may have left deletes a settling run applies
         if not due or not (policy.settle or self._changed_since(STEP_DATA, tbl)):
+            return tbl
+        if policy.by_round and not policy.settle and totals.bytes <= policy.target_file_size_bytes:
+            # an upsert table of at most one target file: rewritten whole, its next round's changes applied in the
+            # same job, for about the cost of that round's merge, where this step would hold the merges back for
+            # as long as one more merge takes (coordinator.merge). A table whose rounds went idle (settle) has no
+            # next round: rewritten here.
+            self._round_rewrite = True
             return tbl
         assert self._spark is not None
         spark = self._spark

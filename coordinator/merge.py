@@ -16,6 +16,12 @@ is still the snapshot the merge started from. So the merge and the offsets land 
 - a commit on the table between the merge and the publication (a compaction) makes the publication fail its
   assertion: the round is aborted and written again on the new ``main``.
 
+A round can also **rewrite** the table (``MergeRequest.rewrite``, asked for by the table's maintenance,
+:meth:`coordinator.maintenance.TableMaintenance.take_round_rewrite`): the changes are applied by writing the whole
+table again in one file, which replaces every data and delete file. On a table of at most one target file that
+costs about what the MERGE does, where a MERGE and then a compaction cost both, and the compaction held the next
+rounds back. It is staged and published exactly like a MERGE, so everything below holds for it too.
+
 Replaying a round is harmless in any case: per key the merge applies the last change, which on a table that has
 it already changes nothing (a delete of a missing key is a no-op; an insert of a present key replaces the row).
 
@@ -45,11 +51,13 @@ MERGE_TABLE_PROPERTIES = {
 
 @dataclass(frozen=True, slots=True)
 class MergeRequest:
-    """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id)."""
+    """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id);
+    ``rewrite``: by writing the table again whole (see the module doc)."""
 
     stage_id: str
     paths: tuple[str, ...]
     keys: tuple[str, ...]
+    rewrite: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +75,8 @@ class MergeResult:
     staged: StagedMerge | None
     unknown_key_deletes: int = 0  # deletes of keys the table did not have (no-ops)
     summary: Mapping[str, str] = field(default_factory=dict)  # the staged snapshot's added-* / removed-* figures
+    # when the round rewrote the table: its data/delete files and bytes before and after, the deletes applied
+    rewrite: Mapping[str, int] | None = None
 
     @property
     def rows_written(self) -> int:
@@ -85,7 +95,9 @@ class MergeResult:
         snapshot_id = result.get("snapshot_id")
         parent = result.get("parent_id")
         staged = None if snapshot_id is None else StagedMerge(int(snapshot_id), None if parent is None else int(parent))
-        return cls(staged, int(result.get("absent_deletes", 0)), dict(result.get("summary", {})))
+        rewrite = result.get("rewrite")
+        return cls(staged, int(result.get("absent_deletes", 0)), dict(result.get("summary", {})),
+                   None if rewrite is None else {str(k): int(v) for k, v in rewrite.items()})
 
 
 Merger = Callable[[Table, MergeRequest], MergeResult]

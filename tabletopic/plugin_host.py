@@ -163,7 +163,8 @@ class TableTopicHost:
         assert self.spark is not None
         return MergeResult.from_spark(self.spark.merge(
             tbl.name(), paths=request.paths, keys=request.keys, stage_id=request.stage_id,
-            op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN)))
+            op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN),
+            rewrite=request.rewrite))
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
@@ -272,6 +273,9 @@ class TableTopicHost:
         def partition_log(partition: int) -> PartitionLog | None:
             return self._broker.logs.get(topic, partition)
 
+        maintenance = TableMaintenance(
+            topic, catalog=self._catalog, config_provider=config_provider, spark=self.spark, state_dir=state_dir,
+            topic_id=str(info.topic_id), on_run=lambda run: self._metrics.record_maintenance(topic, run))
         coord = TableTopicCoordinator(
             topic,
             catalog=self._catalog,
@@ -287,16 +291,15 @@ class TableTopicHost:
             schema_evolver=self._evolve_schema,
             merger=self._merge,
             table_writer=None if self.spark is None else SparkTableWriter(self.spark),
+            rewrite_wanted=maintenance.take_round_rewrite,
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord)
         holder["tt"] = tt
         await coord.start()
         for p in range(info.partitions):
             await self._start_worker(tt, p)
-        tt.maintenance = TableMaintenance(
-            topic, catalog=self._catalog, config_provider=config_provider, spark=self.spark, state_dir=state_dir,
-            topic_id=str(info.topic_id), on_run=lambda run: self._metrics.record_maintenance(topic, run))
-        await tt.maintenance.start()
+        tt.maintenance = maintenance
+        await maintenance.start()
         self._running[topic] = tt
         # one line per topic enabled at runtime; the broker's start-up sums them up in one line
         log.log(logging.DEBUG if at_start else logging.INFO,
@@ -329,7 +332,9 @@ class TableTopicHost:
         tt = self._running.get(topic)
         if tt is not None:
             m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
-            if tt.maintenance is not None and report.delete_files >= 0:
+            if tt.maintenance is not None and report.rewrite is not None:
+                tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
+            elif tt.maintenance is not None and report.delete_files >= 0:
                 tt.maintenance.note_delete_files(report.delete_files)
             elif tt.maintenance is not None and report.outcome is RoundOutcome.IDLE:
                 tt.maintenance.note_idle()

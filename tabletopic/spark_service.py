@@ -276,13 +276,15 @@ class SparkService:
         return out
 
     def merge(self, table: str | Sequence[str], *, paths: Sequence[str], keys: Sequence[str], stage_id: str,
-              op_column: str, order_columns: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
-        """Apply the change files ``paths`` to the table with ``MERGE INTO``, staged under ``stage_id`` (the table
-        must have ``write.wap.enabled=true``): the rules and the result are those of
-        :func:`tabletopic.spark.merge_changes`; the staged snapshot is published by the caller's commit."""
+              op_column: str, order_columns: Sequence[str], rewrite: bool = False,
+              timeout: float | None = None) -> dict[str, Any]:
+        """Apply the change files ``paths`` to the table with ``MERGE INTO`` (or, ``rewrite``, by writing the table
+        again whole with them applied), staged under ``stage_id`` (the table must have ``write.wap.enabled=true``):
+        the rules and the result are those of :func:`tabletopic.spark.merge_changes`; the staged snapshot is
+        published by the caller's commit."""
         result: dict[str, Any] = self.call("merge", {
             "identifier": table_identifier(table), "paths": list(paths), "keys": list(keys), "stage_id": stage_id,
-            "op_column": op_column, "order_columns": list(order_columns)}, timeout=timeout)
+            "op_column": op_column, "order_columns": list(order_columns), "rewrite": rewrite}, timeout=timeout)
         return result
 
     # format v3 tables (coordinator.table_writer): the broker's writes to their metadata, which pyiceberg cannot do
@@ -605,7 +607,8 @@ def _child_ops() -> dict[str, Op]:
             session, config.catalog_name, args["identifier"], args["schema_json"]),
         "merge": lambda session, config, args: spark.merge_changes(
             session, config.catalog_name, args["identifier"], paths=args["paths"], keys=args["keys"],
-            stage_id=args["stage_id"], op_column=args["op_column"], order_columns=args["order_columns"]),
+            stage_id=args["stage_id"], op_column=args["op_column"], order_columns=args["order_columns"],
+            rewrite=bool(args.get("rewrite", False))),
         "create_table": lambda session, config, args: spark.create_table(
             session, config.catalog_name, args["identifier"], schema_json=args["schema_json"],
             spec_json=args["spec_json"], properties=args["properties"], location=args["location"]),

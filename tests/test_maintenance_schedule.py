@@ -49,3 +49,20 @@ def test_a_run_without_a_report_keeps_the_floor_it_started_at() -> None:
     assert not count.due(MIN_INPUT)
     count.seen = 11
     assert count.due(MIN_INPUT)
+
+
+def test_a_rewrite_left_to_a_round_stays_due_until_a_round_does_it() -> None:
+    """A run that leaves the rewrite to the next round (an upsert table of one target file) does not raise the
+    floor: if that round fails, the next look (five seconds on) calls for it again, not min.input.files later.
+    The round's rewrite then sets the count and the floor to what it left."""
+    count = DeleteFileCount(seen=5)
+    assert count.due(MIN_INPUT)
+    count.run_started()
+    count.handed_off()
+    assert count.due(MIN_INPUT), "still due: the round has not rewritten the table yet"
+    count.seen = 6  # the round failed; another round merged
+    assert count.due(MIN_INPUT)
+    count.run_ended(0)  # a round rewrote the table (note_round_rewrite)
+    assert not count.due(MIN_INPUT)
+    count.seen = 5
+    assert count.due(MIN_INPUT)

@@ -22,7 +22,7 @@ from pyiceberg.types import LongType, NestedField, StringType, StructType
 
 from configs.model import BrokerConfig
 from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN
-from coordinator.merge import MERGE_TABLE_PROPERTIES
+from coordinator.merge import MERGE_TABLE_PROPERTIES, MergeResult
 from tabletopic import spark
 from tabletopic.catalog import load_catalog
 from tabletopic.fileio import local_path
@@ -156,3 +156,62 @@ def test_rewrite_waits_for_the_publication_of_a_staged_merge(env: tuple[Catalog,
     assert final.snapshot_by_id(pending["snapshot_id"]) is not None
     assert rows_of(catalog, tbl) == sorted([(0, "y"), (1, "x"), (2, "x"), (10, "x"), (12, "x"), (20, "x"),
                                             (21, "x"), (22, "x")])
+
+
+def files_of(catalog: Catalog, tbl: Table) -> tuple[int, int]:
+    """(data files, delete files) of the table's current snapshot."""
+    summary = catalog.load_table(tbl.name()).current_snapshot().summary  # type: ignore[union-attr]
+    return int(summary["total-data-files"]), int(summary["total-delete-files"])  # type: ignore[index]
+
+
+def test_a_rewriting_round_gives_the_merge_rows_in_one_file_without_deletes(
+        env: tuple[Catalog, SparkSession]) -> None:
+    """``rewrite=True``: the same rows as a MERGE of the same changes (a changed column replaced, a column the
+    changes lack kept from the row they replace, deletes, unknown-key deletes counted), written as one data file
+    with no delete file, the MERGE's figures, and what it compacted."""
+    catalog, session = env
+    tables = {name: create_table(catalog, name) for name in ("rw_merge", "rw_rewrite")}
+    for tbl in tables.values():
+        Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+        for n in range(3):  # three merged rounds: three data files, and position deletes on the first two
+            rows = [("U", i, f"r{n}-{i}", 0, 10 * n + i) for i in range(0, 8, 2)] + [("I", 100 + n, "new", 0, 10 * n + 9)]
+            publish(catalog, tbl, merge(session, tbl, [change_file(tbl, rows, 0)], f"{tbl.name()[-1]}-{n}")["snapshot_id"])
+    assert files_of(catalog, tables["rw_rewrite"])[1] > 0, "the set-up left delete files"
+    rows = [("U", 0, "last", 0, 50), ("D", 2, "-", 0, 51), ("D", 77, "-", 0, 52), ("I", 9, "n9", 0, 53)]
+    no_ref = changes(rows).drop_columns(["ref"])  # the changes lack a column: kept from the replaced row
+    results = {}
+    for name, tbl in tables.items():
+        path = f"{tbl.location()}/data/tt-chg-p0-50-{uuid.uuid4()}.parquet"
+        pq.write_table(no_ref, str(local_path(path)))
+        results[name] = spark.merge_changes(session, CATALOG, ("default", name), paths=[path], keys=["id"],
+                                            stage_id=f"{name}-last", op_column=CHANGE_OP_COLUMN, order_columns=ORDER,
+                                            rewrite=name == "rw_rewrite")
+        publish(catalog, tbl, results[name]["snapshot_id"])
+    merged, rewritten = results["rw_merge"], results["rw_rewrite"]
+    assert merged["rewrite"] is None and "merge" in merged["steps"]
+    assert "rewrite" in rewritten["steps"] and "merge" not in rewritten["steps"]
+
+    def full(tbl: Table) -> list[tuple[Any, ...]]:
+        got = catalog.load_table(tbl.name()).scan().to_arrow().to_pylist()
+        return sorted((r["id"], r["name"], (r["ref"] or {}).get("code")) for r in got)
+
+    assert full(tables["rw_rewrite"]) == full(tables["rw_merge"])
+    assert (0, "last", "c0") in full(tables["rw_rewrite"]) and (9, "n9", None) in full(tables["rw_rewrite"])
+    assert files_of(catalog, tables["rw_rewrite"]) == (1, 0)
+    assert rewritten["absent_deletes"] == merged["absent_deletes"] == 1
+    m, r = MergeResult.from_spark(merged), MergeResult.from_spark(rewritten)
+    assert (r.rows_written, r.rows_deleted) == (m.rows_written, m.rows_deleted) == (2, 2)
+    figures = rewritten["rewrite"]
+    before = files_of(catalog, tables["rw_merge"])  # the merged twin: the files the rewrite started from, plus one
+    assert figures["data_files_after"] == 1 and figures["delete_files_after"] == 0
+    assert figures["data_files_before"] == before[0] - 1 and figures["delete_files_before"] > 0
+    assert figures["deletes_applied"] > 0 and figures["bytes_before"] > 0 and figures["bytes_after"] > 0
+    # and with every column in the changes (no second scan of the table), on the rewritten table
+    rows = [("U", 4, "again", 0, 60), ("D", 6, "-", 0, 61), ("I", 11, "n11", 0, 62)]
+    for name, tbl in tables.items():
+        out = spark.merge_changes(session, CATALOG, ("default", name), paths=[change_file(tbl, rows, 0)], keys=["id"],
+                                  stage_id=f"{name}-full", op_column=CHANGE_OP_COLUMN, order_columns=ORDER,
+                                  rewrite=name == "rw_rewrite")
+        publish(catalog, tbl, out["snapshot_id"])
+    assert full(tables["rw_rewrite"]) == full(tables["rw_merge"])
+    assert (4, "again", "c4") in full(tables["rw_rewrite"]) and files_of(catalog, tables["rw_rewrite"]) == (1, 0)
