@@ -504,11 +504,12 @@ class TableMaintenance:
         # a run at this snapshot with the thresholds may have left deletes a settling run applies
         if not due or not (policy.settle or self._changed_since(STEP_DATA, tbl)):
             return tbl
-        if policy.by_round and not policy.settle and totals.bytes <= policy.target_file_size_bytes:
-            # an upsert table of at most one target file: rewritten whole, its next round's changes applied in the
-            # same job, for about the cost of that round's merge, where this step would hold the merges back for
-            # as long as one more merge takes (coordinator.merge). A table whose rounds went idle (settle) has no
-            # next round: rewritten here.
+        if policy.by_round and not policy.settle and totals.bytes <= policy.target_file_size_bytes and max(
+                totals.data_files, totals.delete_files) >= policy.min_input_files:
+            # An upsert table of at most one target file, all of whose data files are small: Iceberg's bin-pack
+            # would rewrite them all. Its next round does that instead, its changes applied in the same job, for
+            # about the cost of its merge, where this step would hold the merges back for as long again
+            # (coordinator.merge). A table whose rounds went idle (settle) has no next round: rewritten here.
             self._round_rewrite = True
             return tbl
         assert self._spark is not None
