@@ -174,8 +174,10 @@ def test_a_rewriting_round_gives_the_merge_rows_in_one_file_without_deletes(
     for tbl in tables.values():
         Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
         for n in range(3):  # three merged rounds: three data files, and position deletes on the first two
-            rows = [("U", i, f"r{n}-{i}", 0, 10 * n + i) for i in range(0, 8, 2)] + [("I", 100 + n, "new", 0, 10 * n + 9)]
-            publish(catalog, tbl, merge(session, tbl, [change_file(tbl, rows, 0)], f"{tbl.name()[-1]}-{n}")["snapshot_id"])
+            rows = [("U", i, f"r{n}-{i}", 0, 10 * n + i) for i in range(0, 8, 2)]
+            rows.append(("I", 100 + n, "new", 0, 10 * n + 9))
+            staged = merge(session, tbl, [change_file(tbl, rows, 0)], f"{tbl.name()[-1]}-{n}")
+            publish(catalog, tbl, staged["snapshot_id"])
     assert files_of(catalog, tables["rw_rewrite"])[1] > 0, "the set-up left delete files"
     rows = [("U", 0, "last", 0, 50), ("D", 2, "-", 0, 51), ("D", 77, "-", 0, 52), ("I", 9, "n9", 0, 53)]
     no_ref = changes(rows).drop_columns(["ref"])  # the changes lack a column: kept from the replaced row

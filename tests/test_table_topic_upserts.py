@@ -156,8 +156,8 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
 def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any) -> None:
     """With ``compaction.interval.ms`` an hour, an upsert table's maintenance still runs once its rounds leave
     ``compaction.min.input.files`` delete files (a merge reads every one): the next round rewrites the table with
-    its changes applied, the delete files go, and every reader still returns the model's rows. Fewer delete files than that are applied once the
-    topic goes idle."""
+    its changes applied, the delete files go, and every reader still returns the model's rows. Fewer delete files
+    than that are applied once the topic goes idle."""
     topic = "early_compaction"
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
            upsert_enable="true", compaction_enable="true", compaction_interval_ms="3600000",
