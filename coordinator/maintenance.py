@@ -282,6 +282,7 @@ class TableMaintenance:
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
         self._round_rewrite = False  # the next upsert round is to rewrite the table (take_round_rewrite)
+        self._rewrite_in_round = False  # a round took it and has not reported yet: no second hand-off meanwhile
         self._writes: set[asyncio.Task[None]] = set()  # state-file writes of rounds' rewrites in flight
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
@@ -295,6 +296,7 @@ class TableMaintenance:
         each one (measured by ``bench/upsert.py``), and its readers too."""
         self._deletes.seen = count
         self._settle_tried = False
+        self._rewrite_in_round = False  # a round that took the rewrite merged instead (or a later one reports)
         if self._deletes.due(self._config_provider().compaction_min_input_files):
             self._wake.set()
 
@@ -312,6 +314,7 @@ class TableMaintenance:
         left the rewrite of the table to that round (:meth:`_rewrite_data`). The round applies its changes by
         writing the table again (:mod:`coordinator.merge`) and reports it (:meth:`note_round_rewrite`)."""
         wanted, self._round_rewrite = self._round_rewrite, False
+        self._rewrite_in_round |= wanted
         return wanted
 
     def note_round_rewrite(self, cfg: TableTopicConfig, figures: Mapping[str, int]) -> None:
@@ -328,6 +331,7 @@ class TableMaintenance:
             removed_delete_files=figures["delete_files_before"], duration_ms=figures.get("ms", 0))
         self._deletes.run_ended(report.delete_files_after)
         self._settle_tried = False
+        self._rewrite_in_round = False
         self._record(report)
 
     def _record(self, report: MaintenanceReport) -> None:
@@ -510,7 +514,8 @@ class TableMaintenance:
             # would rewrite them all. Its next round does that instead, its changes applied in the same job, for
             # about the cost of its merge, where this step would hold the merges back for as long again
             # (coordinator.merge). A table whose rounds went idle (settle) has no next round: rewritten here.
-            self._round_rewrite = True
+            # While a round is rewriting it (longer than the loop's early gap on a larger table) nothing more.
+            self._round_rewrite = not self._rewrite_in_round
             return tbl
         assert self._spark is not None
         spark = self._spark

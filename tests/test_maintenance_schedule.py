@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from coordinator.maintenance import DeleteFileCount
+from pathlib import Path
+
+import pyarrow as pa
+
+from configs.table_topic import TableTopicConfig
+from coordinator.maintenance import DeleteFileCount, MaintenancePolicy, MaintenanceReport, TableMaintenance
+from tabletopic.catalog import broker_config, load_catalog
 
 MIN_INPUT = 5
+P = "automq.table.topic."
+ROWS = pa.table({"id": pa.array([1, 2, 3], pa.int64())})
 
 
 def test_a_run_is_due_every_min_input_files_rounds() -> None:
@@ -66,3 +74,39 @@ def test_a_rewrite_left_to_a_round_stays_due_until_a_round_does_it() -> None:
     assert not count.due(MIN_INPUT)
     count.seen = 5
     assert count.due(MIN_INPUT)
+
+
+def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None:
+    """The hand-off itself, on a real catalog: an upsert table of five small data files is left to the next round
+    (no Spark: the maintenance has none here, and would fail an assertion had it called it); while that round
+    rewrites (a larger table's rewrite can outlast the loop's five-second look) a second run hands nothing off;
+    a round's report ends that, and the next due run hands off again. An append table is never handed off."""
+    config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
+    catalog = load_catalog(config, create=True)
+    assert catalog is not None
+    catalog.create_namespace("default")
+    tbl = catalog.create_table("default.t", ROWS.schema)
+    for _ in range(MIN_INPUT):
+        tbl.append(ROWS)
+    upsert = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]"}, config)
+    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+    policy = MaintenancePolicy.from_config(upsert)
+    report = MaintenanceReport("t", "default.t", 0)
+    assert policy.by_round and not maintenance.take_round_rewrite()
+
+    def run() -> None:
+        maintenance._rewritten_at.clear()  # the table "changed" since the last look
+        maintenance._rewrite_data(catalog.load_table("default.t"), policy, report)
+
+    run()
+    assert maintenance.take_round_rewrite(), "left to the next round"
+    assert not maintenance.take_round_rewrite(), "once"
+    run()  # the round is still rewriting
+    assert not maintenance.take_round_rewrite()
+    maintenance.note_delete_files(MIN_INPUT)  # it merged instead (a fallback), or a later round reported
+    run()
+    assert maintenance.take_round_rewrite()
+    assert not report.steps and not report.failures
+
+    append = TableTopicConfig.from_topic({}, config)
+    assert not MaintenancePolicy.from_config(append).by_round
