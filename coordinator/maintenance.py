@@ -13,7 +13,10 @@ rounds go idle leaving delete files, the next run rewrites every data file that 
    ``compaction.min.input.files`` of them, rewriting too any data file whose position deletes cover
    ``compaction.delete.ratio`` of its rows or come in ``compaction.min.input.files`` delete files: the deletes are
    applied (the rows are gone from the new file) and the delete files left applying to nothing are dropped
-   (Iceberg's position-delete compaction cannot run on these tables: :func:`tabletopic.spark.rewrite_data_files`);
+   (Iceberg's position-delete compaction cannot run on these tables: :func:`tabletopic.spark.rewrite_data_files`).
+   On an upsert/CDC table of at most one target file the run leaves that rewrite to the table's next round, which
+   applies its changes by writing the whole table again (:meth:`TableMaintenance.take_round_rewrite`,
+   :mod:`coordinator.merge`): the rounds' merges would otherwise wait for the rewrite;
 2. expire snapshots per ``expire.snapshot.*`` (AutoMQ's settings), deleting the files only they referenced; the
    rounds' own expiry is then only a backstop (:meth:`coordinator.committer.ExpirePolicy.from_config`);
 3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
