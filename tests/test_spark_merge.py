@@ -217,3 +217,31 @@ def test_a_rewriting_round_gives_the_merge_rows_in_one_file_without_deletes(
         publish(catalog, tbl, out["snapshot_id"])
     assert full(tables["rw_rewrite"]) == full(tables["rw_merge"])
     assert (4, "again", "c4") in full(tables["rw_rewrite"]) and files_of(catalog, tables["rw_rewrite"]) == (1, 0)
+
+
+def test_a_rewriting_round_on_a_partitioned_table(env: tuple[Catalog, SparkSession]) -> None:
+    """The same on a table partitioned by ``bucket(id, 2)``: the overwrite replaces every partition (one that the
+    round leaves empty included), leaves no delete file, and gives a MERGE's rows."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import BucketTransform
+
+    catalog, session = env
+    spec = PartitionSpec(PartitionField(1, 1000, BucketTransform(2), "id_bucket"))
+    tables = {name: catalog.create_table(f"default.{name}", SCHEMA, partition_spec=spec,
+                                         properties={**MERGE_TABLE_PROPERTIES, "format-version": "2"})
+              for name in ("rwp_merge", "rwp_rewrite")}
+    first = [("I", i, f"n{i}", 0, i) for i in range(8)]
+    second = [("U", i, f"u{i}", 0, 10 + i) for i in range(0, 8, 3)]
+    last = [("D", i, "-", 0, 20 + i) for i in range(8) if i % 2] + [("U", 0, "last", 0, 30), ("I", 9, "n9", 0, 31)]
+    for name, tbl in tables.items():
+        Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+        for n, rows in enumerate((first, second, last)):
+            out = spark.merge_changes(session, CATALOG, ("default", name), paths=[change_file(tbl, rows, 0)],
+                                      keys=["id"], stage_id=f"{name}-{n}", op_column=CHANGE_OP_COLUMN,
+                                      order_columns=ORDER, rewrite=n == 2 and name == "rwp_rewrite")
+            publish(catalog, tbl, out["snapshot_id"])
+    assert rows_of(catalog, tables["rwp_rewrite"]) == rows_of(catalog, tables["rwp_merge"])
+    assert (0, "last") in rows_of(catalog, tables["rwp_rewrite"]) and len(rows_of(catalog, tables["rwp_merge"])) == 5
+    data, deletes = files_of(catalog, tables["rwp_rewrite"])
+    assert deletes == 0 and 1 <= data <= 2, (data, deletes)
+    assert files_of(catalog, tables["rwp_merge"])[1] > 0, "the twin merged: it has delete files"
