@@ -543,7 +543,9 @@ _topic(
             "key=value table properties given to tables the broker creates (replaces the defaults; applied at "
             "creation only: a table that exists is never changed by them). format-version=3 makes a format v3 "
             "table (upserts write deletion vectors; created and committed through the broker's Spark side "
-            "process), else format 2. Refused, never overridden: format versions other than 2 and 3 (and one an "
+            "process), else format 2. write.parquet.compression-codec is zstd unless given (what the broker's "
+            "workers write; Iceberg's Java writers, Spark's among them, would write gzip). Refused, never "
+            "overridden: format versions other than 2 and 3 (and one an "
             "existing table is not), tabletopic.* keys (the broker's own), and on upsert/CDC tables merge modes "
             "other than merge-on-read or write.wap.enabled=false.",
             key_value_list_validator),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.committer import table_properties
 from coordinator.contract import CommitCode, CommitResponse
 from coordinator.coordinator import RoundOutcome
 from coordinator.table import COMMIT_ID_PROPERTY, OFFSETS_PROPERTY, SUMMARY_COMMIT_ID, committed_offsets
@@ -36,10 +37,18 @@ def test_table_created_with_auto_create_properties(tmp_path: Path) -> None:
             assert tbl.name() == ("kafka", TOPIC)
             assert tbl.format_version == 2
             assert tbl.properties["write.metadata.delete-after-commit.enabled"] == "true"
+            assert tbl.properties["write.parquet.compression-codec"] == "zstd"  # pyiceberg's writers' codec
             assert [f.name for f in tbl.schema().fields] == ["_kafka_header", "_kafka_key", "_kafka_value",
                                                               "_kafka_metadata"]
             assert tbl.current_snapshot() is None
     asyncio.run(main())
+
+
+def test_new_tables_name_their_parquet_codec_unless_given() -> None:
+    """Without ``write.parquet.compression-codec`` Spark would write gzip where the workers write zstd."""
+    assert table_properties(make_config())["write.parquet.compression-codec"] == "zstd"
+    given = make_config(iceberg_auto_create_properties=(("write.parquet.compression-codec", "snappy"),))
+    assert table_properties(given)["write.parquet.compression-codec"] == "snappy"
 
 
 def test_rounds_commit_rows_once_and_idle_rounds_make_no_snapshot(tmp_path: Path,

@@ -33,6 +33,7 @@ from tests.helpers.upserts import (
     delete_file_contents,
     maintenance_run_path,
     model_view,
+    parquet_codecs,
     wait_committed,
     wait_maintenance_run,
 )
@@ -188,6 +189,10 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
     tbl = wait_committed(broker, topic, timeout=FIRST_MERGE_S)
     left = delete_file_contents(tbl).get(1, 0)
     assert 0 < left < 3, left
+    # the Spark side process's files (the rewriting round's data file, the MERGE's data and delete files) are in the
+    # codec the broker wrote into the table (Iceberg's Java writers would write gzip into a table naming none)
+    assert tbl.properties["write.parquet.compression-codec"] == "zstd"
+    assert parquet_codecs(tbl) == {0: {"ZSTD"}, 1: {"ZSTD"}}, parquet_codecs(tbl)
     deadline = time.monotonic() + 120
     while delete_file_contents(tbl).get(1, 0) and time.monotonic() < deadline:
         time.sleep(0.5)

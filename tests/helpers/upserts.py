@@ -161,6 +161,20 @@ def delete_file_contents(tbl: Table) -> dict[int, int]:
     return out
 
 
+def parquet_codecs(tbl: Table) -> dict[int, set[str]]:
+    """The compression codecs of the table's live files' column chunks, by content (read from their footers)."""
+    import pyarrow.parquet as pq
+
+    out: dict[int, set[str]] = {}
+    for entry in tbl.inspect.files().to_pylist():
+        with tbl.io.new_input(entry["file_path"]).open() as f:
+            meta = pq.ParquetFile(f).metadata
+        out.setdefault(entry["content"], set()).update(
+            meta.row_group(g).column(c).compression for g in range(meta.num_row_groups)
+            for c in range(meta.num_columns))
+    return out
+
+
 def change_files_on_disk(tbl: Table) -> list[Path]:
     """Change files still under the table's location (none once no round is in flight)."""
     return sorted(Path(str(local_path(tbl.location()))).rglob(f"{CHANGE_FILE_PREFIX}*.parquet"))
