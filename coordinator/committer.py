@@ -232,8 +232,11 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, wr
 
 def prepare_merge_table(tbl: Table, writer: TableWriter | None = None) -> Table:
     """Give an upsert/CDC table the properties its merges need (:data:`MERGE_TABLE_PROPERTIES`) when it lacks
-    them (a table created for appends, then switched to upserts); returns the current table."""
+    them (a table created for appends, then switched to upserts), and the workers' Parquet codec when it names
+    none (a table created before the broker named it: see :func:`table_properties`); returns the current table."""
     missing = {k: v for k, v in MERGE_TABLE_PROPERTIES.items() if tbl.properties.get(k) != v}
+    if TableProperties.PARQUET_COMPRESSION not in tbl.properties:
+        missing[TableProperties.PARQUET_COMPRESSION] = TableProperties.PARQUET_COMPRESSION_DEFAULT
     if not missing:
         return tbl
     tbl = apply_update(tbl, TableUpdate(set_properties=missing), writer)

@@ -143,6 +143,7 @@ class RoundReport:
     dead_letters: int = 0  # skipped records handed over as dead letters (in the dead-letter table once it is in)
     delete_files: int = -1  # delete files in the table after the round (its snapshot summary); -1 unknown
     rewrite: Mapping[str, int] | None = None  # the round rewrote the table: what it compacted (MergeResult.rewrite)
+    rewrite_refused: str | None = None  # asked to rewrite the table, the round merged: why (MergeResult)
 
 
 class MergeError(RuntimeError):
@@ -870,7 +871,9 @@ class TableTopicCoordinator:
                            skipped=_sum_skipped(accepted, merged),
                            dead_letters=sum(f.record_count for f in answers.dead_letter_files),
                            delete_files=_total_delete_files(result.table),
-                           rewrite=None if merged is None else merged.rewrite, **answers.report_fields())
+                           rewrite=None if merged is None else merged.rewrite,
+                           rewrite_refused=None if merged is None else merged.rewrite_refused,
+                           **answers.report_fields())
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""

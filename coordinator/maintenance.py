@@ -286,6 +286,8 @@ class TableMaintenance:
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
         self._round_rewrite = False  # the next upsert round is to rewrite the table (take_round_rewrite)
         self._rewrite_in_round = False  # a round took it and has not reported yet: no second hand-off meanwhile
+        self._refused: str | None = None  # why Spark refused a round's rewrite (note_rewrite_refused)
+        self._refused_schema: int | None = None  # ... the table's schema then: no hand-off until it changes
         self._writes: set[asyncio.Task[None]] = set()  # state-file writes of rounds' rewrites in flight
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
@@ -319,6 +321,16 @@ class TableMaintenance:
         wanted, self._round_rewrite = self._round_rewrite, False
         self._rewrite_in_round |= wanted
         return wanted
+
+    def note_rewrite_refused(self, why: str) -> None:
+        """A round asked to rewrite the table merged instead, Spark having refused the rewrite (event loop; ``why``
+        its analysis error: :func:`tabletopic.spark.merge_changes`). Until the table's schema changes the runs
+        rewrite the table themselves: handed off again, every round might be refused again and the table never
+        compacted."""
+        if self._refused is None:
+            log.warning("table topic %s: its rounds cannot rewrite the table (%s); the maintenance runs rewrite it "
+                        "instead until its schema changes, and the rounds' merges wait for those", self.topic, why)
+        self._refused, self._refused_schema = why, None
 
     def note_round_rewrite(self, cfg: TableTopicConfig, figures: Mapping[str, int]) -> None:
         """A round rewrote the table (event loop): recorded as a maintenance run of its own (the ``[MAINTENANCE]``
@@ -511,12 +523,7 @@ class TableMaintenance:
         # a run at this snapshot with the thresholds may have left deletes a settling run applies
         if not due or not (policy.settle or self._changed_since(STEP_DATA, tbl)):
             return tbl
-        if policy.by_round and not policy.settle and totals.bytes <= policy.target_file_size_bytes and max(
-                totals.data_files, totals.delete_files) >= policy.min_input_files:
-            # An upsert table of at most one target file, all of whose data files are small: Iceberg's bin-pack
-            # would rewrite them all. Its next round does that instead, its changes applied in the same job, for
-            # about the cost of its merge, where this step would hold the merges back for as long again
-            # (coordinator.merge). A table whose rounds went idle (settle) has no next round: rewritten here.
+        if self._leave_to_round(tbl, policy, totals):
             # While a round is rewriting it (longer than the loop's early gap on a larger table) nothing more.
             self._round_rewrite = not self._rewrite_in_round
             return tbl
@@ -533,6 +540,27 @@ class TableMaintenance:
             report.deletes_applied += out["deletes_applied"]
             report.removed_delete_files += out["removed_delete_files"]
         return tbl
+
+    def _leave_to_round(self, tbl: Table, policy: MaintenancePolicy, totals: _Totals) -> bool:
+        """Whether the rewrite of data files is left to the table's next round: an upsert table of at most one
+        target file, all of whose data files are small, so that Iceberg's bin-pack would rewrite them all. The
+        round does it with its changes applied in the same job, for about the cost of its merge, where this step
+        would hold the merges back for as long again (coordinator.merge). Not for a table whose rounds went idle
+        (settle: no next round), nor while its rounds were refused a rewrite on its current schema."""
+        if not (policy.by_round and not policy.settle and totals.bytes <= policy.target_file_size_bytes
+                and max(totals.data_files, totals.delete_files) >= policy.min_input_files):
+            return False
+        if self._refused is None:
+            return True
+        schema_id = tbl.metadata.current_schema_id
+        if self._refused_schema is None:  # the first look since the refusal
+            self._refused_schema = schema_id
+        if schema_id == self._refused_schema:
+            return False
+        log.info("table topic %s: its schema changed since its rounds were refused a rewrite: they may try again",
+                 self.topic)
+        self._refused = self._refused_schema = None
+        return True
 
     def _expire(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
         now_ms = int(self._clock() * 1000)

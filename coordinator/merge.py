@@ -77,6 +77,7 @@ class MergeResult:
     summary: Mapping[str, str] = field(default_factory=dict)  # the staged snapshot's added-* / removed-* figures
     # when the round rewrote the table: its data/delete files and bytes before and after, the deletes applied
     rewrite: Mapping[str, int] | None = None
+    rewrite_refused: str | None = None  # a rewrite was asked for and Spark refused it (why): the round merged
 
     @property
     def rows_written(self) -> int:
@@ -96,8 +97,10 @@ class MergeResult:
         parent = result.get("parent_id")
         staged = None if snapshot_id is None else StagedMerge(int(snapshot_id), None if parent is None else int(parent))
         rewrite = result.get("rewrite")
+        refused = result.get("rewrite_refused")
         return cls(staged, int(result.get("absent_deletes", 0)), dict(result.get("summary", {})),
-                   None if rewrite is None else {str(k): int(v) for k, v in rewrite.items()})
+                   None if rewrite is None else {str(k): int(v) for k, v in rewrite.items()},
+                   None if refused is None else str(refused))
 
 
 Merger = Callable[[Table, MergeRequest], MergeResult]

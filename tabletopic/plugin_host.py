@@ -335,6 +335,8 @@ class TableTopicHost:
             if tt.maintenance is not None and report.rewrite is not None:
                 tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
             elif tt.maintenance is not None and report.delete_files >= 0:
+                if report.rewrite_refused is not None:
+                    tt.maintenance.note_rewrite_refused(report.rewrite_refused)
                 tt.maintenance.note_delete_files(report.delete_files)
             elif tt.maintenance is not None and report.outcome is RoundOutcome.IDLE:
                 tt.maintenance.note_idle()

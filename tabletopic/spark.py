@@ -974,7 +974,8 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     summary figures (``added-records``: rows inserted or replaced; position deletes: with Iceberg's file-scoped
     deletes a data file's earlier deletes are rewritten into its new delete file, so the rows replaced or deleted
     are ``added-position-deletes`` minus ``removed-position-deletes``), ``steps`` (ms per step, also logged) and,
-    when the table was written again, ``rewrite`` (:func:`_compaction_figures`).
+    when the table was written again, ``rewrite`` (:func:`_compaction_figures`); ``rewrite_refused``: why Spark
+    refused a rewrite asked for (the changes were merged instead), else None.
 
     The work, cheapest first: the last change per key is picked with Arrow in this process (a Spark window would
     cost a shuffle and a cached stage every round), so the MERGE reads a plain Parquet source; the deletes of
@@ -1005,8 +1006,9 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
             base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
             found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
                 if deletes and base is not None else None
-            rewritten = rewrite and _try_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op,
-                                                 table=table, present=present)
+            refused = _try_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, table=table,
+                                   present=present) if rewrite else None
+            rewritten = rewrite and refused is None
             if not rewritten:
                 _staged_merge(session, table_name, view, stage_id=stage_id, on=on, op=op, columns=columns)
             lap("rewrite" if rewritten else "merge")
@@ -1032,25 +1034,28 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
              absent, steps.ms)
     return {"snapshot_id": None if staged is None else int(staged.snapshotId()),
             "parent_id": None if staged is None or staged.parentId() is None else int(staged.parentId()),
-            "absent_deletes": absent, "summary": summary, "steps": steps.ms, "rewrite": figures}
+            "absent_deletes": absent, "summary": summary, "steps": steps.ms, "rewrite": figures,
+            "rewrite_refused": refused}
 
 
 def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str, table: Any,
-                 present: Set[str]) -> bool:
+                 present: Set[str]) -> str | None:
     """:func:`_staged_rewrite`: a MERGE and a compaction in one job, which on a table of one target file costs
     about what the MERGE alone does (a 100k-row table: ~0.7 s, where a MERGE then a rewrite of the data files took
-    ~1.2 s); the table's delete files go with its old data files. False when Spark refused it before writing
-    anything (the changes' types do not fit the table's: an AnalysisException): the caller merges."""
+    ~1.2 s); the table's delete files go with its old data files. None when done; else why Spark refused it before
+    writing anything (an AnalysisException; none is known where a MERGE of the same changes passes: a required
+    column, a wider decimal or a long for an int column are written by both): the caller merges."""
     from pyspark.errors import AnalysisException
 
     try:
         _staged_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, present=present,
                         columns=[str(c.name()) for c in _iterate(table.schema().columns())])
     except AnalysisException as e:
+        why = describe_exception(e)[1]
         log.warning("merge %s of %s: the table cannot be written again with these changes, merged instead: %s",
-                    stage_id, table_name, describe_exception(e)[1])
-        return False
-    return True
+                    stage_id, table_name, why)
+        return why
+    return None
 
 
 def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *, keys: Sequence[str],

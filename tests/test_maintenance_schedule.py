@@ -5,9 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+from pyiceberg.types import StringType
 
 from configs.table_topic import TableTopicConfig
-from coordinator.maintenance import DeleteFileCount, MaintenancePolicy, MaintenanceReport, TableMaintenance
+from coordinator.maintenance import (
+    DeleteFileCount,
+    MaintenancePolicy,
+    MaintenanceReport,
+    TableMaintenance,
+    _Totals,
+)
 from tabletopic.catalog import broker_config, load_catalog
 
 MIN_INPUT = 5
@@ -110,3 +117,29 @@ def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None
 
     append = TableTopicConfig.from_topic({}, config)
     assert not MaintenancePolicy.from_config(append).by_round
+
+
+def test_a_table_whose_rounds_were_refused_a_rewrite_is_rewritten_by_the_runs(tmp_path: Path) -> None:
+    """A round that Spark refused the rewrite merged instead (an analysis error): while the table keeps that
+    schema, no run leaves the rewrite to a round again (each would be refused, and the table never compacted);
+    once the schema changes, the rounds may try again."""
+    config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
+    catalog = load_catalog(config, create=True)
+    assert catalog is not None
+    catalog.create_namespace("default")
+    tbl = catalog.create_table("default.t", ROWS.schema)
+    for _ in range(MIN_INPUT):
+        tbl.append(ROWS)
+    upsert = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]"}, config)
+    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+    policy = MaintenancePolicy.from_config(upsert)
+    totals = _Totals.of(tbl)
+    assert maintenance._leave_to_round(tbl, policy, totals)
+    maintenance.note_rewrite_refused("[INCOMPATIBLE_DATA_FOR_TABLE] Cannot write incompatible data")
+    maintenance.note_delete_files(MIN_INPUT)
+    assert not maintenance._leave_to_round(tbl, policy, totals), "refused on this schema: the run rewrites"
+    assert not maintenance._leave_to_round(catalog.load_table("default.t"), policy, totals), "still"
+    with tbl.update_schema() as update:
+        update.add_column("extra", StringType())
+    assert maintenance._leave_to_round(catalog.load_table("default.t"), policy, totals), "a new schema: try again"
+    assert maintenance._leave_to_round(catalog.load_table("default.t"), policy, totals)

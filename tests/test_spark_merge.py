@@ -245,3 +245,23 @@ def test_a_rewriting_round_on_a_partitioned_table(env: tuple[Catalog, SparkSessi
     data, deletes = files_of(catalog, tables["rwp_rewrite"])
     assert deletes == 0 and 1 <= data <= 2, (data, deletes)
     assert files_of(catalog, tables["rwp_merge"])[1] > 0, "the twin merged: it has delete files"
+
+
+def test_a_rewriting_round_on_a_table_with_a_required_key_column(env: tuple[Catalog, SparkSession]) -> None:
+    """A table whose key column is required (``NOT NULL``, as Iceberg's identifier fields must be) is written again
+    from the changes' nullable column (Spark checks each value instead): no refusal, a MERGE's rows."""
+    catalog, session = env
+    schema = Schema(NestedField(1, "id", LongType(), required=True), *SCHEMA.fields[1:])
+    tbl = catalog.create_table("default.rw_required", schema, properties={**MERGE_TABLE_PROPERTIES,
+                                                                           "format-version": "2"})
+    Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+    publish(catalog, tbl, merge(session, tbl, [change_file(tbl, [("I", i, f"n{i}", 0, i) for i in range(4)], 0)],
+                                "req-0")["snapshot_id"])
+    rows = [("U", 1, "u1", 0, 10), ("D", 2, "-", 0, 11), ("I", 7, "n7", 0, 12)]
+    out = spark.merge_changes(session, CATALOG, ("default", "rw_required"), paths=[change_file(tbl, rows, 0)],
+                              keys=["id"], stage_id="req-1", op_column=CHANGE_OP_COLUMN, order_columns=ORDER,
+                              rewrite=True)
+    assert out["rewrite"] is not None and out["rewrite_refused"] is None and "rewrite" in out["steps"], out
+    publish(catalog, tbl, out["snapshot_id"])
+    assert rows_of(catalog, tbl) == [(0, "n0"), (1, "u1"), (3, "n3"), (7, "n7")]
+    assert files_of(catalog, tbl) == (1, 0)
