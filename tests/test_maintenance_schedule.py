@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from pyiceberg.types import StringType
 
 from configs.table_topic import TableTopicConfig
@@ -83,11 +85,9 @@ def test_a_rewrite_left_to_a_round_stays_due_until_a_round_does_it() -> None:
     assert count.due(MIN_INPUT)
 
 
-def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None:
-    """The hand-off itself, on a real catalog: an upsert table of five small data files is left to the next round
-    (no Spark: the maintenance has none here, and would fail an assertion had it called it); while that round
-    rewrites (a larger table's rewrite can outlast the loop's five-second look) a second run hands nothing off;
-    a round's report ends that, and the next due run hands off again. An append table is never handed off."""
+def small_upsert_table(tmp_path: Path) -> tuple[Catalog, Table, TableTopicConfig, TableMaintenance]:
+    """A real SQLite catalog's table ``default.t`` of MIN_INPUT small data files, an upsert topic's settings for it,
+    and its maintenance (no Spark: it would fail an assertion had it called it)."""
     config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
     catalog = load_catalog(config, create=True)
     assert catalog is not None
@@ -96,7 +96,15 @@ def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None
     for _ in range(MIN_INPUT):
         tbl.append(ROWS)
     upsert = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]"}, config)
-    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+    return catalog, tbl, upsert, TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+
+
+def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None:
+    """The hand-off itself, on a real catalog: an upsert table of five small data files is left to the next round
+    (no Spark: the maintenance has none here, and would fail an assertion had it called it); while that round
+    rewrites (a larger table's rewrite can outlast the loop's five-second look) a second run hands nothing off;
+    a round's report ends that, and the next due run hands off again. An append table is never handed off."""
+    catalog, _, upsert, maintenance = small_upsert_table(tmp_path)
     policy = MaintenancePolicy.from_config(upsert)
     report = MaintenanceReport("t", "default.t", 0)
     assert policy.by_round and not maintenance.take_round_rewrite()
@@ -115,7 +123,7 @@ def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None
     assert maintenance.take_round_rewrite()
     assert not report.steps and not report.failures
 
-    append = TableTopicConfig.from_topic({}, config)
+    append = TableTopicConfig.from_topic({}, broker_config(None, {"log.dirs": str(tmp_path / "data")}))
     assert not MaintenancePolicy.from_config(append).by_round
 
 
@@ -123,15 +131,7 @@ def test_a_table_whose_rounds_were_refused_a_rewrite_is_rewritten_by_the_runs(tm
     """A round that Spark refused the rewrite merged instead (an analysis error): while the table keeps that
     schema, no run leaves the rewrite to a round again (each would be refused, and the table never compacted);
     once the schema changes, the rounds may try again."""
-    config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
-    catalog = load_catalog(config, create=True)
-    assert catalog is not None
-    catalog.create_namespace("default")
-    tbl = catalog.create_table("default.t", ROWS.schema)
-    for _ in range(MIN_INPUT):
-        tbl.append(ROWS)
-    upsert = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]"}, config)
-    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+    catalog, tbl, upsert, maintenance = small_upsert_table(tmp_path)
     policy = MaintenancePolicy.from_config(upsert)
     totals = _Totals.of(tbl)
     assert maintenance._leave_to_round(tbl, policy, totals)
