@@ -931,10 +931,11 @@ def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_
         session.conf.unset(WAP_ID_CONF)
 
 
-def _compaction_figures(table: Any, base: Any, staged: Any, written: int) -> tuple[dict[str, str], dict[str, int]]:
+def _compaction_figures(table: Any, base: Any, staged: Any, written: int, ms: float
+                        ) -> tuple[dict[str, str], dict[str, int]]:
     """A rewriting round's figures: the summary a MERGE would have given (``added-records`` rows inserted or
     replaced, ``added-position-deletes`` rows replaced or deleted) and what it compacted (the table's files and
-    bytes before and after, the position deletes it applied; the caller adds the job's ``ms``)."""
+    bytes before and after, the position deletes it applied, the job's ``ms``)."""
     before = {} if base is None else {str(k): str(v) for k, v in dict(table.snapshot(base).summary()).items()}
     after = {str(k): str(v) for k, v in dict(staged.summary()).items()}
 
@@ -950,7 +951,7 @@ def _compaction_figures(table: Any, base: Any, staged: Any, written: int) -> tup
                      "delete_files_before": total(before, "delete-files"),
                      "delete_files_after": total(after, "delete-files"),
                      "bytes_before": total(before, "files-size"), "bytes_after": total(after, "files-size"),
-                     "deletes_applied": applied}
+                     "deletes_applied": applied, "ms": round(ms)}
 
 
 def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
@@ -965,17 +966,16 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     in ``order_columns`` order wins; ``D`` deletes the row with that key (nothing when there is none); ``I`` and
     ``U`` insert the row, or replace the row that has the key. With the table's ``write.merge.mode=merge-on-read``
     the replaced and deleted rows become position deletes (deletion vectors on a format v3 table); equality deletes
-    are never written. Target columns the files do not have keep their values (null in new rows).
-
-    ``rewrite``: the table is written again whole with the changes applied instead (:func:`_try_rewrite`).
+    are never written. Target columns the files do not have keep their values (null in new rows). ``rewrite``:
+    the table is written again whole with the changes applied instead (:func:`_try_rewrite`).
 
     Returns ``snapshot_id`` / ``parent_id`` of the staged snapshot (None: nothing changed), ``absent_deletes``
     (deletes of keys the table does not have: no-ops, counted), the snapshot's ``added-*`` / ``removed-*``
     summary figures (``added-records``: rows inserted or replaced; position deletes: with Iceberg's file-scoped
     deletes a data file's earlier deletes are rewritten into its new delete file, so the rows replaced or deleted
-    are ``added-position-deletes`` minus ``removed-position-deletes``), ``steps`` (ms per step, also logged) and,
-    when the table was written again, ``rewrite`` (:func:`_compaction_figures`); ``rewrite_refused``: why Spark
-    refused a rewrite asked for (the changes were merged instead), else None.
+    are ``added-position-deletes`` minus ``removed-position-deletes``), ``steps`` (ms per step, also logged),
+    ``rewrite`` (what a table written again compacted, :func:`_compaction_figures`) and ``rewrite_refused`` (why
+    Spark refused a rewrite asked for, the changes merged instead), each else None.
 
     The work, cheapest first: the last change per key is picked with Arrow in this process (a Spark window would
     cost a shuffle and a cached stage every round), so the MERGE reads a plain Parquet source; the deletes of
@@ -988,7 +988,6 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     table = iceberg_table(session, catalog_name, identifier)
     io = _file_io(session, catalog_name, paths[0])
     source_paths, changes, deletes, written = _merge_source(io, paths, keys, op_column, order_columns)
-    upserts = changes - deletes
     lap("pick")
     try:
         source = session.read.parquet(*source_paths)
@@ -1026,8 +1025,7 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
                                          if str(k).startswith(("added-", "removed-"))}
     figures = None
     if rewritten and staged is not None:
-        summary, figures = _compaction_figures(table, base, staged, upserts)
-        figures["ms"] = round(steps.ms.get("rewrite", 0.0))
+        summary, figures = _compaction_figures(table, base, staged, changes - deletes, steps.ms.get("rewrite", 0.0))
     lap("snapshot")
     log.info("%s %s of %s: %d change files, %d deletes (%d of unknown keys); ms %s",
              "merge (table rewritten)" if rewritten else "merge", stage_id, ".".join(identifier), len(paths), deletes,
