@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,12 +32,12 @@ import pyarrow.parquet as pq
 from e2e import log
 from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType
+from upsert import duckdb_count_ms
 
 from coordinator.committer import table_properties
 from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN
 from tabletopic.catalog import broker_config, load_catalog
 from tabletopic.fileio import local_path
-from tabletopic.readers import duckdb_connect
 
 SCHEMA = Schema(NestedField(1, "id", LongType(), required=False), NestedField(2, "name", StringType(), required=False),
                 NestedField(3, "amount", DoubleType(), required=False),
@@ -80,22 +78,6 @@ class Changes:
             CHANGE_PARTITION_COLUMN: pa.array([0] * len(ids), pa.int32()),
             CHANGE_OFFSET_COLUMN: pa.array(range(self.offset - len(ids), self.offset), pa.int64()),
         })
-
-
-def count_ms(metadata_location: str, repeat: int) -> tuple[float, int]:
-    """Median ms of DuckDB's ``count(*)`` over the table (after one unmeasured run), and the count."""
-    con = duckdb_connect()
-    try:
-        query = "SELECT count(*) FROM iceberg_scan($p)"
-        count = int(con.sql(query, params={"p": metadata_location}).fetchone()[0])  # type: ignore[index]
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            con.sql(query, params={"p": metadata_location}).fetchone()
-            times.append((time.perf_counter() - t0) * 1000)
-        return statistics.median(times), count
-    finally:
-        con.close()
 
 
 def files(tbl: Any) -> tuple[int, int]:
@@ -143,7 +125,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
     def measure(label: str, merge_ms: float) -> None:
         now = catalog.load_table("default.cycle")
-        ms, count = count_ms(now.metadata_location, args.repeat)
+        ms, count = duckdb_count_ms(now.metadata_location, args.repeat)
         data, deletes = files(now)
         results.append((label, ms))
         log(f"  {label}: {data} data + {deletes} delete files, {count:,} rows; Spark merge {merge_ms:,.0f} ms; "
