@@ -7,11 +7,14 @@ tabletopic-style table: zstd, merge-on-read, write-audit-publish) on a local SQL
 merged rounds of ``--changes`` changes each (70% updates, 15% deletes, 15% inserts) through the broker's own
 ``tabletopic.spark.merge_changes``, each published like a round's commit. After the fill and after every round:
 the table's data and delete files, Spark's merge ms, and the median of ``--repeat`` DuckDB ``count(*)``; then the
-table fully compacted (every file rewritten, deletes applied) and measured again. Prints the ratios, asserts
+table fully compacted (every file rewritten, deletes applied) and measured again; with ``--rewriting N``, then N
+rounds that write the table again with their changes applied (copy-on-write, ``copy.on.write.max.bytes``), timed
+the same way (Spark's ms per round: a merged round's against a rewriting round's). Prints the ratios, asserts
 nothing::
 
     .venv/bin/python bench/reader_cost.py                # 100k rows, 5 rounds of 5,000 changes
     .venv/bin/python bench/reader_cost.py --rounds 8 --repeat 31
+    .venv/bin/python bench/reader_cost.py --rows 1000000 --changes 50000 --rounds 3 --rewriting 3
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--changes", type=int, default=5_000, help="changes per round")
     ap.add_argument("--repeat", type=int, default=15, help="DuckDB count(*) runs per measure (median)")
+    ap.add_argument("--rewriting", type=int, default=0,
+                    help="then this many rounds that rewrite the table (copy-on-write), timed the same way")
     ap.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory, removed after")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="reader-cost-") as tmp:
@@ -113,13 +118,14 @@ def run(args: argparse.Namespace, work: Path) -> None:
     session = spark.spark_session(config, app_name="reader-cost")
     changes = Changes(args.rows)
 
-    def merge(label: str, batch: pa.Table) -> None:
+    def merge(label: str, batch: pa.Table, rewrite: bool = False) -> None:
         path = f"{tbl.location()}/data/tt-chg-p0-{changes.offset}-{uuid.uuid4()}.parquet"
         pq.write_table(batch, str(local_path(path)))
         out = spark.merge_changes(session, config.catalog_name, ("default", "cycle"), paths=[path], keys=["id"],
-                                  stage_id=f"round-{uuid.uuid4()}", op_column=CHANGE_OP_COLUMN, order_columns=ORDER)
+                                  stage_id=f"round-{uuid.uuid4()}", op_column=CHANGE_OP_COLUMN, order_columns=ORDER,
+                                  rewrite=rewrite)
         catalog.load_table("default.cycle").manage_snapshots().set_current_snapshot(out["snapshot_id"]).commit()
-        measure(label, out["steps"].get("merge", 0.0))
+        measure(label, sum(out["steps"].values()))
 
     results: list[tuple[str, float]] = []
 
@@ -128,8 +134,9 @@ def run(args: argparse.Namespace, work: Path) -> None:
         ms, count = duckdb_count_ms(now.metadata_location, args.repeat)
         data, deletes = files(now)
         results.append((label, ms))
-        log(f"  {label}: {data} data + {deletes} delete files, {count:,} rows; Spark merge {merge_ms:,.0f} ms; "
-            f"DuckDB count(*) {ms:.1f} ms")
+        size = int((now.current_snapshot().summary or {}).get("total-files-size", 0))  # type: ignore[union-attr]
+        log(f"  {label}: {data} data + {deletes} delete files, {count:,} rows, {size / 1e6:.1f} MB; "
+            f"Spark round {merge_ms:,.0f} ms; DuckDB count(*) {ms:.1f} ms")
 
     try:
         log(f"== a {args.rows:,}-row upsert table, then {args.rounds} merged rounds of {args.changes:,} changes")
@@ -141,6 +148,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
         spark.rewrite_data_files(session, config.catalog_name, ("default", "cycle"), {
             "rewrite-all": "true", "remove-dangling-deletes": "true", "use-starting-sequence-number": "false"})
         measure("fully compacted", 0.0)
+        for k in range(1, args.rewriting + 1):
+            merge(f"rewriting round {k}", changes.batch(args.changes), rewrite=True)
+        if args.rewriting:
+            results.append(results.pop(-args.rewriting - 1))  # the compacted figure stays the reference
     finally:
         spark.stop_session(session)
     full = results[-1][1]

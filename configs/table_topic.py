@@ -68,6 +68,7 @@ COMPACTION_MIN_INPUT_FILES = "automq.table.topic.compaction.min.input.files"
 COMPACTION_DELETE_RATIO = "automq.table.topic.compaction.delete.ratio"
 COMPACTION_MIN_INPUT_MANIFESTS = "automq.table.topic.compaction.min.input.manifests"
 ORPHAN_FILES_OLDER_THAN_HOURS = "automq.table.topic.orphan.files.older.than.hours"
+COPY_ON_WRITE_MAX_BYTES = "automq.table.topic.copy.on.write.max.bytes"
 
 SCHEMA_REGISTRY_URL = "automq.table.topic.schema.registry.url"
 
@@ -310,6 +311,7 @@ class TableTopicConfig:
     compaction_delete_ratio: float = 0.3
     compaction_min_input_manifests: int = 20
     orphan_files_older_than_hours: int = 24
+    copy_on_write_max_bytes: int = 32 << 20
 
     @classmethod
     def from_topic(cls, overrides: Mapping[str, str], broker: BrokerConfig, *, validate: bool = True
@@ -364,6 +366,7 @@ class TableTopicConfig:
             compaction_delete_ratio=typed(values, COMPACTION_DELETE_RATIO, float),
             compaction_min_input_manifests=typed(values, COMPACTION_MIN_INPUT_MANIFESTS, int),
             orphan_files_older_than_hours=typed(values, ORPHAN_FILES_OLDER_THAN_HOURS, int),
+            copy_on_write_max_bytes=typed(values, COPY_ON_WRITE_MAX_BYTES, int),
         )
 
     @property

@@ -265,7 +265,7 @@ class TableTopicCoordinator:
         schema_evolver: Evolver | None = None,
         merger: Merger | None = None,
         table_writer: TableWriter | None = None,
-        rewrite_wanted: Callable[[], bool] | None = None,
+        rewrite_wanted: Callable[[int], bool] | None = None,
     ) -> None:
         self.topic = topic
         self._catalog = catalog
@@ -282,7 +282,8 @@ class TableTopicCoordinator:
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge);
         # what writes a format v3 table's metadata (coordinator.table_writer); what is asked before each merge
-        # (event loop): True when that round is to rewrite the table (its maintenance left the compaction to it)
+        # (event loop) with the table's size in bytes (-1: unknown): True when that round is to write the table again
+        # (copy-on-write, or its maintenance left the compaction to it: coordinator.maintenance.take_round_rewrite)
         self._partition_log, self._merger, self._writer, self._rewrite_wanted = (
             partition_log, merger, table_writer, rewrite_wanted or _never)
         self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)
@@ -825,7 +826,7 @@ class TableTopicCoordinator:
             crash_point("coordinator-before-merge")
             merged = await asyncio.shield(asyncio.to_thread(
                 self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys,
-                                                      rewrite=self._rewrite_wanted())))
+                                                      rewrite=self._rewrite_wanted(_total_files_size(rnd.table)))))
         except Exception as e:
             await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths)
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
@@ -838,8 +839,9 @@ class TableTopicCoordinator:
         crash_point("coordinator-after-merge")
         self.last_merge_ms = (time.perf_counter() - t0) * 1000
         log.info("[MERGE_STAGED] topic=%s commit_id=%s change_files=%d rows_written=%d rows_deleted=%d "
-                 "unknown_key_deletes=%d snapshot=%s ms=%.0f", self.topic, rnd.commit_id, len(answers.change_files),
-                 merged.rows_written, merged.rows_deleted, merged.unknown_key_deletes,
+                 "unknown_key_deletes=%d table_rewritten=%s snapshot=%s ms=%.0f", self.topic, rnd.commit_id,
+                 len(answers.change_files), merged.rows_written, merged.rows_deleted, merged.unknown_key_deletes,
+                 merged.rewrite is not None,
                  None if merged.staged is None else merged.staged.snapshot_id, self.last_merge_ms)
         return merged
 
@@ -1022,15 +1024,24 @@ class TableTopicCoordinator:
         return None
 
 
-def _never() -> bool:
+def _never(table_bytes: int) -> bool:
     return False
 
 
-def _total_delete_files(tbl: Table) -> int:
+def _summary_total(tbl: Table, key: str) -> int:
+    """A ``total-*`` figure of the table's current snapshot summary; -1 when there is none."""
     snapshot = tbl.current_snapshot()
     summary = None if snapshot is None else snapshot.summary
-    value = None if summary is None else summary.additional_properties.get("total-delete-files")
+    value = None if summary is None else summary.additional_properties.get(key)
     return -1 if value is None else int(value)
+
+
+def _total_delete_files(tbl: Table) -> int:
+    return _summary_total(tbl, "total-delete-files")
+
+
+def _total_files_size(tbl: Table) -> int:
+    return _summary_total(tbl, "total-files-size")
 
 
 def _sum_skipped(responses: Iterable[CommitResponse], merged: MergeResult | None = None) -> dict[str, int]:

@@ -22,6 +22,10 @@ rounds go idle leaving delete files, the next run rewrites every data file that 
 3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
 4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``.
 
+An upsert/CDC table no larger than ``copy.on.write.max.bytes`` never gets that far: each of its rounds writes it
+again with the round's changes applied (copy-on-write, :meth:`TableMaintenance.take_round_rewrite`), so it has no
+delete files for a run to apply.
+
 Step 1 runs only when the table changed since it last ran, 2 to 4 only when there is something to expire, rewrite
 or delete, so an idle table never starts Spark. Step 1 also waits while a staged write (an upsert round's merge,
 write-audit-publish) waits to be published on top of the current snapshot.
@@ -291,6 +295,7 @@ class TableMaintenance:
         self._writes: set[asyncio.Task[None]] = set()  # state-file writes of rounds' rewrites in flight
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
+        self.copy_on_write_rounds = 0  # rounds that wrote the table again being small (take_round_rewrite)
 
     # ---- lifecycle (event loop) ----
 
@@ -314,13 +319,22 @@ class TableMaintenance:
             self._settle, self._settle_tried = True, True
             self._wake.set()
 
-    def take_round_rewrite(self) -> bool:
-        """Asked by the coordinator before an upsert/CDC round's merge (event loop): True, once, when the last run
-        left the rewrite of the table to that round (:meth:`_rewrite_data`). The round applies its changes by
-        writing the table again (:mod:`coordinator.merge`) and reports it (:meth:`note_round_rewrite`)."""
-        wanted, self._round_rewrite = self._round_rewrite, False
-        self._rewrite_in_round |= wanted
-        return wanted
+    def take_round_rewrite(self, table_bytes: int = -1) -> bool:
+        """Asked by the coordinator before an upsert/CDC round's merge (event loop; ``table_bytes``: the table's
+        files in all, -1 unknown): whether that round applies its changes by writing the table again
+        (:mod:`coordinator.merge`), reported by :meth:`note_round_rewrite`. True
+
+        - copy-on-write: the table is no larger than ``copy.on.write.max.bytes`` (every round, so that readers
+          never meet a delete file: a data file with position deletes costs a DuckDB ``count(*)`` about as much
+          again as the whole compacted table, measured by ``bench/reader_cost.py``, where the rewrite costs the
+          round about what its merge would: the merge reads the whole table too);
+        - or once, when the last run left the rewrite of the table to that round (:meth:`_rewrite_data`).
+
+        Neither while Spark refuses the table's rewrites (:meth:`note_rewrite_refused`)."""
+        handed, self._round_rewrite = self._round_rewrite, False
+        self._rewrite_in_round |= handed
+        limit = self._config_provider().copy_on_write_max_bytes
+        return handed or (self._refused is None and 0 < table_bytes <= limit)
 
     def note_rewrite_refused(self, why: str) -> None:
         """A round asked to rewrite the table merged instead, Spark having refused the rewrite (event loop; ``why``
@@ -333,8 +347,15 @@ class TableMaintenance:
         self._refused, self._refused_schema = why, None
 
     def note_round_rewrite(self, cfg: TableTopicConfig, figures: Mapping[str, int]) -> None:
-        """A round rewrote the table (event loop): recorded as a maintenance run of its own (the ``[MAINTENANCE]``
-        line, the observer, the state file) and the delete files it left (none) become the floor."""
+        """A round rewrote the table (event loop) and the delete files it left (none) become the floor. One the
+        maintenance handed the rewrite to is recorded as a maintenance run of its own (the ``[MAINTENANCE]`` line,
+        the observer, the state file); a copy-on-write round is counted in :attr:`copy_on_write_rounds` (its
+        ``[MERGE_STAGED]`` line says ``table_rewritten=True``)."""
+        if not self._rewrite_in_round:
+            self._deletes.run_ended(figures["delete_files_after"])
+            self._settle_tried = False
+            self.copy_on_write_rounds += 1
+            return
         report = MaintenanceReport(
             self.topic, ".".join(catalog_identifier(self.topic, cfg)), int(self._clock() * 1000),
             steps=[STEP_DATA_BY_ROUND], data_files_before=figures["data_files_before"],

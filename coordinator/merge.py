@@ -16,11 +16,13 @@ is still the snapshot the merge started from. So the merge and the offsets land 
 - a commit on the table between the merge and the publication (a compaction) makes the publication fail its
   assertion: the round is aborted and written again on the new ``main``.
 
-A round can also **rewrite** the table (``MergeRequest.rewrite``, asked for by the table's maintenance,
-:meth:`coordinator.maintenance.TableMaintenance.take_round_rewrite`): the changes are applied by writing the whole
-table again in one file, which replaces every data and delete file. On a table of at most one target file that
-costs about what the MERGE does, where a MERGE and then a compaction cost both, and the compaction held the next
-rounds back. It is staged and published exactly like a MERGE, so everything below holds for it too.
+A round can also **rewrite** the table (``MergeRequest.rewrite``,
+:meth:`coordinator.maintenance.TableMaintenance.take_round_rewrite`: every round of a table no larger than
+``copy.on.write.max.bytes``, copy-on-write, or a round the table's maintenance handed its compaction to): the
+changes are applied by writing the whole table again (a file per table partition), which replaces every data and
+delete file. On a small table that costs about what the MERGE does (the MERGE reads the whole table too), where
+delete files would cost its readers more than the whole table, and a MERGE then a compaction cost both. It is
+staged and published exactly like a MERGE, so everything below holds for it too.
 
 Replaying a round is harmless in any case: per key the merge applies the last change, which on a table that has
 it already changes nothing (a delete of a missing key is a no-op; an insert of a present key replaces the row).

@@ -304,6 +304,10 @@ class TableTopicMetrics:
         self._table_files = Gauge("tabletopic_table_files", "Files of the table's current snapshot after the last "
                                   "maintenance run, by content (data, delete, manifest)", ["topic", "content"],
                                   registry=r)
+        self._rounds_rewriting = Counter("tabletopic_rounds_rewriting_table", "Upsert/CDC rounds that wrote the "
+                                         "whole table again with their changes applied instead of merging them "
+                                         "(copy-on-write, or a compaction the maintenance handed to the round)",
+                                         ["topic"], registry=r)
         self._mt_series: set[tuple[str, str]] = set()  # (topic, step) pairs of the failures counter
 
     def record_maintenance(self, topic: str, run: MaintenanceRun) -> None:
@@ -328,6 +332,10 @@ class TableTopicMetrics:
             self._table_files.labels(topic=topic, content=content).set(n)
         self._mt_last.labels(topic=topic).set(time.time())
 
+    def record_round_rewrite(self, topic: str) -> None:
+        """An upsert/CDC round of ``topic`` wrote the table again instead of merging its changes."""
+        self._rounds_rewriting.labels(topic=topic).inc()
+
     def _remove_maintenance(self, topic: str) -> None:
         with self._lock:
             steps = {pair for pair in self._mt_series if pair[0] == topic}
@@ -335,7 +343,8 @@ class TableTopicMetrics:
         for pair in steps:
             self._mt_failures.remove(*pair)
         for metric in (self._mt_duration, self._mt_rewritten, self._mt_added, self._mt_bytes_rewritten,
-                       self._mt_bytes_added, self._mt_deletes, self._mt_expired, self._mt_last):
+                       self._mt_bytes_added, self._mt_deletes, self._mt_expired, self._mt_last,
+                       self._rounds_rewriting):
             with contextlib.suppress(KeyError):
                 metric.remove(topic)
         for labelled, values in ((self._mt_runs, ("ok", "failed")),

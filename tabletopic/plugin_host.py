@@ -332,6 +332,8 @@ class TableTopicHost:
         tt = self._running.get(topic)
         if tt is not None:
             m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
+            if report.rewrite is not None:
+                m.record_round_rewrite(topic)
             if tt.maintenance is not None and report.rewrite is not None:
                 tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
             elif tt.maintenance is not None and report.delete_files >= 0:

@@ -143,3 +143,37 @@ def test_a_table_whose_rounds_were_refused_a_rewrite_is_rewritten_by_the_runs(tm
         update.add_column("extra", StringType())
     assert maintenance._leave_to_round(catalog.load_table("default.t"), policy, totals), "a new schema: try again"
     assert maintenance._leave_to_round(catalog.load_table("default.t"), policy, totals)
+
+
+def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
+    """Every round of an upsert table no larger than ``copy.on.write.max.bytes`` writes it again (0 < size <=
+    limit; an unknown size, a larger table, a limit of 0 and a table whose rewrites Spark refused merge). A
+    copy-on-write round is counted as such, not recorded as a maintenance run, and moves the delete-file floor;
+    a round the maintenance handed its rewrite to is recorded as a run."""
+    catalog, _, upsert, maintenance = small_upsert_table(tmp_path)
+    limit = upsert.copy_on_write_max_bytes
+    assert limit == 32 << 20
+    assert [maintenance.take_round_rewrite(size) for size in (-1, 0, 1, limit, limit + 1)] == [
+        False, False, True, True, False]
+    figures = {"data_files_before": 2, "data_files_after": 1, "delete_files_before": 1, "delete_files_after": 0,
+               "bytes_before": 900, "bytes_after": 800, "deletes_applied": 3, "ms": 700}
+    maintenance.note_delete_files(MIN_INPUT)
+    assert maintenance._deletes.due(MIN_INPUT)
+    maintenance.note_round_rewrite(upsert, figures)
+    assert (maintenance.copy_on_write_rounds, maintenance.runs) == (1, 0)
+    assert maintenance._deletes.seen == 0 and not maintenance._deletes.due(MIN_INPUT)
+
+    # handed off by a run: recorded as one (and, the table being small, copy-on-write would have asked anyway)
+    policy = MaintenancePolicy.from_config(upsert)
+    maintenance._rewrite_data(catalog.load_table("default.t"), policy, MaintenanceReport("t", "default.t", 0))
+    assert maintenance.take_round_rewrite(limit * 2), "the hand-off, whatever the size"
+    maintenance.note_round_rewrite(upsert, figures)
+    assert (maintenance.copy_on_write_rounds, maintenance.runs) == (1, 1)
+    assert maintenance.last_report is not None and maintenance.last_report.steps == ["rewrite_data_files_by_round"]
+
+    maintenance.note_rewrite_refused("[INCOMPATIBLE_DATA_FOR_TABLE] Cannot write incompatible data")
+    assert not maintenance.take_round_rewrite(1), "refused: the rounds merge"
+    off = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
+                                       P + "copy.on.write.max.bytes": "0"}, broker_config(None, {}))
+    never = TableMaintenance("t", catalog=catalog, config_provider=lambda: off, spark=None)
+    assert not never.take_round_rewrite(1)

@@ -106,7 +106,7 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     records without a key go to the dead-letter table, deletes of unknown keys are counted, no round fails."""
     topic = "orders_upsert"
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
-           upsert_enable="true", cdc_field="op")
+           upsert_enable="true", cdc_field="op", copy_on_write_max_bytes="0")  # merge-on-read, whatever the size
     s = JsonChanges(broker, topic)
     for i in range(40):
         s.change("I", i, name=f"n{i}", amount=i)
@@ -155,6 +155,48 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     assert err.code() == KafkaError.INVALID_CONFIG and f"{P}upsert.enable" in err.str(), err.str()
 
 
+def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: Any) -> None:
+    """By default an upsert table this small (under ``copy.on.write.max.bytes``) is written again by each round
+    with its changes applied: no snapshot of it ever has a delete file, it has one data file, every reader returns
+    the model's rows, and the broker's log says so per round. Set to 0 (dynamically) the next rounds merge, leaving
+    position deletes."""
+    topic = "small_cow"
+    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
+           upsert_enable="true", cdc_field="op")
+    s = JsonChanges(broker, topic)
+    columns = ("id", "name")
+    for batch in range(3):  # a round each (at least): inserts, then updates and deletes of earlier rows
+        for i in range(batch * 10, batch * 10 + 20):
+            s.change("U", i, name=f"b{batch}-{i}")
+        for i in range(batch, 40, 7):
+            s.change("D", i)
+        s.flush()
+        wait_committed(broker, topic, timeout=FIRST_MERGE_S)
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+    tbl = catalog(broker).load_table(f"default.{topic}")
+    totals = [snap.summary.additional_properties.get("total-delete-files") for snap in tbl.snapshots()
+              if snap.summary is not None]
+    assert len(totals) >= 3 and set(totals) == {"0"}, totals
+    assert delete_file_contents(tbl) == {0: 1}, delete_file_contents(tbl)
+    lines = [ln for ln in broker.log_path.read_text().splitlines() if f"[MERGE_STAGED] topic={topic} " in ln]
+    # the first round merges into the new, empty table (no snapshot: its size is unknown); every later one rewrites
+    rewritten = ["table_rewritten=True" in ln for ln in lines]
+    assert len(lines) >= 3 and rewritten == [False] + [True] * (len(lines) - 1), lines
+    samples = scrape(f"http://127.0.0.1:{broker.overrides[P + 'metrics.port']}/metrics")
+    assert samples[("tabletopic_rounds_rewriting_table_total", (("topic", topic),))] == len(lines) - 1
+
+    ops = [ConfigEntry(P + "copy.on.write.max.bytes", "0", incremental_operation=AlterConfigOpType.SET)]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for fut in admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values():
+        fut.result(30)
+    for i in range(0, 40, 2):  # merged after the change: a round reads the setting when it merges
+        s.change("U", i, name=f"merged-{i}")
+    s.flush()
+    tbl = wait_committed(broker, topic)
+    assert delete_file_contents(tbl).get(1, 0) > 0, "merge-on-read: position deletes"
+    assert_readers_agree(spark, broker, topic, s.model, columns)
+
+
 def wait_no_delete_files(b: BrokerProcess, topic: str, timeout: float = 120) -> Table:
     """The topic's table once it has no delete file (its idle table's maintenance run applied them)."""
     deadline = time.monotonic() + timeout
@@ -174,7 +216,7 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
     topic = "early_compaction"
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
            upsert_enable="true", compaction_enable="true", compaction_interval_ms="3600000",
-           compaction_min_input_files="3")
+           compaction_min_input_files="3", copy_on_write_max_bytes="0")
     s = JsonChanges(broker, topic)
     runs = maintenance_run_path(broker, topic)
     columns = ("id", "name")

@@ -41,7 +41,8 @@ COLUMNS = ("id", "name", "amount")
 V3 = {P + "iceberg.auto-create.properties": "format-version=3"}
 UPSERTS = {P + "enable": "true", P + "commit.interval.ms": "500", P + "convert.value.type": "json",
            P + "transform.value.type": "flatten", P + "id.columns": "[id]", P + "upsert.enable": "true",
-           P + "cdc.field": "op", P + "compaction.enable": "false", **V3}
+           P + "cdc.field": "op", P + "compaction.enable": "false", **V3,
+           P + "copy.on.write.max.bytes": "0"}  # merge-on-read: these tables are small enough for copy-on-write
 
 pytestmark = pytest.mark.timeout(900)
 
