@@ -412,6 +412,8 @@ def table_topic_settings(args: argparse.Namespace) -> dict[str, str]:
                 P + "compaction.min.input.files": str(args.min_input_files)}
     if args.copy_on_write_max_bytes is not None:
         settings[P + "copy.on.write.max.bytes"] = str(args.copy_on_write_max_bytes)
+    if args.copy_on_write_max_merged_rounds is not None:
+        settings[P + "copy.on.write.max.merged.rounds"] = str(args.copy_on_write_max_merged_rounds)
     if args.buckets:
         settings[P + "partition.by"] = f"[bucket(id, {args.buckets})]"
     if args.format_version != 2:  # the broker's default properties, and the format
@@ -1132,6 +1134,8 @@ def main() -> int:
     ap.add_argument("--min-input-files", type=int, default=5, help=f"{P}compaction.min.input.files")
     ap.add_argument("--copy-on-write-max-bytes", type=int, default=None,
                     help=f"{P}copy.on.write.max.bytes (default: the broker's; 0: every round merges)")
+    ap.add_argument("--copy-on-write-max-merged-rounds", type=int, default=None,
+                    help=f"{P}copy.on.write.max.merged.rounds (default: the broker's; 0: every round rewrites)")
     ap.add_argument("--workdir", type=Path, help="broker data + log here (kept); default: a temporary directory")
     ap.add_argument("--broker-override", action="append", default=[], metavar="K=V", help="a broker setting")
     e2e.add_common_args(ap, commit_timeout_s=1800.0)

@@ -69,6 +69,7 @@ COMPACTION_DELETE_RATIO = "automq.table.topic.compaction.delete.ratio"
 COMPACTION_MIN_INPUT_MANIFESTS = "automq.table.topic.compaction.min.input.manifests"
 ORPHAN_FILES_OLDER_THAN_HOURS = "automq.table.topic.orphan.files.older.than.hours"
 COPY_ON_WRITE_MAX_BYTES = "automq.table.topic.copy.on.write.max.bytes"
+COPY_ON_WRITE_MAX_MERGED_ROUNDS = "automq.table.topic.copy.on.write.max.merged.rounds"
 
 SCHEMA_REGISTRY_URL = "automq.table.topic.schema.registry.url"
 
@@ -312,6 +313,7 @@ class TableTopicConfig:
     compaction_min_input_manifests: int = 20
     orphan_files_older_than_hours: int = 24
     copy_on_write_max_bytes: int = 32 << 20
+    copy_on_write_max_merged_rounds: int = 2
 
     @classmethod
     def from_topic(cls, overrides: Mapping[str, str], broker: BrokerConfig, *, validate: bool = True
@@ -367,6 +369,7 @@ class TableTopicConfig:
             compaction_min_input_manifests=typed(values, COMPACTION_MIN_INPUT_MANIFESTS, int),
             orphan_files_older_than_hours=typed(values, ORPHAN_FILES_OLDER_THAN_HOURS, int),
             copy_on_write_max_bytes=typed(values, COPY_ON_WRITE_MAX_BYTES, int),
+            copy_on_write_max_merged_rounds=typed(values, COPY_ON_WRITE_MAX_MERGED_ROUNDS, int),
         )
 
     @property

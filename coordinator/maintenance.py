@@ -22,9 +22,9 @@ rounds go idle leaving delete files, the next run rewrites every data file that 
 3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
 4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``.
 
-An upsert/CDC table no larger than ``copy.on.write.max.bytes`` never gets that far: each of its rounds writes it
-again with the round's changes applied (copy-on-write, :meth:`TableMaintenance.take_round_rewrite`), so it has no
-delete files for a run to apply.
+An upsert/CDC table no larger than ``copy.on.write.max.bytes`` seldom gets that far: every
+``copy.on.write.max.merged.rounds`` + 1-th round writes it again with its changes applied
+(:meth:`TableMaintenance.take_round_rewrite`), so it never has many delete files for a run to apply.
 
 Step 1 runs only when the table changed since it last ran, 2 to 4 only when there is something to expire, rewrite
 or delete, so an idle table never starts Spark. Step 1 also waits while a staged write (an upsert round's merge,
@@ -289,13 +289,14 @@ class TableMaintenance:
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
         self._round_rewrite = False  # the next upsert round is to rewrite the table (take_round_rewrite)
+        self._merged_rounds = 0  # rounds in a row that left the table with delete files (take_round_rewrite)
         self._rewrite_in_round = False  # a round took it and has not reported yet: no second hand-off meanwhile
         self._refused: str | None = None  # why Spark refused a round's rewrite (note_rewrite_refused)
         self._refused_schema: int | None = None  # ... the table's schema then: no hand-off until it changes
         self._writes: set[asyncio.Task[None]] = set()  # state-file writes of rounds' rewrites in flight
         self.last_report: MaintenanceReport | None = None
         self.runs = 0  # runs that did something (a metric)
-        self.copy_on_write_rounds = 0  # rounds that wrote the table again being small (take_round_rewrite)
+        self.copy_on_write_rounds = 0  # rounds that wrote the small table again (take_round_rewrite)
 
     # ---- lifecycle (event loop) ----
 
@@ -305,6 +306,7 @@ class TableMaintenance:
         :data:`EARLY_GAP_S`): an upsert table's merges read every delete file, so a round's merge gets slower with
         each one (measured by ``bench/upsert.py``), and its readers too."""
         self._deletes.seen = count
+        self._merged_rounds = self._merged_rounds + 1 if count > 0 else 0
         self._settle_tried = False
         self._rewrite_in_round = False  # a round that took the rewrite merged instead (or a later one reports)
         if self._deletes.due(self._config_provider().compaction_min_input_files):
@@ -324,17 +326,19 @@ class TableMaintenance:
         files in all, -1 unknown): whether that round applies its changes by writing the table again
         (:mod:`coordinator.merge`), reported by :meth:`note_round_rewrite`. True
 
-        - copy-on-write: the table is no larger than ``copy.on.write.max.bytes`` (every round, so that readers
-          never meet a delete file: a data file with position deletes costs a DuckDB ``count(*)`` about as much
-          again as the whole compacted table, measured by ``bench/reader_cost.py``, where the rewrite costs the
-          round about what its merge would: the merge reads the whole table too);
+        - the table is no larger than ``copy.on.write.max.bytes`` and ``copy.on.write.max.merged.rounds`` rounds
+          in a row have left it with delete files (0: every round, copy-on-write). Readers then meet few delete
+          files: a data file with position deletes costs a DuckDB ``count(*)`` about as much again as the whole
+          compacted table (``bench/reader_cost.py``), where on a small table a round that writes it again costs
+          little more than a merge (the merge reads the whole table too);
         - or once, when the last run left the rewrite of the table to that round (:meth:`_rewrite_data`).
 
         Neither while Spark refuses the table's rewrites (:meth:`note_rewrite_refused`)."""
         handed, self._round_rewrite = self._round_rewrite, False
         self._rewrite_in_round |= handed
-        limit = self._config_provider().copy_on_write_max_bytes
-        return handed or (self._refused is None and 0 < table_bytes <= limit)
+        cfg = self._config_provider()
+        return handed or (self._refused is None and 0 < table_bytes <= cfg.copy_on_write_max_bytes
+                          and self._merged_rounds >= cfg.copy_on_write_max_merged_rounds)
 
     def note_rewrite_refused(self, why: str) -> None:
         """A round asked to rewrite the table merged instead, Spark having refused the rewrite (event loop; ``why``
@@ -351,6 +355,7 @@ class TableMaintenance:
         maintenance handed the rewrite to is recorded as a maintenance run of its own (the ``[MAINTENANCE]`` line,
         the observer, the state file); a copy-on-write round is counted in :attr:`copy_on_write_rounds` (its
         ``[MERGE_STAGED]`` line says ``table_rewritten=True``)."""
+        self._merged_rounds = 0
         if not self._rewrite_in_round:
             self._deletes.run_ended(figures["delete_files_after"])
             self._settle_tried = False
@@ -430,6 +435,7 @@ class TableMaintenance:
                 report = await asyncio.to_thread(self.run_once, cfg, settle=settle)
                 if report is not None:
                     self._deletes.run_ended(report.delete_files_after)
+                    self._merged_rounds = self._merged_rounds if report.delete_files_after else 0
                 if self._round_rewrite:  # left to the next round: due again until a round has done it
                     self._deletes.handed_off()
             except Exception as e:  # a catalog outage, a bug: the next run tries again

@@ -63,7 +63,8 @@ SPEC: dict[str, tuple[Type, Any, str, str]] = {
 # tabletopic's own topic settings (automatic compaction and maintenance; tests/test_table_topic_maintenance.py)
 EXTENSIONS = {P + "compaction.enable", P + "compaction.interval.ms", P + "compaction.target.file.size.bytes",
               P + "compaction.min.input.files", P + "compaction.delete.ratio", P + "compaction.min.input.manifests",
-              P + "orphan.files.older.than.hours", P + "copy.on.write.max.bytes"}
+              P + "orphan.files.older.than.hours", P + "copy.on.write.max.bytes",
+              P + "copy.on.write.max.merged.rounds"}
 
 
 def test_every_documented_setting_is_declared() -> None:

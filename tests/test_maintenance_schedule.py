@@ -146,15 +146,26 @@ def test_a_table_whose_rounds_were_refused_a_rewrite_is_rewritten_by_the_runs(tm
 
 
 def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
-    """Every round of an upsert table no larger than ``copy.on.write.max.bytes`` writes it again (0 < size <=
-    limit; an unknown size, a larger table, a limit of 0 and a table whose rewrites Spark refused merge). A
-    copy-on-write round is counted as such, not recorded as a maintenance run, and moves the delete-file floor;
-    a round the maintenance handed its rewrite to is recorded as a run."""
+    """An upsert table no larger than ``copy.on.write.max.bytes`` is written again by the round after
+    ``copy.on.write.max.merged.rounds`` (2) rounds in a row left it with delete files (0 < size <= limit; an unknown
+    size, a larger table, a limit of 0 and a table whose rewrites Spark refused merge; 0 rounds: every round). Such
+    a round is counted as such, not recorded as a maintenance run, and moves the delete-file floor; a round the
+    maintenance handed its rewrite to is recorded as a run."""
     catalog, _, upsert, maintenance = small_upsert_table(tmp_path)
     limit = upsert.copy_on_write_max_bytes
-    assert limit == 32 << 20
+    assert (limit, upsert.copy_on_write_max_merged_rounds) == (32 << 20, 2)
+    # the default cycle: two rounds merge (each leaving delete files), the third writes the table again
+    assert not maintenance.take_round_rewrite(1)
+    maintenance.note_delete_files(1)
+    assert not maintenance.take_round_rewrite(1)
+    maintenance.note_delete_files(2)
     assert [maintenance.take_round_rewrite(size) for size in (-1, 0, 1, limit, limit + 1)] == [
         False, False, True, True, False]
+    maintenance.note_delete_files(0)  # a round that left none (inserts only): the count starts again
+    assert not maintenance.take_round_rewrite(1)
+    maintenance.note_delete_files(2)
+    maintenance.note_delete_files(3)
+    assert maintenance.take_round_rewrite(1)
     figures = {"data_files_before": 2, "data_files_after": 1, "delete_files_before": 1, "delete_files_after": 0,
                "bytes_before": 900, "bytes_after": 800, "deletes_applied": 3, "ms": 700}
     maintenance.note_delete_files(MIN_INPUT)
@@ -162,6 +173,7 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     maintenance.note_round_rewrite(upsert, figures)
     assert (maintenance.copy_on_write_rounds, maintenance.runs) == (1, 0)
     assert maintenance._deletes.seen == 0 and not maintenance._deletes.due(MIN_INPUT)
+    assert not maintenance.take_round_rewrite(1), "the count starts again after a rewrite"
 
     # handed off by a run: recorded as one (and, the table being small, copy-on-write would have asked anyway)
     policy = MaintenancePolicy.from_config(upsert)
@@ -176,4 +188,10 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     off = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
                                        P + "copy.on.write.max.bytes": "0"}, broker_config(None, {}))
     never = TableMaintenance("t", catalog=catalog, config_provider=lambda: off, spark=None)
+    never.note_delete_files(5)
+    never.note_delete_files(6)
     assert not never.take_round_rewrite(1)
+    every = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
+                                         P + "copy.on.write.max.merged.rounds": "0"}, broker_config(None, {}))
+    always = TableMaintenance("t", catalog=catalog, config_provider=lambda: every, spark=None)
+    assert always.take_round_rewrite(1) and always.take_round_rewrite(1), "copy-on-write: every round"

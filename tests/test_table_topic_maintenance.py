@@ -331,20 +331,22 @@ def test_maintenance_settings_are_validated(mbroker: tuple[BrokerProcess, int]) 
     cfg = TableTopicConfig.from_topic({}, BrokerConfig.from_properties({}))
     assert (cfg.compaction_enable, cfg.compaction_interval_ms, cfg.compaction_target_file_size_bytes,
             cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
-            cfg.orphan_files_older_than_hours, cfg.copy_on_write_max_bytes) == (
-                True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20)
+            cfg.orphan_files_older_than_hours, cfg.copy_on_write_max_bytes, cfg.copy_on_write_max_merged_rounds) == (
+                True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20, 2)
     off = BrokerConfig.from_properties({P + "compaction.enable": "false"})  # the broker-wide default
     assert not TableTopicConfig.from_topic({}, off).compaction_enable
     assert TableTopicConfig.from_topic({P + "compaction.enable": "true"}, off).compaction_enable
     good = {"compaction.interval.ms": "1000", "compaction.target.file.size.bytes": str(1 << 20),
             "compaction.min.input.files": "2", "compaction.delete.ratio": "1", "compaction.min.input.manifests": "2",
-            "orphan.files.older.than.hours": "1", "copy.on.write.max.bytes": "0"}
+            "orphan.files.older.than.hours": "1", "copy.on.write.max.bytes": "0",
+            "copy.on.write.max.merged.rounds": "0"}
     assert validate_topic_configs({P + k: v for k, v in good.items()})[P + "compaction.delete.ratio"] == 1.0
     for key, value in (("compaction.enable", "yes"), ("compaction.interval.ms", "999"),
                        ("compaction.target.file.size.bytes", "1000"), ("compaction.min.input.files", "1"),
                        ("compaction.delete.ratio", "0"), ("compaction.delete.ratio", "half"),
                        ("compaction.min.input.manifests", "1"), ("orphan.files.older.than.hours", "0"),
-                       ("copy.on.write.max.bytes", "-1"), ("copy.on.write.max.bytes", "32MB")):
+                       ("copy.on.write.max.bytes", "-1"), ("copy.on.write.max.bytes", "32MB"),
+                       ("copy.on.write.max.merged.rounds", "-1"), ("copy.on.write.max.merged.rounds", "1001")):
         with pytest.raises(InvalidConfigError) as ei:
             validate_topic_configs({P + key: value})
         assert ei.value.key == P + key and value in str(ei.value)

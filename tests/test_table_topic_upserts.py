@@ -10,6 +10,8 @@ table gets position delete files, never equality deletes.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -156,13 +158,15 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
 
 
 def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: Any) -> None:
-    """By default an upsert table this small (under ``copy.on.write.max.bytes``) is written again by each round
-    with its changes applied: no snapshot of it ever has a delete file, it has one data file, every reader returns
-    the model's rows, and the broker's log says so per round. Set to 0 (dynamically) the next rounds merge, leaving
-    position deletes."""
+    """With ``copy.on.write.max.merged.rounds=0`` an upsert table this small (under ``copy.on.write.max.bytes``) is
+    written again by each round with its changes applied: no snapshot of it ever has a delete file, it has one data
+    file, every reader returns the model's rows, and the broker's log, its metrics and ``tabletopic tables`` say so.
+    With ``copy.on.write.max.bytes=0`` (dynamically) the next rounds merge, leaving position deletes. (The default
+    cycle, two merged rounds then one that writes the table again: tests/test_maintenance_schedule.py.)"""
     topic = "small_cow"
+    # compaction off: copy-on-write does not need it, and an idle table's maintenance would apply the deletes below
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
-           upsert_enable="true", cdc_field="op")
+           upsert_enable="true", cdc_field="op", compaction_enable="false", copy_on_write_max_merged_rounds="0")
     s = JsonChanges(broker, topic)
     columns = ("id", "name")
     for batch in range(3):  # a round each (at least): inserts, then updates and deletes of earlier rows
@@ -185,6 +189,8 @@ def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: A
     samples = scrape(f"http://127.0.0.1:{broker.overrides[P + 'metrics.port']}/metrics")
     assert samples[("tabletopic_rounds_rewriting_table_total", (("topic", topic),))] == len(lines) - 1
 
+    assert tables_row(broker, topic)[2:4] == ["1", "0"], "data files, delete files"
+
     ops = [ConfigEntry(P + "copy.on.write.max.bytes", "0", incremental_operation=AlterConfigOpType.SET)]
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for fut in admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values():
@@ -195,6 +201,19 @@ def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: A
     tbl = wait_committed(broker, topic)
     assert delete_file_contents(tbl).get(1, 0) > 0, "merge-on-read: position deletes"
     assert_readers_agree(spark, broker, topic, s.model, columns)
+    assert int(tables_row(broker, topic)[3]) == delete_file_contents(tbl)[1]
+
+
+def tables_row(b: BrokerProcess, topic: str) -> list[str]:
+    """The topic's table's row of ``tabletopic tables`` (its cells: table, records, data files, delete files...)."""
+    out = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--override", f"log.dirs={b.data_dir}"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    lines = out.splitlines()
+    assert [c.strip() for c in lines[1].strip("|").split("|")][:4] == ["table", "records", "data files",
+                                                                         "delete files"], out
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines if f"| default.{topic} " in ln]
+    assert len(rows) == 1, out
+    return rows[0]
 
 
 def wait_no_delete_files(b: BrokerProcess, topic: str, timeout: float = 120) -> Table:

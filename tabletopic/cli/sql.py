@@ -257,8 +257,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    """List the catalog's tables with their current snapshot (pyiceberg only: no Spark, answers at once), and for a
-    table topic's table the records in its dead-letter table."""
+    """List the catalog's tables with their current snapshot (records, data and delete files; pyiceberg only: no
+    Spark, answers at once), and for a table topic's table the records in its dead-letter table."""
     try:
         config = load_config(args.config, args.override or [])
         from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY, dead_letters_of
@@ -290,19 +290,21 @@ def cmd_tables(args: argparse.Namespace) -> int:
             if owner is not None:
                 dead_letters[name] = -1
             if snapshot is None:
-                rows.append((name, 0, 0, spec, None, None))
+                rows.append((name, 0, 0, 0, spec, None, None))
                 continue
             summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
             committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
             records = int(summary.get("total-records", 0))
-            rows.append((name, records, int(summary.get("total-data-files", 0)), spec, snapshot.snapshot_id,
+            rows.append((name, records, int(summary.get("total-data-files", 0)),
+                         int(summary.get("total-delete-files", 0)), spec, snapshot.snapshot_id,
                          committed.isoformat(sep=" ", timespec="seconds")))
             if owner is not None:
                 dead_letters[owner] = records
     # a table's dead letters (records errors.tolerance skipped) beside it; "-" for the dead-letter tables themselves
     rows = [(*row, "-" if dead_letters.get(row[0]) == -1 else dead_letters.get(row[0], 0)) for row in rows]
-    print(format_table(["table", "records", "data files", "partitioned by", "snapshot", "committed at (UTC)",
-                        "dead letters"], rows))
+    # delete files: what a reader applies on top of the data files (an upsert table's merged rounds leave them)
+    print(format_table(["table", "records", "data files", "delete files", "partitioned by", "snapshot",
+                        "committed at (UTC)", "dead letters"], rows))
     for line in problems:  # a topic setting the broker could not apply: say so here, not only in its log
         print(f"(!) partition.by of {line}")
     for line in maintenance_lines(config, [row[0] for row in rows]):
