@@ -539,15 +539,15 @@ _topic(
             "(tabletopic's own setting; part of the compaction run). Files of a round in flight are never "
             "touched, whatever their age.", between(1, 87_600)),
     Setting("automq.table.topic.copy.on.write.max.bytes", Type.LONG, 32 << 20,
-            "An upsert or CDC table whose files total at most this many bytes is written again by its rounds: "
-            "after copy.on.write.max.merged.rounds rounds merged with position deletes (deletion vectors on format "
-            "v3), the next round writes the whole table again with its changes applied (one data file per table "
-            "partition, no delete files), so readers apply few deletes; a larger table's rounds always merge and "
-            "its maintenance compacts them. 0: always merge (tabletopic's own setting).", between(0, 1 << 40)),
-    Setting("automq.table.topic.copy.on.write.max.merged.rounds", Type.INT, 2,
-            "On an upsert or CDC table under copy.on.write.max.bytes: how many rounds in a row merge (leaving delete "
-            "files) before one writes the table again; 0: every round writes it again, copy-on-write "
-            "(tabletopic's own setting).", between(0, 1000)),
+            "An upsert or CDC table whose files total at most this many bytes takes its changes copy-on-write: a "
+            "round writes the whole table again with its changes applied (one data file per table partition, no "
+            "delete files), so readers apply no deletes; a larger table's rounds merge (position deletes, or "
+            "deletion vectors on format v3) and its maintenance compacts them. 0: always merge (tabletopic's own "
+            "setting).", between(0, 1 << 40)),
+    Setting("automq.table.topic.copy.on.write.max.merged.rounds", Type.INT, 0,
+            "On an upsert or CDC table under copy.on.write.max.bytes: how many rounds in a row may merge instead "
+            "(cheaper in Spark, leaving delete files for readers) before one writes the table again; 0: every round "
+            "writes it again (tabletopic's own setting).", between(0, 1000)),
     Setting("automq.table.topic.iceberg.auto-create.properties", Type.LIST,
             ("write.metadata.delete-after-commit.enabled=true",),
             "key=value table properties given to tables the broker creates (replaces the defaults; applied at "

@@ -313,7 +313,7 @@ class TableTopicConfig:
     compaction_min_input_manifests: int = 20
     orphan_files_older_than_hours: int = 24
     copy_on_write_max_bytes: int = 32 << 20
-    copy_on_write_max_merged_rounds: int = 2
+    copy_on_write_max_merged_rounds: int = 0
 
     @classmethod
     def from_topic(cls, overrides: Mapping[str, str], broker: BrokerConfig, *, validate: bool = True

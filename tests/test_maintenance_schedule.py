@@ -146,15 +146,20 @@ def test_a_table_whose_rounds_were_refused_a_rewrite_is_rewritten_by_the_runs(tm
 
 
 def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
-    """An upsert table no larger than ``copy.on.write.max.bytes`` is written again by the round after
-    ``copy.on.write.max.merged.rounds`` (2) rounds in a row left it with delete files (0 < size <= limit; an unknown
-    size, a larger table, a limit of 0 and a table whose rewrites Spark refused merge; 0 rounds: every round). Such
-    a round is counted as such, not recorded as a maintenance run, and moves the delete-file floor; a round the
-    maintenance handed its rewrite to is recorded as a run."""
-    catalog, _, upsert, maintenance = small_upsert_table(tmp_path)
+    """An upsert table no larger than ``copy.on.write.max.bytes`` is written again by every round by default, and
+    with ``copy.on.write.max.merged.rounds`` 2 by the round after two rounds in a row left it with delete files
+    (0 < size <= limit; an unknown size, a larger table, a limit of 0 and a table whose rewrites Spark refused
+    merge). Such a round is counted as such, not recorded as a maintenance run, and moves the delete-file floor; a
+    round the maintenance handed its rewrite to is recorded as a run."""
+    catalog, _, upsert, _ = small_upsert_table(tmp_path)
     limit = upsert.copy_on_write_max_bytes
-    assert (limit, upsert.copy_on_write_max_merged_rounds) == (32 << 20, 2)
-    # the default cycle: two rounds merge (each leaving delete files), the third writes the table again
+    assert (limit, upsert.copy_on_write_max_merged_rounds) == (32 << 20, 0)
+    always = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, spark=None)
+    assert always.take_round_rewrite(1) and always.take_round_rewrite(1), "by default: every round"
+    two = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
+                                       P + "copy.on.write.max.merged.rounds": "2"}, broker_config(None, {}))
+    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: two, spark=None)
+    # two rounds merge (each leaving delete files), the third writes the table again
     assert not maintenance.take_round_rewrite(1)
     maintenance.note_delete_files(1)
     assert not maintenance.take_round_rewrite(1)
@@ -170,16 +175,16 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
                "bytes_before": 900, "bytes_after": 800, "deletes_applied": 3, "ms": 700}
     maintenance.note_delete_files(MIN_INPUT)
     assert maintenance._deletes.due(MIN_INPUT)
-    maintenance.note_round_rewrite(upsert, figures)
+    maintenance.note_round_rewrite(two, figures)
     assert (maintenance.copy_on_write_rounds, maintenance.runs) == (1, 0)
     assert maintenance._deletes.seen == 0 and not maintenance._deletes.due(MIN_INPUT)
     assert not maintenance.take_round_rewrite(1), "the count starts again after a rewrite"
 
     # handed off by a run: recorded as one (and, the table being small, copy-on-write would have asked anyway)
-    policy = MaintenancePolicy.from_config(upsert)
+    policy = MaintenancePolicy.from_config(two)
     maintenance._rewrite_data(catalog.load_table("default.t"), policy, MaintenanceReport("t", "default.t", 0))
     assert maintenance.take_round_rewrite(limit * 2), "the hand-off, whatever the size"
-    maintenance.note_round_rewrite(upsert, figures)
+    maintenance.note_round_rewrite(two, figures)
     assert (maintenance.copy_on_write_rounds, maintenance.runs) == (1, 1)
     assert maintenance.last_report is not None and maintenance.last_report.steps == ["rewrite_data_files_by_round"]
 
@@ -191,7 +196,4 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     never.note_delete_files(5)
     never.note_delete_files(6)
     assert not never.take_round_rewrite(1)
-    every = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
-                                         P + "copy.on.write.max.merged.rounds": "0"}, broker_config(None, {}))
-    always = TableMaintenance("t", catalog=catalog, config_provider=lambda: every, spark=None)
-    assert always.take_round_rewrite(1) and always.take_round_rewrite(1), "copy-on-write: every round"
+

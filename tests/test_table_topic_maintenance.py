@@ -332,7 +332,7 @@ def test_maintenance_settings_are_validated(mbroker: tuple[BrokerProcess, int]) 
     assert (cfg.compaction_enable, cfg.compaction_interval_ms, cfg.compaction_target_file_size_bytes,
             cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
             cfg.orphan_files_older_than_hours, cfg.copy_on_write_max_bytes, cfg.copy_on_write_max_merged_rounds) == (
-                True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20, 2)
+                True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20, 0)
     off = BrokerConfig.from_properties({P + "compaction.enable": "false"})  # the broker-wide default
     assert not TableTopicConfig.from_topic({}, off).compaction_enable
     assert TableTopicConfig.from_topic({P + "compaction.enable": "true"}, off).compaction_enable

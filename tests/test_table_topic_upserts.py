@@ -158,15 +158,15 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
 
 
 def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: Any) -> None:
-    """With ``copy.on.write.max.merged.rounds=0`` an upsert table this small (under ``copy.on.write.max.bytes``) is
-    written again by each round with its changes applied: no snapshot of it ever has a delete file, it has one data
-    file, every reader returns the model's rows, and the broker's log, its metrics and ``tabletopic tables`` say so.
-    With ``copy.on.write.max.bytes=0`` (dynamically) the next rounds merge, leaving position deletes. (The default
-    cycle, two merged rounds then one that writes the table again: tests/test_maintenance_schedule.py.)"""
+    """By default an upsert table this small (under ``copy.on.write.max.bytes``) is written again by each round
+    with its changes applied: no snapshot of it ever has a delete file, it has one data file, every reader returns
+    the model's rows, and the broker's log, its metrics and ``tabletopic tables`` say so. With
+    ``copy.on.write.max.bytes=0`` (dynamically) the next rounds merge, leaving position deletes. (Merged rounds
+    between rewrites, ``copy.on.write.max.merged.rounds``: tests/test_maintenance_schedule.py.)"""
     topic = "small_cow"
     # compaction off: copy-on-write does not need it, and an idle table's maintenance would apply the deletes below
     create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
-           upsert_enable="true", cdc_field="op", compaction_enable="false", copy_on_write_max_merged_rounds="0")
+           upsert_enable="true", cdc_field="op", compaction_enable="false")
     s = JsonChanges(broker, topic)
     columns = ("id", "name")
     for batch in range(3):  # a round each (at least): inserts, then updates and deletes of earlier rows
