@@ -347,7 +347,7 @@ def test_tables_command_lists_the_catalog(tmp_path: Path, catalog: Catalog) -> N
     assert proc.returncode == 0, proc.stderr
     line = next(ln for ln in proc.stdout.splitlines() if "default.orders" in ln)
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[:4] == ["default.orders", "9", "2", "[]"]
+    assert cells[:5] == ["default.orders", "9", "2", "0", "[]"]  # records, data files, delete files, spec
 
 
 def test_tables_command_shows_the_spec_and_why_partition_by_is_not_applied(tmp_path: Path, catalog: Catalog) -> None:
@@ -362,8 +362,8 @@ def test_tables_command_shows_the_spec_and_why_partition_by_is_not_applied(tmp_p
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in lines if "| default." in ln)}
-    assert cells["default.parted"][3] == "[_kafka_metadata.partition, bucket(_kafka_key, 4), truncate(_kafka_value, 3)]"
-    assert cells["default.stuck"][3] == "[] (!)"
+    assert cells["default.parted"][4] == "[_kafka_metadata.partition, bucket(_kafka_key, 4), truncate(_kafka_value, 3)]"
+    assert cells["default.stuck"][4] == "[] (!)"
     assert f"(!) partition.by of default.stuck: {problem}" in lines
 
 

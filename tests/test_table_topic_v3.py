@@ -128,6 +128,29 @@ def test_v3_upserts_write_deletion_vectors_every_reader_agrees(broker: BrokerPro
     assert "[COMMIT_COMPLETE]" in broker.log_text() and "Traceback" not in broker.log_text()
 
 
+def test_v3_small_table_copy_on_write(broker: BrokerProcess, spark: Any) -> None:
+    """The default for a table this small, on format v3 too: each round writes the table again (through the Spark
+    side process, which commits every v3 change), so it has one data file per table partition and no deletion
+    vector, and every reader returns the model's rows round after round."""
+    topic = "v3_cow"
+    cow = {k: v for k, v in UPSERTS.items() if k != P + "copy.on.write.max.bytes"}
+    create(broker, topic, 2, {**cow, P + "partition.by": "[_kafka_metadata.partition]"})
+    s = JsonChanges(broker, topic)
+    rng = random.Random(5)
+    for i in range(40):
+        s.change("I", i, name=f"n{i}", amount=i)
+    s.flush()
+    assert_table(broker, topic, s.model, COLUMNS, timeout=300)
+    for _ in range(3):
+        changes(s, 60, rng)
+        s.flush()
+        tbl = assert_table(broker, topic, s.model, COLUMNS)
+    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    assert tbl.metadata.format_version == 3
+    assert files_by_kind(tbl) == {(0, "PARQUET"): 2}, files_by_kind(tbl)
+    assert "table_rewritten=True" in broker.log_text()
+
+
 def test_v3_append_table(broker: BrokerProcess, spark: Any) -> None:
     """An append table topic of format v3 partitioned by Kafka partition, then by a bucket of the key: each round's
     data files appended through the Java API with the workers' partition values, the offsets committed with them,
