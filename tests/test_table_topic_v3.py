@@ -102,23 +102,31 @@ def spark_view(spark: Any, topic: str) -> dict[Any, tuple[Any, ...]]:
     return out
 
 
+def rounds_by_partition(broker: BrokerProcess, spark: Any, topic: str, settings: dict[str, str], *, rounds: int,
+                        seed: int) -> Table:
+    """A v3 upsert topic partitioned by Kafka partition: 40 inserts, then ``rounds`` rounds of updates and deletes
+    of rows of earlier rounds, pyiceberg and DuckDB checked against the model after each and Spark at the end."""
+    create(broker, topic, 2, {**settings, P + "partition.by": "[_kafka_metadata.partition]"})
+    s = JsonChanges(broker, topic)
+    rng = random.Random(seed)
+    for i in range(40):
+        s.change("I", i, name=f"n{i}", amount=i)
+    s.flush()
+    tbl = assert_table(broker, topic, s.model, COLUMNS, timeout=300)
+    for _ in range(rounds):
+        changes(s, 60, rng)
+        s.flush()
+        tbl = assert_table(broker, topic, s.model, COLUMNS)
+    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    return tbl
+
+
 def test_v3_upserts_write_deletion_vectors_every_reader_agrees(broker: BrokerProcess, spark: Any) -> None:
     """An upsert/CDC topic asking for format v3, partitioned by Kafka partition: the table is v3, its updates and
     deletes are deletion vectors (never position delete files or equality deletes), and pyiceberg, DuckDB and Spark
     return the model's rows, round after round."""
     topic = "v3_upserts"
-    create(broker, topic, 2, {**UPSERTS, P + "partition.by": "[_kafka_metadata.partition]"})
-    s = JsonChanges(broker, topic)
-    rng = random.Random(3)
-    for i in range(40):
-        s.change("I", i, name=f"n{i}", amount=i)
-    s.flush()
-    assert_table(broker, topic, s.model, COLUMNS, timeout=300)
-    for _ in range(4):  # rounds of updates and deletes on rows of earlier rounds
-        changes(s, 60, rng)
-        s.flush()
-        tbl = assert_table(broker, topic, s.model, COLUMNS)
-    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    tbl = rounds_by_partition(broker, spark, topic, UPSERTS, rounds=4, seed=3)
     assert tbl.metadata.format_version == 3
     kinds = files_by_kind(tbl)
     assert kinds.get((1, "PUFFIN"), 0) > 0, kinds  # deletion vectors
@@ -132,20 +140,8 @@ def test_v3_small_table_copy_on_write(broker: BrokerProcess, spark: Any) -> None
     """The default for a table this small, on format v3 too: each round writes the table again (through the Spark
     side process, which commits every v3 change), so it has one data file per table partition and no deletion
     vector, and every reader returns the model's rows round after round."""
-    topic = "v3_cow"
     cow = {k: v for k, v in UPSERTS.items() if k != P + "copy.on.write.max.bytes"}
-    create(broker, topic, 2, {**cow, P + "partition.by": "[_kafka_metadata.partition]"})
-    s = JsonChanges(broker, topic)
-    rng = random.Random(5)
-    for i in range(40):
-        s.change("I", i, name=f"n{i}", amount=i)
-    s.flush()
-    assert_table(broker, topic, s.model, COLUMNS, timeout=300)
-    for _ in range(3):
-        changes(s, 60, rng)
-        s.flush()
-        tbl = assert_table(broker, topic, s.model, COLUMNS)
-    assert spark_view(spark, topic) == model_view(s.model, COLUMNS)
+    tbl = rounds_by_partition(broker, spark, "v3_cow", cow, rounds=3, seed=5)
     assert tbl.metadata.format_version == 3
     assert files_by_kind(tbl) == {(0, "PARQUET"): 2}, files_by_kind(tbl)
     assert "table_rewritten=True" in broker.log_text()
