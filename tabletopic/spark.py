@@ -251,7 +251,23 @@ def spark_conf(
     if driver_memory is not None:
         conf["spark.driver.memory"] = driver_memory
     conf.update(extra_conf or {})
+    heap = heap_mib(conf.get("spark.driver.memory", "1g"))
+    if conf["spark.driver.defaultJavaOptions"] == DRIVER_JVM_OPTIONS and heap is not None:
+        # the whole heap from the start: grown on demand, the serial collector ran a full collection every ~10 s of
+        # an upsert stream (bench/upsert.py's freshness part with GC logging: 14 full and 270 young pauses, 6.7 s in
+        # 137 s; with -Xms1g -Xmn384m, about the default young generation of a 1 GiB heap, 4 and 104, 3.2 s)
+        conf["spark.driver.defaultJavaOptions"] = f"{DRIVER_JVM_OPTIONS} -Xms{heap}m"
     return conf
+
+
+def heap_mib(memory: str) -> int | None:
+    """A Spark memory string (``1g``, ``512m``, ``2gb``; a bare number is MiB) in MiB; None when it is not one, or
+    under 16 MiB."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", memory, re.IGNORECASE)
+    if m is None:
+        return None
+    mib = int(m.group(1)) * {"k": 1, "": 1024, "m": 1024, "g": 1 << 20, "t": 1 << 30}[m.group(2).lower()] // 1024
+    return mib if mib >= 16 else None
 
 
 def spark_session(

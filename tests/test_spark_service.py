@@ -47,7 +47,7 @@ from configs.admin import describe_broker
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
 from tabletopic.errors import InvalidConfigError
-from tabletopic.spark import spark_conf
+from tabletopic.spark import heap_mib, spark_conf
 from tabletopic.spark_service import (
     SparkOperationError,
     SparkService,
@@ -179,7 +179,11 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     assert conf["spark.sql.catalog.tabletopic.type"] == "jdbc"  # the catalog wiring is still there
     assert not any("idle" in key for key in conf)  # tabletopic's own setting stays with the broker
     # the JVM tuning for many small queries is a default a broker setting replaces, and the log4j file stays
-    assert conf["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    # (with the driver's heap at its full size from the start: spark.driver.memory's)
+    assert conf["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms1024m"
+    assert spark_conf(config, driver_memory="512m")["spark.driver.defaultJavaOptions"].endswith(" -Xms512m")
+    assert [heap_mib(m) for m in ("1g", "2G", "1536m", "2gb", "4096", "8k", "lots")] == [
+        1024, 2048, 1536, 2048, 4096, None, None]
     assert conf["spark.sql.codegen.wholeStage"] == "false"
     tuned = spark_conf(BrokerConfig.from_properties({**shipped_properties(tmp_path),
                                                      "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
