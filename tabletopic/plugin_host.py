@@ -332,10 +332,10 @@ class TableTopicHost:
         tt = self._running.get(topic)
         if tt is not None:
             m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
-            if report.rewrite is not None:
+            if report.rewrite is not None:  # the round wrote the table again (coordinator.maintenance)
                 m.record_round_rewrite(topic)
-            if tt.maintenance is not None and report.rewrite is not None:
-                tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
+                if tt.maintenance is not None:
+                    tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
             elif tt.maintenance is not None and report.delete_files >= 0:
                 if report.rewrite_refused is not None:
                     tt.maintenance.note_rewrite_refused(report.rewrite_refused)
