@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -388,6 +388,17 @@ def jvm_process(session: SparkSession) -> subprocess.Popen[bytes] | None:
     return proc
 
 
+def _jclass(session: SparkSession, name: str) -> Any:
+    """The Java class ``name`` (fully qualified), for static calls and constructors. ``session._jvm.a.b.C`` first
+    asks the JVM whether ``a``, ``a.b``, ... are classes, each a miss that searches every jar of the class path
+    (about 1 ms per attribute here; a profile of an upsert stream's rounds found ~8% of the driver JVM's CPU in
+    such misses): a class named in full is found at once."""
+    from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
+
+    gateway: Any = session.sparkContext._gateway
+    return JavaClass(name, gateway._gateway_client)
+
+
 def iceberg_table(session: SparkSession, catalog_name: str, identifier: Sequence[str]) -> Any:
     """The Iceberg-Java ``Table`` at ``identifier`` (namespace levels..., table name), loaded through the session's
     catalog plugin ``catalog_name``: no SQL identifier parsing, so any table name works unquoted."""
@@ -398,13 +409,12 @@ def _table_identifier(session: SparkSession, identifier: Sequence[str]) -> Any:
     """Iceberg-Java's TableIdentifier of ``(namespace levels..., table name)``."""
     if len(identifier) < 2:
         raise ValueError(f"table identifier {'.'.join(identifier)!r} has no namespace")
-    jvm: Any = session._jvm
     gateway: Any = session.sparkContext._gateway
-    levels = gateway.new_array(jvm.java.lang.String, len(identifier) - 1)
+    levels = gateway.new_array(_jclass(session, "java.lang.String"), len(identifier) - 1)
     for i, level in enumerate(identifier[:-1]):
         levels[i] = level
-    iceberg = jvm.org.apache.iceberg.catalog
-    return iceberg.TableIdentifier.of(iceberg.Namespace.of(levels), identifier[-1])
+    namespace = _jclass(session, "org.apache.iceberg.catalog.Namespace").of(levels)
+    return _jclass(session, "org.apache.iceberg.catalog.TableIdentifier").of(namespace, identifier[-1])
 
 
 def evolve_schema(session: SparkSession, catalog_name: str, identifier: Sequence[str], schema_json: str) -> int:
@@ -424,8 +434,7 @@ def evolve_schema(session: SparkSession, catalog_name: str, identifier: Sequence
     A commit that loses the catalog's compare-and-set to another committer (the broker's rounds) is redone on the
     refreshed table, up to ``SCHEMA_COMMIT_ATTEMPTS`` times; with nothing to add, nothing is committed.
     """
-    jvm: Any = session._jvm
-    new_schema = jvm.org.apache.iceberg.SchemaParser.fromJson(schema_json)
+    new_schema = _jclass(session, "org.apache.iceberg.SchemaParser").fromJson(schema_json)
     table = iceberg_table(session, catalog_name, identifier)
     for attempt in range(1, SCHEMA_COMMIT_ATTEMPTS + 1):
         try:
@@ -451,8 +460,7 @@ _REPLACE_SUMS = ("deleted-records", "added-records", "added-files-size")
 
 
 def _actions(session: SparkSession) -> Any:
-    jvm: Any = session._jvm
-    return jvm.org.apache.iceberg.spark.actions.SparkActions.get(session._jsparkSession)
+    return _jclass(session, "org.apache.iceberg.spark.actions.SparkActions").get(session._jsparkSession)
 
 
 def _with_options(action: Any, options: Mapping[str, str]) -> Any:
@@ -550,10 +558,10 @@ def _drop_dangling_deletes(session: SparkSession, table: Any) -> int:
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return 0
-    jvm: Any = session._jvm
     live: dict[str, Any] = {}
     for manifest in _iterate(snapshot.deleteManifests(table.io())):
-        reader = jvm.org.apache.iceberg.ManifestFiles.readDeleteManifest(manifest, table.io(), table.specs())
+        reader = _jclass(session, "org.apache.iceberg.ManifestFiles").readDeleteManifest(manifest, table.io(),
+                                                                                         table.specs())
         for delete_file in _iterate(reader, closeable=True):  # live entries only; the reader reuses its objects
             live[str(delete_file.location())] = delete_file.copy()
     if not live:
@@ -678,10 +686,9 @@ def create_table(session: SparkSession, catalog_name: str, identifier: Sequence[
     """Create a table (Iceberg-Java's ``Catalog.createTable``: fresh field ids, as pyiceberg assigns them) of
     ``schema_json`` and ``spec_json`` (Iceberg's JSON forms, pyiceberg's ``model_dump_json()``) with ``properties``
     (``format-version`` among them); returns its format version. Java's AlreadyExistsException when it exists."""
-    jvm: Any = session._jvm
-    schema = jvm.org.apache.iceberg.SchemaParser.fromJson(schema_json)
-    spec = jvm.org.apache.iceberg.PartitionSpecParser.fromJson(schema, spec_json)
-    props = jvm.java.util.HashMap()
+    schema = _jclass(session, "org.apache.iceberg.SchemaParser").fromJson(schema_json)
+    spec = _jclass(session, "org.apache.iceberg.PartitionSpecParser").fromJson(schema, spec_json)
+    props = _jclass(session, "java.util.HashMap")()
     for key, value in properties.items():
         props.put(key, value)
     table = _catalog(session, catalog_name).createTable(_table_identifier(session, identifier), schema, spec,
@@ -689,48 +696,49 @@ def create_table(session: SparkSession, catalog_name: str, identifier: Sequence[
     return int(table.operations().current().formatVersion())
 
 
-def _java_value(jvm: Any, type_id: str, value: Any) -> Any:
+def _java_value(session: SparkSession, type_id: str, value: Any) -> Any:
     """A partition value (Iceberg's internal representation, as pyiceberg's partition records hold it) as the Java
     object Iceberg keeps for a partition field of type ``type_id``."""
     if value is None:
         return None
     if type_id in ("INTEGER", "DATE"):
-        return jvm.java.lang.Integer.valueOf(str(int(value)))
+        return _jclass(session, "java.lang.Integer").valueOf(str(int(value)))
     if type_id in ("LONG", "TIME", "TIMESTAMP", "TIMESTAMP_NANO"):
-        return jvm.java.lang.Long.valueOf(str(int(value)))
+        return _jclass(session, "java.lang.Long").valueOf(str(int(value)))
     if type_id in ("FLOAT", "DOUBLE"):
-        return (jvm.java.lang.Float if type_id == "FLOAT" else jvm.java.lang.Double).valueOf(str(float(value)))
+        return _jclass(session, f"java.lang.{type_id.title()}").valueOf(str(float(value)))
     if type_id == "DECIMAL":
-        return jvm.java.math.BigDecimal(str(value))
+        return _jclass(session, "java.math.BigDecimal")(str(value))
     if type_id == "UUID":
-        return jvm.java.util.UUID.fromString(str(value))
+        return _jclass(session, "java.util.UUID").fromString(str(value))
     if type_id in ("BINARY", "FIXED"):
-        return jvm.java.nio.ByteBuffer.wrap(bytearray(value))
+        return _jclass(session, "java.nio.ByteBuffer").wrap(bytearray(value))
     if type_id == "BOOLEAN":
         return bool(value)
     return str(value)
 
 
-def _data_file(jvm: Any, table: Any, metrics_config: Any, entry: Mapping[str, Any]) -> Any:
+def _data_file(session: SparkSession, table: Any, metrics_config: Any, entry: Mapping[str, Any]) -> Any:
     """A DataFile of a Parquet file the broker's workers wrote: its size and metrics (record count, column sizes,
     value/null counts, bounds per the table's metrics config) read from the file and its footer, as Iceberg-Java's
     writers record them; the partition values as the worker computed them."""
     spec = table.specs().get(int(entry["spec_id"]))
     input_file = table.io().newInputFile(entry["path"])
-    builder = jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(entry["path"]) \
-        .withFormat(jvm.org.apache.iceberg.FileFormat.PARQUET).withFileSizeInBytes(input_file.getLength()) \
-        .withMetrics(jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(input_file, metrics_config))
+    metrics = _jclass(session, "org.apache.iceberg.parquet.ParquetUtil").fileMetrics(input_file, metrics_config)
+    builder = _jclass(session, "org.apache.iceberg.DataFiles").builder(spec).withPath(entry["path"]) \
+        .withFormat(_jclass(session, "org.apache.iceberg.FileFormat").PARQUET) \
+        .withFileSizeInBytes(input_file.getLength()).withMetrics(metrics)
     if spec.isPartitioned():
         partition_type = spec.partitionType()
-        data = jvm.org.apache.iceberg.PartitionData(partition_type)
+        data = _jclass(session, "org.apache.iceberg.PartitionData")(partition_type)
         for i, value in enumerate(entry["partition"]):
             type_id = str(partition_type.fields().get(i).type().typeId().name())
-            data.set(i, _java_value(jvm, type_id, value))
+            data.set(i, _java_value(session, type_id, value))
         builder = builder.withPartition(data)
     return builder.build()
 
 
-def _update_spec(jvm: Any, txn: Any, removed: Sequence[str], added: Sequence[Sequence[str]]) -> None:
+def _update_spec(session: SparkSession, txn: Any, removed: Sequence[str], added: Sequence[Sequence[str]]) -> None:
     """Partition fields removed, then added (``(source column, transform, name)``, transforms as Iceberg names
     them: ``identity``, ``bucket[8]``, ``truncate[4]``, ``day``...), each in its own update as pyiceberg does."""
     if removed:
@@ -739,7 +747,7 @@ def _update_spec(jvm: Any, txn: Any, removed: Sequence[str], added: Sequence[Seq
             update = update.removeField(name)
         update.commit()
     if added:
-        expressions = jvm.org.apache.iceberg.expressions.Expressions
+        expressions = _jclass(session, "org.apache.iceberg.expressions.Expressions")
         update = txn.updateSpec()
         for column, transform, name in added:
             kind, _, param = transform.partition("[")
@@ -765,7 +773,6 @@ def commit_table_update(session: SparkSession, catalog_name: str, identifier: Se
     stay behind as orphans); anything else leaves the outcome unknown."""
     from pyiceberg.exceptions import CommitFailedException
 
-    jvm: Any = session._jvm
     table = iceberg_table(session, catalog_name, identifier)
     txn = table.newTransaction()
     start = txn.startMetadata()
@@ -779,14 +786,14 @@ def commit_table_update(session: SparkSession, catalog_name: str, identifier: Se
         for key in update["remove_properties"]:
             properties = properties.remove(key)
         properties.commit()
-    _update_spec(jvm, txn, update["remove_spec_fields"], update["add_spec_fields"])
+    _update_spec(session, txn, update["remove_spec_fields"], update["add_spec_fields"])
     if update["publish"] is not None:
         txn.manageSnapshots().setCurrentSnapshot(int(update["publish"])).commit()
     elif update["append"] is not None:
         append = txn.newFastAppend()
-        metrics_config = jvm.org.apache.iceberg.MetricsConfig.forTable(table)
+        metrics_config = _jclass(session, "org.apache.iceberg.MetricsConfig").forTable(table)
         for entry in update["append"]:
-            append = append.appendFile(_data_file(jvm, table, metrics_config, entry))
+            append = append.appendFile(_data_file(session, table, metrics_config, entry))
         for key, value in update["summary"].items():
             append = append.set(key, value)
         append.commit()
@@ -805,6 +812,7 @@ def commit_table_update(session: SparkSession, catalog_name: str, identifier: Se
 
 WAP_ID_CONF = "spark.wap.id"  # with the table's write.wap.enabled, a write of this session is staged under this id
 _ROW = "__tabletopic_row"
+_HIT = "__tabletopic_hit"  # a rewrite's marker of the changes' rows in its join
 _CHANGE_NAME = re.compile(r"^(?P<stem>.+?-p\d+-\d+)-[0-9A-Za-z-]+\.parquet$")  # a worker's change file name
 
 
@@ -862,8 +870,7 @@ def _no_local_checksums(session: SparkSession) -> None:
     busy 2-core machine. The side files protect nothing a reader checks (pyiceberg, DuckDB and the broker's own
     writes have none), so the JVM's cached local file system (shared by every Iceberg and Spark file access of
     this process) stops writing and reading them. Idempotent."""
-    jvm: Any = session._jvm
-    local = jvm.org.apache.hadoop.fs.FileSystem.getLocal(session._jsc.hadoopConfiguration())
+    local = _jclass(session, "org.apache.hadoop.fs.FileSystem").getLocal(session._jsc.hadoopConfiguration())
     local.setWriteChecksum(False)
     local.setVerifyChecksum(False)
 
@@ -924,17 +931,29 @@ def _staged_merge(session: SparkSession, table_name: str, view: str, *, stage_id
 
 
 def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str,
-                    columns: Sequence[str], present: Set[str]) -> None:
+                    keys: Sequence[str], columns: Sequence[str], present: Set[str], count: bool) -> int | None:
     """The whole table written again with the changes in ``view`` applied by the MERGE's rules (rows whose key
     has a change dropped, the changes other than ``D`` added, a column the changes lack taken from the row they
     replace), staged under ``stage_id`` as one overwrite: the new files replace every data file and every delete
     file, in one file (the caller keeps this to tables of at most one target file). Raises AnalysisException,
-    before anything is written, when the changes' column types do not fit the table's."""
+    before anything is written, when the changes' column types do not fit the table's.
+
+    ``count``: also returns how many distinct keys of the ``D`` changes the table had, observed on the same scan
+    (what :func:`_present_keys` counts with a scan of its own), else None."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F  # noqa: N812
 
     target = session.table(table_name).alias("t")
     source = session.table(view).alias("s")
-    kept = target.join(source, F.expr(on), "left_anti")
+    # a left join flagged by a marker, not an anti join: the matched rows are there to be counted
+    flagged = session.table(view).withColumn(_HIT, F.lit(True)).alias("s")
+    joined = target.join(flagged, F.expr(on), "left")
+    observed = Observation(f"tabletopic_present_{stage_id}")
+    if count:
+        deleted = F.struct(*(F.col(f"s.{_quoted_path(k)}") for k in keys))
+        joined = joined.observe(observed, F.size(F.collect_set(F.when(F.expr(f"s.{op} = 'D'"), deleted)))
+                                .alias("present"))
+    kept = joined.where(F.col(f"s.{_HIT}").isNull()).select("t.*")
     changed = source.where(F.expr(f"s.{op} <> 'D'"))
     if not set(columns) <= present:  # the replaced rows' values of the missing columns: a second scan of the table
         changed = changed.join(target, F.expr(on), "left")
@@ -945,6 +964,7 @@ def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_
         kept.unionByName(changed).coalesce(1).writeTo(table_name).overwrite(F.lit(True))
     finally:
         session.conf.unset(WAP_ID_CONF)
+    return int(observed.get["present"]) if count else None
 
 
 def _compaction_figures(table: Any, base: Any, staged: Any, written: int, ms: float
@@ -1010,28 +1030,11 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
         view = f"tabletopic_changes_{stage_id.replace('-', '_')}"
         source.createOrReplaceTempView(view)
         table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
-        op = _quoted_path(op_column)
-        on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
-        present = set(source.columns)
-        columns = [_quoted_path(str(c.name())) for c in _iterate(table.schema().columns()) if str(c.name()) in present]
-        # the count reads main, which the staged MERGE does not move: it runs beside the MERGE, whose stages leave
-        # task slots idle (a round's MERGE is mostly one task per stage)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="tabletopic-merge-count")
-        try:
-            base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
-            found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
-                if deletes and base is not None else None
-            refused = _try_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, table=table,
-                                   present=present) if rewrite else None
-            rewritten = rewrite and refused is None
-            if not rewritten:
-                _staged_merge(session, table_name, view, stage_id=stage_id, on=on, op=op, columns=columns)
-            lap("rewrite" if rewritten else "merge")
-            absent = deletes - (0 if found is None else found.result())
-            lap("absent")
-        finally:
-            pool.shutdown(wait=True)  # the count ends before the view goes
-            session.catalog.dropTempView(view)
+        base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
+        refused, absent = _apply_changes(session, table, table_name, view, stage_id=stage_id, keys=keys,
+                                         op=_quoted_path(op_column), base=base, deletes=deletes, rewrite=rewrite,
+                                         lap=lap)
+        rewritten = rewrite and refused is None
     finally:
         if written is not None:
             io.delete(written)
@@ -1052,24 +1055,55 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
             "rewrite_refused": refused}
 
 
+def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str, *, stage_id: str,
+                   keys: Sequence[str], op: str, base: int | None, deletes: int, rewrite: bool,
+                   lap: Callable[[str], None]) -> tuple[str | None, int]:
+    """:func:`merge_changes`'s Spark work on the changes in ``view``: the table written again with them
+    (``rewrite``; :func:`_try_rewrite`) or merged, and the deletes of keys the table lacks counted. Returns (why a
+    rewrite asked for was refused, else None; how many deletes were of unknown keys). Drops ``view``."""
+    on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
+    present = set(session.table(view).columns)
+    columns = [_quoted_path(str(c.name())) for c in _iterate(table.schema().columns()) if str(c.name()) in present]
+    counted = bool(deletes) and base is not None
+    # the count reads main, which the staged MERGE does not move: it runs beside the MERGE, whose stages leave
+    # task slots idle (a round's MERGE is mostly one task per stage); a rewrite counts in its own scan
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tabletopic-merge-count")
+    try:
+        refused, found_here = _try_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, table=table,
+                                           keys=keys, present=present, count=counted) if rewrite else (None, None)
+        rewritten = rewrite and refused is None
+        found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
+            if counted and not rewritten and base is not None else None
+        if not rewritten:
+            _staged_merge(session, table_name, view, stage_id=stage_id, on=on, op=op, columns=columns)
+        lap("rewrite" if rewritten else "merge")
+        absent = deletes - (found.result() if found is not None else found_here or 0)
+        lap("absent")
+    finally:
+        pool.shutdown(wait=True)  # the count ends before the view goes
+        session.catalog.dropTempView(view)
+    return refused, absent
+
+
 def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str, table: Any,
-                 present: Set[str]) -> str | None:
+                 keys: Sequence[str], present: Set[str], count: bool) -> tuple[str | None, int | None]:
     """:func:`_staged_rewrite`: a MERGE and a compaction in one job, which on a table of one target file costs
     about what the MERGE alone does (a 100k-row table: ~0.7 s, where a MERGE then a rewrite of the data files took
-    ~1.2 s); the table's delete files go with its old data files. None when done; else why Spark refused it before
-    writing anything (an AnalysisException; none is known where a MERGE of the same changes passes: a required
-    column, a wider decimal or a long for an int column are written by both): the caller merges."""
+    ~1.2 s); the table's delete files go with its old data files. Returns (None, the rewrite's count) when done;
+    else (why Spark refused it before writing anything, None): an AnalysisException; none is known where a MERGE
+    of the same changes passes (a required column, a wider decimal or a long for an int column are written by
+    both): the caller merges."""
     from pyspark.errors import AnalysisException
 
     try:
-        _staged_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, present=present,
-                        columns=[str(c.name()) for c in _iterate(table.schema().columns())])
+        found = _staged_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, keys=keys, present=present,
+                                columns=[str(c.name()) for c in _iterate(table.schema().columns())], count=count)
     except AnalysisException as e:
         why = describe_exception(e)[1]
         log.warning("merge %s of %s: the table cannot be written again with these changes, merged instead: %s",
                     stage_id, table_name, why)
-        return why
-    return None
+        return why, None
+    return None, found
 
 
 def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *, keys: Sequence[str],
