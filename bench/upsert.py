@@ -111,7 +111,7 @@ SPARK_READY_RE = re.compile(r"Spark side process ready in (?P<s>[\d.]+) s")
 MERGE_RE = re.compile(r"\[MERGE_STAGED\] topic=(?P<topic>\S+) .*?change_files=(?P<files>\d+) "
                       r"rows_written=(?P<written>\d+) rows_deleted=(?P<deleted>\d+) "
                       r"unknown_key_deletes=(?P<unknown>\d+) (?:table_rewritten=(?P<rewritten>\w+) )?.*?ms=(?P<ms>\d+)")
-STEPS_RE = re.compile(r"merge \S+ of (?P<table>\S+): .*; ms (?P<steps>\{.*\})")
+STEPS_RE = re.compile(r"merge (?:\(table rewritten\) )?\S+ of (?P<table>\S+): .*; ms (?P<steps>\{.*\})")
 MAINTENANCE_RE = re.compile(r"\[MAINTENANCE\] topic=(?P<topic>\S+) .*?ms=(?P<ms>\d+) failures=(?P<failures>.*)$")
 
 AVRO_SCHEMA = {
@@ -486,7 +486,9 @@ class RoundTimes:
             out.change_files = sum(int(m["files"]) for m in merges)
             out.rewritten = sum(m["rewritten"] == "True" for m in merges)
         if steps:
-            out.steps = {k: statistics.fmean(float(x.get(k, 0.0)) for x in steps) for k in steps[-1]}
+            # a merged round has a "merge" step, a rewriting one a "rewrite": each the mean of the rounds it was in
+            names = dict.fromkeys(k for x in steps for k in x)
+            out.steps = {k: statistics.fmean(float(x[k]) for x in steps if k in x) for k in names}
         return out
 
     def line(self) -> str:
