@@ -534,6 +534,12 @@ _topic(
     Setting("automq.table.topic.compaction.min.input.manifests", Type.INT, 20,
             "The table's manifests are rewritten once its current snapshot has at least this many (each commit "
             "adds one; tabletopic's own setting).", between(2, 100_000)),
+    Setting("automq.table.topic.compaction.max.rewrite.bytes", Type.LONG, 128 << 20,
+            "At most about this many bytes of data files are rewritten by one maintenance run (at least one file): "
+            "the run takes as many files as fit when each is as large as the table's largest, and a run that "
+            "reached that count runs again a few seconds later. It bounds how long an upsert or CDC table's "
+            "rounds wait for a run, since the broker's Spark side process does one operation at a time. 0: no "
+            "limit (tabletopic's own setting).", between(0, 1 << 50)),
     Setting("automq.table.topic.orphan.files.older.than.hours", Type.INT, 24,
             "Files under the table's location that no snapshot references are deleted once older than this "
             "(tabletopic's own setting; part of the compaction run). Files of a round in flight are never "

@@ -67,6 +67,7 @@ COMPACTION_TARGET_FILE_SIZE_BYTES = "automq.table.topic.compaction.target.file.s
 COMPACTION_MIN_INPUT_FILES = "automq.table.topic.compaction.min.input.files"
 COMPACTION_DELETE_RATIO = "automq.table.topic.compaction.delete.ratio"
 COMPACTION_MIN_INPUT_MANIFESTS = "automq.table.topic.compaction.min.input.manifests"
+COMPACTION_MAX_REWRITE_BYTES = "automq.table.topic.compaction.max.rewrite.bytes"
 ORPHAN_FILES_OLDER_THAN_HOURS = "automq.table.topic.orphan.files.older.than.hours"
 COPY_ON_WRITE_MAX_BYTES = "automq.table.topic.copy.on.write.max.bytes"
 COPY_ON_WRITE_MAX_MERGED_ROUNDS = "automq.table.topic.copy.on.write.max.merged.rounds"
@@ -311,6 +312,7 @@ class TableTopicConfig:
     compaction_min_input_files: int = 5
     compaction_delete_ratio: float = 0.3
     compaction_min_input_manifests: int = 20
+    compaction_max_rewrite_bytes: int = 128 << 20
     orphan_files_older_than_hours: int = 24
     copy_on_write_max_bytes: int = 32 << 20
     copy_on_write_max_merged_rounds: int = 0
@@ -367,6 +369,7 @@ class TableTopicConfig:
             compaction_min_input_files=typed(values, COMPACTION_MIN_INPUT_FILES, int),
             compaction_delete_ratio=typed(values, COMPACTION_DELETE_RATIO, float),
             compaction_min_input_manifests=typed(values, COMPACTION_MIN_INPUT_MANIFESTS, int),
+            compaction_max_rewrite_bytes=typed(values, COMPACTION_MAX_REWRITE_BYTES, int),
             orphan_files_older_than_hours=typed(values, ORPHAN_FILES_OLDER_THAN_HOURS, int),
             copy_on_write_max_bytes=typed(values, COPY_ON_WRITE_MAX_BYTES, int),
             copy_on_write_max_merged_rounds=typed(values, COPY_ON_WRITE_MAX_MERGED_ROUNDS, int),

@@ -14,6 +14,9 @@ rounds go idle leaving delete files, the next run rewrites every data file that 
    ``compaction.delete.ratio`` of its rows or come in ``compaction.min.input.files`` delete files: the deletes are
    applied (the rows are gone from the new file) and the delete files left applying to nothing are dropped
    (Iceberg's position-delete compaction cannot run on these tables: :func:`tabletopic.spark.rewrite_data_files`).
+   With ``compaction.max.rewrite.bytes`` a run rewrites about that much at most, in two passes
+   (:meth:`MaintenancePolicy.bounded_pass`), and comes again after :data:`EARLY_GAP_S` when a pass used all of it:
+   an upsert table's rounds wait for the run, since the Spark side process does one operation at a time.
    On an upsert/CDC table of at most one target file the run leaves that rewrite to the table's next round, which
    applies its changes by writing the whole table again (:meth:`TableMaintenance.take_round_rewrite`,
    :mod:`coordinator.merge`): the rounds' merges would otherwise wait for the rewrite;
@@ -68,6 +71,7 @@ from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
@@ -89,6 +93,7 @@ log = logging.getLogger(__name__)
 
 LAST_RUN_FILE = "maintenance.json"  # in the topic's state directory (<log.dirs>/__tables/<topic>/)
 CHECK_PERIOD_S = 5.0  # the loop re-reads the settings at least this often (a shorter interval applies soon)
+SMALL_FILE_RATIO = 0.75  # Iceberg's bin-pack takes files under this share of the target size
 EARLY_GAP_S = 5.0  # a run that delete files call for starts no sooner than this after the previous run's start
 ORPHAN_PERIOD_S = 3600.0  # orphan removal lists the table's whole directory: at the first run, then hourly
 STOP_WAIT_S = 5.0  # stop() waits this long for a step in flight (closing the Spark process ends it anyway)
@@ -128,6 +133,7 @@ class MaintenancePolicy:
     min_input_manifests: int
     orphan_age_hours: int
     expire: ExpirePolicy
+    max_rewrite_bytes: int = 0  # compaction.max.rewrite.bytes: 0 no limit
     settle: bool = False  # rewrite every data file that has a delete file (a table whose rounds went idle)
     by_round: bool = False  # an upsert/CDC table: a rewrite of the whole table is left to its next round
 
@@ -135,7 +141,8 @@ class MaintenancePolicy:
     def from_config(cls, cfg: TableTopicConfig) -> MaintenancePolicy:
         return cls(cfg.compaction_enable, cfg.compaction_interval_ms / 1000, cfg.compaction_target_file_size_bytes,
                    cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
-                   cfg.orphan_files_older_than_hours, ExpirePolicy.settings(cfg), by_round=cfg.delta_write)
+                   cfg.orphan_files_older_than_hours, ExpirePolicy.settings(cfg),
+                   max_rewrite_bytes=cfg.compaction_max_rewrite_bytes, by_round=cfg.delta_write)
 
     def data_options(self) -> dict[str, str]:
         """Iceberg's RewriteDataFiles options. The rewritten files take a new sequence number, so that the delete
@@ -147,6 +154,26 @@ class MaintenancePolicy:
                 "delete-file-threshold": "1" if self.settle else str(self.min_input_files),
                 "remove-dangling-deletes": "true",
                 "use-starting-sequence-number": "false"}
+
+    def bounded_pass(self, kind: str, sizes: Sequence[int], delete_files: int) -> tuple[dict[str, str], int] | None:
+        """A rewrite pass whose input fits ``max_rewrite_bytes``: (options, how many files at most), None when it
+        has nothing to do; ``sizes``: the table's data files' sizes. A cap on the number of files (Iceberg takes
+        the planned files in order up to it) bounds the bytes only when figured from the largest file that can be
+        picked, and a group cut to one file is rewritten into one file again, to no end. So a run has two passes:
+        ``deletes``, the files picked for their deletes (each worth rewriting alone), capped by the table's
+        largest file; ``small``, the small files only, capped by the largest small one and never under two."""
+        never = str(1 << 62)
+        if kind == "deletes":
+            if not delete_files or not sizes:
+                return None
+            options = {**self.data_options(), "min-file-size-bytes": "0", "max-file-size-bytes": never}
+            return options, max(1, self.max_rewrite_bytes // max(1, *sizes))
+        small = [n for n in sizes if n < self.target_file_size_bytes * SMALL_FILE_RATIO]
+        if len(small) < self.min_input_files:
+            return None
+        options = {**self.data_options(), "max-file-size-bytes": never, "delete-file-threshold": str(2**31 - 1),
+                   "delete-ratio-threshold": "1.0"}
+        return options, max(2, self.max_rewrite_bytes // max(1, *small))
 
 
 @dataclass(slots=True)
@@ -173,6 +200,7 @@ class MaintenanceReport:
     rewritten_bytes: int = 0
     added_bytes: int = 0
     deletes_applied: int = 0  # rows dropped from rewritten data files because position deletes covered them
+    rewrite_cap: int = 0  # the data files the run could rewrite (compaction.max.rewrite.bytes); 0: no limit
     removed_delete_files: int = 0  # dangling delete files dropped
     snapshots_expired: int = 0
     expired_files_deleted: int = 0  # data and delete files only expired snapshots referenced
@@ -191,7 +219,8 @@ class MaintenanceReport:
                 f"bytes={self.bytes_before}->{self.bytes_after} "
                 f"manifests={self.manifests_before}->{self.manifests_after} "
                 f"rewrote={self.rewritten_data_files}->{self.added_data_files} files "
-                f"({self.rewritten_bytes}->{self.added_bytes} bytes) deletes_applied={self.deletes_applied} "
+                f"({self.rewritten_bytes}->{self.added_bytes} bytes, cap {self.rewrite_cap or '-'}) "
+                f"deletes_applied={self.deletes_applied} "
                 f"dangling_deletes_dropped={self.removed_delete_files} snapshots_expired={self.snapshots_expired} "
                 f"expired_files_deleted={self.expired_files_deleted} orphans_deleted={self.orphan_files_deleted} "
                 f"ms={self.duration_ms:.0f} failures={failures}")
@@ -288,6 +317,7 @@ class TableMaintenance:
         self._deletes = DeleteFileCount()  # a run is due early once min.input.files more than the last run left
         self._settle = False  # the rounds went idle leaving delete files: the next run applies them all
         self._settle_tried = False  # ... tried once since the last round: an idle table is not retried every 5 s
+        self._capped = False  # the last run rewrote as many data files as compaction.max.rewrite.bytes let it
         self._round_rewrite = False  # the next upsert round is to rewrite the table (take_round_rewrite)
         self._merged_rounds = 0  # rounds in a row that left the table with delete files (take_round_rewrite)
         self._rewrite_in_round = False  # a round took it and has not reported yet: no second hand-off meanwhile
@@ -418,7 +448,7 @@ class TableMaintenance:
             cfg = self._config_provider()
             policy = MaintenancePolicy.from_config(cfg)
             due = last + policy.interval_s
-            if self._settle or self._deletes.due(policy.min_input_files):
+            if self._settle or self._capped or self._deletes.due(policy.min_input_files):
                 due = min(due, last + EARLY_GAP_S)
             delay = min(CHECK_PERIOD_S, due - loop.time())
             if delay > 0:
@@ -429,6 +459,7 @@ class TableMaintenance:
             last = loop.time()
             self._deletes.run_started()
             settle, self._settle = self._settle, False
+            self._capped = False
             if not policy.enabled:
                 continue
             try:
@@ -533,7 +564,8 @@ class TableMaintenance:
             except SparkServiceError as e:
                 report.failures[step] = str(e)
                 raise _SparkDownError from e
-            report.steps.append(step)
+            if step not in report.steps:  # a step of two passes is named once
+                report.steps.append(step)
             return result
         return None
 
@@ -554,19 +586,45 @@ class TableMaintenance:
             # While a round is rewriting it (longer than the loop's early gap on a larger table) nothing more.
             self._round_rewrite = not self._rewrite_in_round
             return tbl
+        capped = done = False
+        for kind in ("deletes", "small") if policy.max_rewrite_bytes > 0 else ("all",):
+            if kind == "all":
+                planned: tuple[Mapping[str, str], int] | None = (policy.data_options(), 0)
+            else:  # each pass sized on the table as the previous one left it
+                tbl = self._reload(tbl) if done else tbl
+                planned = policy.bounded_pass(kind, _data_file_sizes(tbl), _Totals.of(tbl).delete_files)
+            if planned is None:
+                continue
+            options, cap = planned
+            out = self._rewrite_pass(tbl, {**options, "max-files-to-rewrite": str(cap)} if cap else options, report)
+            if out is not None:
+                done = True
+                report.rewrite_cap += cap
+                capped = capped or (cap > 0 and out["rewritten_data_files"] >= cap)
+        tbl = self._reload(tbl)
+        if capped:  # work may be left: the next run comes soon, and does this step even if no round committed
+            self._capped = True
+            self._settle = self._settle or policy.settle
+        elif done:
+            self._rewritten_at[STEP_DATA] = _Totals.of(tbl).snapshot_id
+        return tbl
+
+    def _rewrite_pass(self, tbl: Table, options: Mapping[str, str], report: MaintenanceReport
+                      ) -> dict[str, int] | None:
+        """One RewriteDataFiles call, added to ``report``; its figures, None when it failed or was skipped."""
         assert self._spark is not None
         spark = self._spark
-        out = self._step(report, STEP_DATA, lambda: spark.rewrite_data_files(tbl.name(), policy.data_options()))
-        tbl = self._reload(tbl)
-        if out is not None and not out.get("skipped"):
-            self._rewritten_at[STEP_DATA] = _Totals.of(tbl).snapshot_id
-            report.rewritten_data_files += out["rewritten_data_files"]
-            report.added_data_files += out["added_data_files"]
-            report.rewritten_bytes += out["rewritten_bytes"]
-            report.added_bytes += out["added_bytes"]
-            report.deletes_applied += out["deletes_applied"]
-            report.removed_delete_files += out["removed_delete_files"]
-        return tbl
+        out: dict[str, int] | None = self._step(report, STEP_DATA,
+                                                lambda: spark.rewrite_data_files(tbl.name(), options))
+        if out is None or out.get("skipped"):
+            return None
+        report.rewritten_data_files += out["rewritten_data_files"]
+        report.added_data_files += out["added_data_files"]
+        report.rewritten_bytes += out["rewritten_bytes"]
+        report.added_bytes += out["added_bytes"]
+        report.deletes_applied += out["deletes_applied"]
+        report.removed_delete_files += out["removed_delete_files"]
+        return out
 
     def _leave_to_round(self, tbl: Table, policy: MaintenancePolicy, totals: _Totals) -> bool:
         """Whether the rewrite of data files is left to the table's next round: an upsert table of at most one
@@ -635,6 +693,16 @@ class TableMaintenance:
 
 
 # ---- orphan candidates ----
+
+
+def _data_file_sizes(tbl: Table) -> list[int]:
+    """The sizes of the current snapshot's data files (its data manifests read)."""
+    snapshot = tbl.current_snapshot()
+    if snapshot is None:
+        return []
+    return [entry.data_file.file_size_in_bytes for manifest in snapshot.manifests(tbl.io)
+            if manifest.content == ManifestContent.DATA
+            for entry in manifest.fetch_manifest_entry(tbl.io, discard_deleted=True)]
 
 
 def _local_dir(location: str) -> str | None:

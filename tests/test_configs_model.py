@@ -64,7 +64,7 @@ SPEC: dict[str, tuple[Type, Any, str, str]] = {
 EXTENSIONS = {P + "compaction.enable", P + "compaction.interval.ms", P + "compaction.target.file.size.bytes",
               P + "compaction.min.input.files", P + "compaction.delete.ratio", P + "compaction.min.input.manifests",
               P + "orphan.files.older.than.hours", P + "copy.on.write.max.bytes",
-              P + "copy.on.write.max.merged.rounds"}
+              P + "copy.on.write.max.merged.rounds", P + "compaction.max.rewrite.bytes"}
 
 
 def test_every_documented_setting_is_declared() -> None:

@@ -9,8 +9,10 @@ by topic settings (BrokerProcess turns the broker-wide default off).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
 from configs.model import BrokerConfig
@@ -270,6 +273,22 @@ def test_orphan_removal_never_deletes_a_referenced_file(mbroker: tuple[BrokerPro
     assert committed_offsets(tbl) == {0: 60}
 
 
+def files_of_25_records(b: BrokerProcess, topic: str, files: int) -> Catalog:
+    """A one-partition string topic, merge-on-read table, compaction off, given ``files`` data files of 25
+    records each (keys ``k0``, ``k1``, ... value ``v``), each committed before the next is produced."""
+    create_topic(b, topic, 1, **{"enable": "true", "commit.interval.ms": "200", "convert.value.type": "string",
+                                 "compaction.enable": "false", "iceberg.auto-create.properties": MERGE_MODES})
+    producer = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+    cat = catalog(b)
+    for batch in range(files):
+        for i in range(25 * batch, 25 * batch + 25):
+            producer.produce(topic, key=f"k{i}".encode(), value=b"v")
+        assert producer.flush(30) == 0
+        wait_for("the batch committed", lambda n=batch: cat.table_exists(f"default.{topic}") and committed_offsets(
+            cat.load_table(f"default.{topic}")) == {0: 25 * (n + 1)})
+    return cat
+
+
 def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, int], tmp_path: Path) -> None:
     """A Spark MERGE deletes 60 of 100 rows and updates one (position deletes, merge-on-read); the maintenance run
     rewrites the data files without the deleted rows and drops the dangling delete files; expiring the snapshots
@@ -277,16 +296,7 @@ def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, i
     committed offsets) unchanged through both."""
     b, _ = mbroker
     topic = "mt_merge"
-    create_topic(b, topic, 1, **{"enable": "true", "commit.interval.ms": "200", "convert.value.type": "string",
-                                 "compaction.enable": "false", "iceberg.auto-create.properties": MERGE_MODES})
-    producer = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
-    cat = catalog(b)
-    for batch in range(4):
-        for i in range(25 * batch, 25 * batch + 25):
-            producer.produce(topic, key=f"k{i}".encode(), value=b"v")
-        assert producer.flush(30) == 0
-        wait_for("the batch committed", lambda n=batch: cat.table_exists(f"default.{topic}") and committed_offsets(
-            cat.load_table(f"default.{topic}")) == {0: 25 * (n + 1)})
+    cat = files_of_25_records(b, topic, 4)
     want = sorted((f"k{i}", "w" if i == 80 else "v") for i in range(60, 100))
 
     def rows(tbl: Table) -> list[tuple[str, str]]:
@@ -324,6 +334,62 @@ def test_position_deletes_of_a_merge_are_applied(mbroker: tuple[BrokerProcess, i
     assert tbl.properties == before.properties and committed_offsets(tbl) == {0: 100}
 
 
+RUN_RE = re.compile(r"^(?P<ts>\S+ \S+) .*\[MAINTENANCE\] topic=(?P<topic>\S+) .* rewrote=(?P<files>\d+)->\d+ files "
+                    r"\(\d+->\d+ bytes, cap (?P<cap>\d+|-)\)", re.M)
+
+
+def log_time(stamp: str) -> float:
+    """Epoch seconds of a broker log line's ``YYYY-MM-DD HH:MM:SS,mmm`` time stamp (local time)."""
+    day, _, ms = stamp.partition(",")
+    return time.mktime(time.strptime(day, "%Y-%m-%d %H:%M:%S")) + int(ms or 0) / 1000
+
+
+def test_runs_rewrite_at_most_max_rewrite_bytes(mbroker: tuple[BrokerProcess, int], tmp_path: Path) -> None:
+    """compaction.max.rewrite.bytes at three of the table's files: eight small data files, a third of each
+    file's rows deleted by a MERGE (position deletes), are rewritten in runs of at most three files per pass
+    (the files with deletes, then the small ones), each run following the last within seconds; in the end no
+    delete file is left, fewer data files, and the same rows for pyiceberg and DuckDB, offsets kept."""
+    b, _ = mbroker
+    topic = "mt_bounded"
+    cat = files_of_25_records(b, topic, 8)
+    want = sorted(f"k{i}" for i in range(200) if i % 3)
+
+    def keys(tbl: Table) -> list[str]:
+        got = sorted(r["_kafka_key"] for r in tbl.scan(selected_fields=("_kafka_key",)).to_arrow().to_pylist())
+        assert sorted(k for (k,) in duckdb_scan(duckdb_connect(), tbl).project("_kafka_key").fetchall()) == got
+        return got
+
+    config = broker_config(None, {"log.dirs": str(b.data_dir), "spark.driver.memory": "512m"})
+    with SparkService(config, log_path=tmp_path / "bounded-spark.log") as spark:
+        spark.sql(f"DELETE FROM default.{topic} WHERE cast(substr(_kafka_key, 2) AS INT) % 3 = 0")
+    before = cat.load_table(f"default.{topic}")
+    assert (int(summary(before)["total-data-files"]), int(summary(before)["total-delete-files"])) == (8, 8)
+    assert keys(before) == want
+    largest = max(f.file.file_size_in_bytes for f in before.scan().plan_files())
+    alter_topic(b, topic, **{"compaction.enable": "true", "compaction.interval.ms": "60000",
+                             "compaction.min.input.files": "2", "compaction.max.rewrite.bytes": str(3 * largest)})
+
+    def settled() -> Table | None:
+        t = cat.load_table(f"default.{topic}")
+        return t if int(summary(t)["total-delete-files"]) == 0 and int(summary(t)["total-data-files"]) <= 2 else None
+
+    tbl = wait_for("the files rewritten", settled, timeout=300)
+
+    def logged() -> list[tuple[float, int, int]]:  # the runs' lines come a moment after their commits
+        got = [(log_time(m["ts"]), int(m["files"]), int(m["cap"])) for m in RUN_RE.finditer(b.log_text())
+               if m["topic"] == topic and int(m["files"])]
+        return got if sum(files for _, files, _ in got) >= 8 else []
+
+    runs = rewriting = wait_for("the runs logged", logged, timeout=30)
+    # a run has at most two passes, each of at most three files here (a grown file lowers the next pass's cap)
+    assert len(rewriting) >= 2 and all(files <= cap <= 6 for _, files, cap in rewriting), runs
+    assert sum(files for _, files, _ in rewriting) >= 8, runs
+    # a run that used its whole cap is followed within seconds, not one compaction.interval.ms (60 s) later
+    assert all(later[0] - earlier[0] < 45 for earlier, later in itertools.pairwise(rewriting)), runs
+    assert keys(tbl) == want
+    assert tbl.properties == before.properties and committed_offsets(tbl) == {0: 200}
+
+
 # ---- settings ----
 
 def test_maintenance_settings_are_validated(mbroker: tuple[BrokerProcess, int]) -> None:
@@ -331,22 +397,23 @@ def test_maintenance_settings_are_validated(mbroker: tuple[BrokerProcess, int]) 
     cfg = TableTopicConfig.from_topic({}, BrokerConfig.from_properties({}))
     assert (cfg.compaction_enable, cfg.compaction_interval_ms, cfg.compaction_target_file_size_bytes,
             cfg.compaction_min_input_files, cfg.compaction_delete_ratio, cfg.compaction_min_input_manifests,
-            cfg.orphan_files_older_than_hours, cfg.copy_on_write_max_bytes, cfg.copy_on_write_max_merged_rounds) == (
-                True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20, 0)
+            cfg.orphan_files_older_than_hours, cfg.copy_on_write_max_bytes, cfg.copy_on_write_max_merged_rounds,
+            cfg.compaction_max_rewrite_bytes) == (True, 60000, 128 << 20, 5, 0.3, 20, 24, 32 << 20, 0, 128 << 20)
     off = BrokerConfig.from_properties({P + "compaction.enable": "false"})  # the broker-wide default
     assert not TableTopicConfig.from_topic({}, off).compaction_enable
     assert TableTopicConfig.from_topic({P + "compaction.enable": "true"}, off).compaction_enable
     good = {"compaction.interval.ms": "1000", "compaction.target.file.size.bytes": str(1 << 20),
             "compaction.min.input.files": "2", "compaction.delete.ratio": "1", "compaction.min.input.manifests": "2",
             "orphan.files.older.than.hours": "1", "copy.on.write.max.bytes": "0",
-            "copy.on.write.max.merged.rounds": "0"}
+            "copy.on.write.max.merged.rounds": "0", "compaction.max.rewrite.bytes": "0"}
     assert validate_topic_configs({P + k: v for k, v in good.items()})[P + "compaction.delete.ratio"] == 1.0
     for key, value in (("compaction.enable", "yes"), ("compaction.interval.ms", "999"),
                        ("compaction.target.file.size.bytes", "1000"), ("compaction.min.input.files", "1"),
                        ("compaction.delete.ratio", "0"), ("compaction.delete.ratio", "half"),
                        ("compaction.min.input.manifests", "1"), ("orphan.files.older.than.hours", "0"),
                        ("copy.on.write.max.bytes", "-1"), ("copy.on.write.max.bytes", "32MB"),
-                       ("copy.on.write.max.merged.rounds", "-1"), ("copy.on.write.max.merged.rounds", "1001")):
+                       ("copy.on.write.max.merged.rounds", "-1"), ("copy.on.write.max.merged.rounds", "1001"),
+                       ("compaction.max.rewrite.bytes", "-1"), ("compaction.max.rewrite.bytes", "1GB")):
         with pytest.raises(InvalidConfigError) as ei:
             validate_topic_configs({P + key: value})
         assert ei.value.key == P + key and value in str(ei.value)
