@@ -180,7 +180,7 @@ def test_spark_settings_reach_the_session_conf(tmp_path: Path) -> None:
     assert not any("idle" in key for key in conf)  # tabletopic's own setting stays with the broker
     # the JVM tuning for many small queries is a default a broker setting replaces, and the log4j file stays
     # (with the driver's heap at its full size from the start: spark.driver.memory's)
-    assert conf["spark.driver.defaultJavaOptions"] == "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xms1024m"
+    assert conf["spark.driver.defaultJavaOptions"] == "-XX:+UseSerialGC -Xms1024m"
     assert spark_conf(config, driver_memory="512m")["spark.driver.defaultJavaOptions"].endswith(" -Xms512m")
     assert [heap_mib(m) for m in ("1g", "2G", "1536m", "2gb", "4096", "8k", "lots")] == [
         1024, 2048, 1536, 2048, 4096, None, None]
