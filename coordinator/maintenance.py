@@ -586,7 +586,7 @@ class TableMaintenance:
             # While a round is rewriting it (longer than the loop's early gap on a larger table) nothing more.
             self._round_rewrite = not self._rewrite_in_round
             return tbl
-        capped = done = False
+        capped = done = failed = False
         for kind in ("deletes", "small") if policy.max_rewrite_bytes > 0 else ("all",):
             if kind == "all":
                 planned: tuple[Mapping[str, str], int] | None = (policy.data_options(), 0)
@@ -597,15 +597,16 @@ class TableMaintenance:
                 continue
             options, cap = planned
             out = self._rewrite_pass(tbl, {**options, "max-files-to-rewrite": str(cap)} if cap else options, report)
+            failed = failed or out is None
             if out is not None:
                 done = True
                 report.rewrite_cap += cap
                 capped = capped or (cap > 0 and out["rewritten_data_files"] >= cap)
-        tbl = self._reload(tbl)
+        tbl = self._reload(tbl) if done else tbl
         if capped:  # work may be left: the next run comes soon, and does this step even if no round committed
             self._capped = True
             self._settle = self._settle or policy.settle
-        elif done:
+        elif not failed:  # done, or nothing due: not again until the table changes (a failed pass is retried)
             self._rewritten_at[STEP_DATA] = _Totals.of(tbl).snapshot_id
         return tbl
 

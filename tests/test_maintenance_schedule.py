@@ -197,3 +197,26 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     never.note_delete_files(6)
     assert not never.take_round_rewrite(1)
 
+
+
+def test_bounded_passes_fit_max_rewrite_bytes(tmp_path: Path) -> None:
+    """compaction.max.rewrite.bytes split in two capped passes: the files due for their deletes (no size makes a
+    file a candidate; as many as fit when each is as large as the table's largest, at least one) and the small
+    files (deletes make no file a candidate; as many as fit when each is as large as the largest small one, at
+    least two); a pass with nothing to do is left out."""
+    config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
+    cfg = TableTopicConfig.from_topic({P + "compaction.max.rewrite.bytes": "1000",
+                                       P + "compaction.target.file.size.bytes": str(1 << 20)}, config)
+    policy = MaintenancePolicy.from_config(cfg)
+    big = 2 << 20  # over the target: never a size candidate
+    deletes = policy.bounded_pass("deletes", [100, 400, big], delete_files=2)
+    assert deletes is not None and deletes[1] == 1, "the largest file is over the budget: one file"
+    assert deletes[0]["min-file-size-bytes"] == "0" and int(deletes[0]["max-file-size-bytes"]) > big
+    assert policy.bounded_pass("deletes", [100, 400], delete_files=0) is None
+    assert policy.bounded_pass("deletes", [100, 250], delete_files=1)[1] == 4  # type: ignore[index]
+    assert policy.bounded_pass("small", [100, 400, big], delete_files=2) is None, "fewer than min.input.files"
+    small = policy.bounded_pass("small", [100, 100, 100, 100, 400, big], delete_files=2)
+    assert small is not None and small[1] == 2, "1000 // 400, the largest small file; the big one is not counted"
+    assert small[0]["delete-ratio-threshold"] == "1.0" and int(small[0]["delete-file-threshold"]) >= 2**31 - 1
+    assert policy.bounded_pass("small", [100, 100, 100, 100, 900], delete_files=0)[1] == 2  # type: ignore[index]
+    assert MaintenancePolicy.from_config(TableTopicConfig.from_topic({}, config)).max_rewrite_bytes == 128 << 20
