@@ -366,7 +366,7 @@ def test_runs_rewrite_at_most_max_rewrite_bytes(mbroker: tuple[BrokerProcess, in
     assert (int(summary(before)["total-data-files"]), int(summary(before)["total-delete-files"])) == (8, 8)
     assert keys(before) == want
     largest = max(f.file.file_size_in_bytes for f in before.scan().plan_files())
-    alter_topic(b, topic, **{"compaction.enable": "true", "compaction.interval.ms": "60000",
+    alter_topic(b, topic, **{"compaction.enable": "true", "compaction.interval.ms": "30000",
                              "compaction.min.input.files": "2", "compaction.max.rewrite.bytes": str(3 * largest)})
 
     def settled() -> Table | None:
@@ -384,8 +384,8 @@ def test_runs_rewrite_at_most_max_rewrite_bytes(mbroker: tuple[BrokerProcess, in
     # a run has at most two passes, each of at most three files here (a grown file lowers the next pass's cap)
     assert len(rewriting) >= 2 and all(files <= cap <= 6 for _, files, cap in rewriting), runs
     assert sum(files for _, files, _ in rewriting) >= 8, runs
-    # a run that used its whole cap is followed within seconds, not one compaction.interval.ms (60 s) later
-    assert all(later[0] - earlier[0] < 45 for earlier, later in itertools.pairwise(rewriting)), runs
+    # a run that used its whole cap is followed within seconds, not one compaction.interval.ms (30 s) later
+    assert all(later[0] - earlier[0] < 25 for earlier, later in itertools.pairwise(rewriting)), runs
     assert keys(tbl) == want
     assert tbl.properties == before.properties and committed_offsets(tbl) == {0: 200}
 
