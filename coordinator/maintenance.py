@@ -23,7 +23,10 @@ rounds go idle leaving delete files, the next run rewrites every data file that 
 2. expire snapshots per ``expire.snapshot.*`` (AutoMQ's settings), deleting the files only they referenced; the
    rounds' own expiry is then only a backstop (:meth:`coordinator.committer.ExpirePolicy.from_config`);
 3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
-4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``.
+4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``: only files
+   under the table's own ``data/`` and ``metadata/`` folders, never under the location of another table of the
+   catalog (a table created inside this one's folder, by another tool or under another namespace layout, keeps
+   its files; when a table of the catalog cannot be read, its location is unknown and no file is removed).
 
 An upsert/CDC table no larger than ``copy.on.write.max.bytes`` seldom gets that far: every
 ``copy.on.write.max.merged.rounds`` + 1-th round writes it again with its changes applied
@@ -76,11 +79,18 @@ from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
 from coordinator.committer import ExpirePolicy, snapshots_to_expire
-from coordinator.contract import CHANGE_FILE_PREFIX, DATA_FILE_PREFIX, DEAD_LETTER_FILE_PREFIX, parse_data_file_name
+from coordinator.contract import (
+    CHANGE_FILE_PREFIX,
+    DATA_DIR,
+    DATA_FILE_PREFIX,
+    DEAD_LETTER_FILE_PREFIX,
+    parse_data_file_name,
+)
 from coordinator.table import (
     OFFSETS_PROPERTY,
     TOPIC_ID_PROPERTY,
     catalog_identifier,
+    catalog_tables,
     committed_offsets,
     pending_dead_letters,
     referenced_files,
@@ -95,6 +105,7 @@ LAST_RUN_FILE = "maintenance.json"  # in the topic's state directory (<log.dirs>
 CHECK_PERIOD_S = 5.0  # the loop re-reads the settings at least this often (a shorter interval applies soon)
 SMALL_FILE_RATIO = 0.75  # Iceberg's bin-pack takes files under this share of the target size
 EARLY_GAP_S = 5.0  # a run that delete files call for starts no sooner than this after the previous run's start
+METADATA_DIR = "metadata"  # Iceberg's default metadata folder under a table's location (DATA_DIR its data)
 ORPHAN_PERIOD_S = 3600.0  # orphan removal lists the table's whole directory: at the first run, then hourly
 STOP_WAIT_S = 5.0  # stop() waits this long for a step in flight (closing the Spark process ends it anyway)
 _CONFLICTS = ("CommitFailedException", "ValidationException", "Cannot commit")
@@ -675,7 +686,11 @@ class TableMaintenance:
             return tbl
         self._orphans_due = time.monotonic() + ORPHAN_PERIOD_S
         older_than_ms = int(self._clock() * 1000) - policy.orphan_age_hours * 3_600_000
-        candidates = orphan_candidates(tbl, older_than_ms, self._topic_id)
+        try:
+            candidates = orphan_candidates(tbl, older_than_ms, self._topic_id)
+        except OtherTablesUnknownError as e:  # recorded as the step's failure: tried again next time
+            report.failures[STEP_ORPHANS] = str(e)
+            return tbl
         if candidates is None:
             self._conditions.log("orphans", logging.INFO, "table topic %s: orphan files are only looked for in "
                                  "file:// warehouses, not at %s", self.topic, tbl.location(), state="remote")
@@ -739,23 +754,61 @@ def _in_flight(name: str, offsets: Mapping[int, int], ours: bool) -> bool:
     return False
 
 
+class OtherTablesUnknownError(Exception):
+    """A table of the catalog could not be read, so where its files are is unknown: no orphan is removed."""
+
+
+def _within(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or lies under it (path components compared: ``/w/t_dlq`` is not under ``/w/t``)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _tables_inside(tbl: Table, root: str) -> list[str]:
+    """The local locations of the catalog's other tables that are ``root`` or lie under it (``tbl``'s own catalog,
+    every namespace, nested ones included). Raises OtherTablesUnknownError when one cannot be read."""
+    catalog = tbl.catalog
+    out: list[str] = []
+    for ident in catalog_tables(catalog):
+        if ident == tbl.name():
+            continue
+        try:
+            location = catalog.load_table(ident).location()
+        except NoSuchTableError:
+            continue  # dropped meanwhile
+        except Exception as e:
+            raise OtherTablesUnknownError(
+                f"table {'.'.join(ident)} cannot be read ({type(e).__name__}: {e}), so whether its files lie under "
+                f"{'.'.join(tbl.name())}'s location is unknown: no orphan file removed") from e
+        local = _local_dir(location)
+        if local is not None and _within(local, root):
+            out.append(local)
+    return out
+
+
 def orphan_candidates(tbl: Table, older_than_ms: int, topic_id: str | None = None) -> list[tuple[str, int]] | None:
-    """The files under ``tbl``'s (local) location that may be orphans: ``(file:// location, mtime ms)`` of every
-    file older than ``older_than_ms`` that the table's metadata does not name, except hidden files (``.crc`` and the
-    like, which Iceberg's own listing skips too), the files of rounds in flight (read from ``tbl`` *before* Spark
-    reads the table: a round in flight then starts at or past these offsets) and the pending dead letters. None
-    when the location is not local."""
+    """The files under ``tbl``'s (local) ``data/`` and ``metadata/`` folders that may be orphans: ``(file://
+    location, mtime ms)`` of every file older than ``older_than_ms`` that the table's metadata does not name, except
+    the files under the location of another table of the catalog (:func:`_tables_inside`; raises
+    OtherTablesUnknownError when a table cannot be read), hidden files (``.crc`` and the like, which Iceberg's own
+    listing skips too), the files of rounds in flight (read from ``tbl`` *before* Spark reads the table: a round in
+    flight then starts at or past these offsets) and the pending dead letters. None when the location is not
+    local."""
     root = _local_dir(tbl.location())
     if root is None:
         return None
+    others = _tables_inside(tbl, root)
     offsets = committed_offsets(tbl)
     stored = tbl.properties.get(TOPIC_ID_PROPERTY)
     ours = topic_id is None or stored in (None, topic_id)
     pending = pending_dead_letters(tbl)
     keep = _known_paths(tbl) | {p for f in (pending.files if pending else ()) if (p := _local_dir(f))}
     out: list[tuple[str, int]] = []
-    for dirpath, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]  # "_x=1" is a partition directory
+    tops = [top for top in (os.path.join(root, DATA_DIR), os.path.join(root, METADATA_DIR))
+            if not any(_within(top, other) for other in others)]
+    for dirpath, dirs, names in (walked for top in tops for walked in os.walk(top)):
+        # "_x=1" is a partition directory; another table's folder is its own
+        dirs[:] = [d for d in dirs if not d.startswith(".")
+                   and not any(_within(os.path.join(dirpath, d), other) for other in others)]
         for name in names:
             if name.startswith((".", "_")) or _in_flight(name, offsets, ours):
                 continue

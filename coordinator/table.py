@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -68,6 +68,20 @@ def catalog_identifier(topic: str, cfg: TableTopicConfig) -> tuple[str, ...]:
     with :data:`DEFAULT_NAMESPACE` when the namespace is blank."""
     ident = cfg.table_identifier(topic)
     return ident if len(ident) > 1 else (DEFAULT_NAMESPACE, *ident)
+
+
+def catalog_tables(catalog: Catalog) -> Iterator[tuple[str, ...]]:
+    """Every table identifier of ``catalog``, in every namespace, nested ones included (pyiceberg lists one level
+    of namespaces at a time)."""
+    pending = sorted(catalog.list_namespaces(), reverse=True)
+    seen: set[tuple[str, ...]] = set()
+    while pending:
+        namespace = pending.pop()
+        if namespace in seen:
+            continue
+        seen.add(namespace)
+        yield from sorted(catalog.list_tables(namespace))
+        pending.extend(sorted((n for n in catalog.list_namespaces(namespace) if n not in seen), reverse=True))
 
 
 def dead_letter_identifier(table: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,10 +1,15 @@
-"""When an upsert table's delete files call for an early maintenance run (coordinator.maintenance.DeleteFileCount)."""
+"""When an upsert table's delete files call for an early maintenance run (coordinator.maintenance.DeleteFileCount);
+which files orphan removal may look at."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
+import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.types import StringType
@@ -14,8 +19,10 @@ from coordinator.maintenance import (
     DeleteFileCount,
     MaintenancePolicy,
     MaintenanceReport,
+    OtherTablesUnknownError,
     TableMaintenance,
     _Totals,
+    orphan_candidates,
 )
 from tabletopic.catalog import broker_config, load_catalog
 
@@ -220,3 +227,69 @@ def test_bounded_passes_fit_max_rewrite_bytes(tmp_path: Path) -> None:
     assert small[0]["delete-ratio-threshold"] == "1.0" and int(small[0]["delete-file-threshold"]) >= 2**31 - 1
     assert policy.bounded_pass("small", [100, 100, 100, 100, 900], delete_files=0)[1] == 2  # type: ignore[index]
     assert MaintenancePolicy.from_config(TableTopicConfig.from_topic({}, config)).max_rewrite_bytes == 128 << 20
+
+
+# ---- orphan removal's scope --------------------------------------------------------------------------------------
+
+
+def _aged(path: Path, data: bytes = b"junk") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    old = time.time() - 3 * 86400
+    os.utime(path, (old, old))
+    return path
+
+
+def _files_under(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.is_file()}
+
+
+def test_orphan_removal_keeps_to_its_own_data_and_metadata_folders(tmp_path: Path) -> None:
+    """Issue 22 item 6: a table whose location lies inside another's (namespace ``x/y`` put ``x/y.t`` inside table
+    ``x.y``; any tool can create a table at any location) keeps every file when the outer table's orphans are
+    looked for, as do files beside the outer table's ``data/`` and ``metadata/`` folders; real orphans in those
+    folders are still found. A table of the catalog that cannot be read stops the step (its files could be
+    anywhere), recorded as the step's failure."""
+    config = broker_config(None, {"log.dirs": str(tmp_path / "data")})
+    catalog = load_catalog(config, create=True)
+    assert catalog is not None
+    catalog.create_namespace("x")
+    outer = catalog.create_table("x.y", ROWS.schema)
+    outer.append(ROWS)
+    root = Path(urlsplit(outer.location()).path)
+    catalog.create_namespace(("x/y",))  # accepted by the catalog, refused by the broker's config checks now
+    inner = catalog.create_table(("x/y", "t"), ROWS.schema)
+    nested = catalog.create_table("x.nested", ROWS.schema, location=f"{outer.location()}/data/nested")
+    for tbl in (inner, nested):
+        tbl.append(ROWS)
+    assert Path(urlsplit(inner.location()).path) == root / "t", inner.location()
+    inner_files = _files_under(root / "t") | _files_under(root / "data" / "nested")
+    assert any(p.suffix == ".parquet" for p in inner_files) and any(p.name.endswith(".metadata.json")
+                                                                    for p in inner_files)
+    beside = {_aged(root / "notes.txt"), _aged(root / "other" / "f.parquet")}
+    strays = {_aged(root / "data" / "stray.parquet"), _aged(root / "metadata" / "stray.avro")}
+    for path in inner_files:
+        os.utime(path, (time.time() - 3 * 86400,) * 2)
+
+    candidates = orphan_candidates(catalog.load_table("x.y"), int((time.time() - 3600) * 1000))
+    assert candidates is not None
+    found = {Path(urlsplit(p).path) for p, _ in candidates}
+    assert not found & inner_files, sorted(found & inner_files)
+    assert not found & beside, sorted(found & beside)
+    assert found == strays, sorted(found ^ strays)
+    # the inner tables' own orphan removal: their own strays only
+    _aged(root / "t" / "data" / "stray.parquet")
+    assert {Path(urlsplit(p).path) for p, _ in orphan_candidates(catalog.load_table(("x/y", "t")), int(
+        time.time() * 1000)) or []} == {root / "t" / "data" / "stray.parquet"}
+
+    # a table that cannot be read: where its files are is unknown, nothing is removed
+    Path(urlsplit(catalog.load_table("x.nested").metadata_location).path).unlink()
+    catalog = load_catalog(config)  # a catalog that has not parsed that metadata file yet (no cached copy)
+    assert catalog is not None
+    with pytest.raises(OtherTablesUnknownError, match="x.nested cannot be read"):
+        orphan_candidates(catalog.load_table("x.y"), int(time.time() * 1000))
+    cfg = TableTopicConfig.from_topic({P + "namespace": "x"}, config)
+    maintenance = TableMaintenance("y", catalog=catalog, config_provider=lambda: cfg, spark=None)
+    report = MaintenanceReport("y", "x.y", 0)
+    maintenance._remove_orphans(catalog.load_table("x.y"), MaintenancePolicy.from_config(cfg), report)
+    assert "x.nested cannot be read" in report.failures["remove_orphan_files"], report.failures
