@@ -286,7 +286,7 @@ def test_orphan_removal_keeps_to_its_own_data_and_metadata_folders(tmp_path: Pat
     Path(urlsplit(catalog.load_table("x.nested").metadata_location).path).unlink()
     catalog = load_catalog(config)  # a catalog that has not parsed that metadata file yet (no cached copy)
     assert catalog is not None
-    with pytest.raises(OtherTablesUnknownError, match="x.nested cannot be read"):
+    with pytest.raises(OtherTablesUnknownError, match=r"x\.nested cannot be read"):
         orphan_candidates(catalog.load_table("x.y"), int(time.time() * 1000))
     cfg = TableTopicConfig.from_topic({P + "namespace": "x"}, config)
     maintenance = TableMaintenance("y", catalog=catalog, config_provider=lambda: cfg, spark=None)
