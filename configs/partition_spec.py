@@ -6,12 +6,18 @@ not split). Partition items are ``year(c)``, ``month(c)``, ``day(c)``, ``hour(c)
 ``[a-zA-Z0-9_\\-.]+`` and a dot separates the levels of a nested field (``a.b.c``). Errors are
 :class:`InvalidConfigError` in Kafka's wording, naming the key, the value and the problem.
 
+A dotted name is a column's Iceberg full name (the field names on its path joined with dots), so it needs no
+quoting: :func:`resolve_column` finds the column it names in a schema, ``a.b`` being the top-level column ``a.b``
+when the table has one, else field ``b`` of struct ``a``. Iceberg refuses a schema where two columns share a full
+name, so in a valid schema a name denotes one column at most (names are case-sensitive: ``Dup`` is not ``dup``).
+
 Pure: no catalog, no Iceberg import. The table side turns :class:`PartitionField` into an Iceberg spec.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from configs.errors import InvalidConfigError
@@ -108,6 +114,31 @@ def check_column(key: str, raw: str, column: str) -> str:
     if any(not part for part in column.split(".")):
         raise _error(key, raw, f"Invalid column path {column}: empty path segment")
     return column
+
+
+def resolve_column(name: str, fields: Callable[[tuple[str, ...]], Collection[str] | None]
+                   ) -> tuple[str, ...] | None:
+    """The field names on the path to the column whose full name is ``name`` (see the module doc), None when there
+    is none. ``fields(path)``: the names of the fields of the struct at ``path`` (``()``: the top-level columns),
+    None when the column there is not a struct.
+
+    At each level the longest run of the remaining dotted parts that names a field is tried first (``a.b`` as a
+    whole before ``a`` then ``b``), the shorter ones after it when the path cannot go on from there."""
+    parts = name.split(".")
+
+    def walk(path: tuple[str, ...], start: int) -> tuple[str, ...] | None:
+        names = fields(path)
+        if names is None:
+            return None
+        for end in range(len(parts), start, -1):
+            field = ".".join(parts[start:end])
+            if field in names:
+                found = (*path, field) if end == len(parts) else walk((*path, field), end)
+                if found is not None:
+                    return found
+        return None
+
+    return walk((), 0)
 
 
 def _positive_int(key: str, raw: str, transform: str, text: str) -> int:

@@ -61,6 +61,7 @@ from configs.partition_spec import (
     PARTITION_BY_KEY,
     TIME_TRANSFORMS,
     PartitionField,
+    resolve_column,
 )
 from configs.table_topic import CDC_FIELD, ConvertType, TableTopicConfig, TransformType
 
@@ -156,6 +157,18 @@ def _find_column(schema: Schema, path: tuple[str, ...]) -> NestedField | None:
             return None
         struct = found.field_type
     return found
+
+
+def column_named(schema: Schema, name: str) -> NestedField | None:
+    """The column whose Iceberg full name is ``name`` through nested structs only (``a.b``: a top-level ``a.b``, else
+    field ``b`` of struct ``a``; :func:`configs.partition_spec.resolve_column`), None when there is none."""
+
+    def fields(path: tuple[str, ...]) -> list[str] | None:
+        struct = schema.as_struct() if not path else getattr(_find_column(schema, path), "field_type", None)
+        return [f.name for f in struct.fields] if isinstance(struct, StructType) else None
+
+    path = resolve_column(name, fields)
+    return None if path is None else _find_column(schema, path)
 
 
 def partition_transform(pf: PartitionField) -> Transform:  # type: ignore[type-arg]
@@ -255,7 +268,7 @@ def id_column_problem(schema: Schema, path: str) -> str | None:
     """Why ``path`` cannot be an identifier column of a table of ``schema`` (None: it can). An identifier is a
     primitive column, possibly inside structs, never inside a list or map, and not a float or double (equality on
     them is not a key: Iceberg refuses them as identifier fields too)."""
-    found = _find_column(schema, tuple(path.split(".")))
+    found = column_named(schema, path)
     if found is None:
         return f"the table has no column {path}"
     if not isinstance(found.field_type, PrimitiveType):
@@ -322,20 +335,27 @@ def cdc_field_problem(schema: Schema, cfg: TableTopicConfig) -> str | None:
     path = cfg.cdc_field
     if path is None:
         return None
-    struct: IcebergType = schema.as_struct()
-    walked: list[str] = []
-    for name in path.split("."):
-        if not isinstance(struct, StructType):
-            return (f"column {'.'.join(walked)} is a {_type_name(struct)}: a field path goes through structs "
-                    f"only")
-        found = next((f for f in struct.fields if f.name == name), None)
-        if found is None:
-            return None if id_column_pending(schema, cfg, path) else f"the table has no column {path}"
-        walked.append(name)
-        struct = found.field_type
-    if not isinstance(struct, PrimitiveType):
-        return f"column {path} is a {_type_name(struct)}, not text: the op is the first character of a text value"
+    named = column_named(schema, path)
+    if named is None:
+        return _no_column(schema, cfg, path)
+    if not isinstance(named.field_type, PrimitiveType):
+        return (f"column {path} is a {_type_name(named.field_type)}, not text: the op is the first character of a "
+                f"text value")
     return None
+
+
+def _no_column(schema: Schema, cfg: TableTopicConfig, path: str) -> str | None:
+    """Why the field path ``path`` names no column (None: its column has not come yet): the longest head of it that
+    names a column is not a struct (a path goes through structs only), or there is no such column."""
+    parts = path.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        head = column_named(schema, ".".join(parts[:end]))
+        if head is not None:
+            if not isinstance(head.field_type, StructType):
+                return (f"column {'.'.join(parts[:end])} is a {_type_name(head.field_type)}: a field path goes "
+                        f"through structs only")
+            break
+    return None if id_column_pending(schema, cfg, path) else f"the table has no column {path}"
 
 
 def check_cdc_field(cfg: TableTopicConfig, raw: str | None = None) -> None:

@@ -54,7 +54,11 @@ MERGE_TABLE_PROPERTIES = {
 @dataclass(frozen=True, slots=True)
 class MergeRequest:
     """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id);
-    ``rewrite``: by writing the table again whole (see the module doc)."""
+    ``rewrite``: by writing the table again whole (see the module doc).
+
+    ``keys`` are the id columns' Iceberg full names (``id``, ``_kafka_value.id``, a top-level ``a.b``): plain text,
+    no quoting, unambiguous because Iceberg refuses two columns of one full name; the merge resolves them on the
+    table's schema as the workers do on the change rows (:func:`configs.partition_spec.resolve_column`)."""
 
     stage_id: str
     paths: tuple[str, ...]

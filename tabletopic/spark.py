@@ -8,6 +8,15 @@ Two settings matter for sharing the catalog with pyiceberg (see the stack notes)
 ``jdbc.init-catalog-tables=false`` (Iceberg-Java's start-up table check leaves a SQLite read transaction open,
 after which Spark no longer sees pyiceberg's commits and fails with SQLITE_BUSY_SNAPSHOT; pyiceberg creates the
 tables instead) and ``cache-enabled=false`` (else Spark keeps reading the snapshot it saw first).
+
+Column names: Iceberg's are case-sensitive and may hold any character (``Dup`` beside ``dup``, ``a.b``, a
+back-quote, a space). The side process's operations back-quote every identifier they put in SQL and name key
+columns by their paths (:func:`_key_paths`), and its session is case-sensitive (:data:`SIDE_PROCESS_CONF`, over
+the broker's ``spark.*`` settings): with Spark's default (``spark.sql.caseSensitive=false``) a MERGE sees ``Dup``
+and ``dup`` as one column named twice and Iceberg's RewriteDataFiles fails on such a table ("Multiple entries with
+same key"). ``tabletopic sql`` keeps Spark's default, where ``SELECT ID`` finds ``id`` as users of Spark expect;
+on a table with case-only twins run it with ``--override spark.sql.caseSensitive=true`` (or ``SET`` it in the
+session).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from configs.model import BrokerConfig
+from configs.partition_spec import resolve_column
 from tabletopic.catalog import (
     SQLITE_BUSY_TIMEOUT_S,
     URI_KEY,
@@ -199,6 +209,10 @@ def _log4j2_file() -> Path:
 
 
 DRIVER_JVM_OPTIONS = "-XX:+UseSerialGC"  # the driver JVM's: see spark_conf
+
+SIDE_PROCESS_CONF = {"spark.sql.caseSensitive": "true"}
+"""What the broker's Spark side process sets over every other setting (``spark_session``'s ``extra_conf``): its
+operations must tell columns apart as Iceberg does, by exact name (see the module doc)."""
 
 
 def spark_conf(
@@ -817,9 +831,36 @@ _HIT = "__tabletopic_hit"  # a rewrite's marker of the changes' rows in its join
 _CHANGE_NAME = re.compile(r"^(?P<stem>.+?-p\d+-\d+)-[0-9A-Za-z-]+\.parquet$")  # a worker's change file name
 
 
-def _quoted_path(path: str) -> str:
-    """A dotted column path (``_kafka_value.id``) as a Spark SQL reference, every level back-quoted."""
-    return ".".join(f"`{part.replace('`', '``')}`" for part in path.split("."))
+def _quoted_path(path: Sequence[str]) -> str:
+    """A column's path (its field names, through structs: ``("_kafka_value", "id")``) as a Spark SQL reference,
+    every name back-quoted whatever it holds (dots, back-quotes, spaces)."""
+    return ".".join(f"`{name.replace('`', '``')}`" for name in path)
+
+
+def _key_paths(session: SparkSession, table: Any, keys: Sequence[str]) -> list[tuple[str, ...]]:
+    """The path (field names) of each key column of ``table``, ``keys`` being Iceberg full names (``id``,
+    ``_kafka_value.id``, a top-level ``a.b``), resolved on the table's schema as the broker's workers resolve them on
+    the change rows (:func:`configs.partition_spec.resolve_column`). ValueError when the table has no such column."""
+    import json
+
+    # the schema's JSON form in one call, walked here (a py4j call per field would cost more than the merge's pick)
+    schema = json.loads(str(_jclass(session, "org.apache.iceberg.SchemaParser").toJson(table.schema())))
+
+    def fields(path: tuple[str, ...]) -> list[str] | None:
+        node: Any = schema
+        for name in path:
+            node = next(f["type"] for f in node["fields"] if f["name"] == name)
+            if not isinstance(node, dict) or node.get("type") != "struct":
+                return None
+        return [f["name"] for f in node["fields"]]
+
+    paths = []
+    for key in keys:
+        path = resolve_column(key, fields)
+        if path is None:
+            raise ValueError(f"the table has no column {key} (an id column)")
+        paths.append(path)
+    return paths
 
 
 def _staged_snapshot(table: Any, stage_id: str) -> Any:
@@ -833,12 +874,12 @@ def _staged_snapshot(table: Any, stage_id: str) -> Any:
     return None
 
 
-def _arrow_path(table: pa.Table, path: str) -> pa.Array:
-    """The values at dotted ``path`` of ``table`` (through structs; a null parent gives null)."""
+def _arrow_path(table: pa.Table, path: Sequence[str]) -> pa.Array:
+    """The values of the column at ``path`` (field names, through structs; a null parent gives null)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    first, *rest = path.split(".")
+    first, *rest = path
     arr: pa.Array = table.column(first).combine_chunks()
     for name in rest:
         child = pc.struct_field(arr, [arr.type.get_field_index(name)])
@@ -846,8 +887,9 @@ def _arrow_path(table: pa.Table, path: str) -> pa.Array:
     return arr
 
 
-def last_change_per_key(changes: pa.Table, keys: Sequence[str], order_columns: Sequence[str]) -> pa.Table:
-    """The rows of ``changes`` that are the last of their key (``keys``: top-level or dotted columns) in
+def last_change_per_key(changes: pa.Table, keys: Sequence[Sequence[str]], order_columns: Sequence[str]
+                        ) -> pa.Table:
+    """The rows of ``changes`` that are the last of their key (``keys``: the key columns' paths, :func:`_key_paths`) in
     ``order_columns`` order, in that order; ``changes`` itself when no key is there twice."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -886,7 +928,7 @@ def _file_io(session: SparkSession, catalog_name: str, location: str) -> FileIO:
     return load_file_io({k.removeprefix(prefix): v for k, v in conf if k.startswith(prefix)}, location)
 
 
-def _merge_source(io: FileIO, paths: Sequence[str], keys: Sequence[str], op_column: str,
+def _merge_source(io: FileIO, paths: Sequence[str], keys: Sequence[tuple[str, ...]], op_column: str,
                   order_columns: Sequence[str]) -> tuple[list[str], int, int, str | None]:
     """The round's changes as the MERGE's source: (files, how many changes (the last per key), how many of them
     are deletes, the file written for them or None).
@@ -932,7 +974,8 @@ def _staged_merge(session: SparkSession, table_name: str, view: str, *, stage_id
 
 
 def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str,
-                    keys: Sequence[str], columns: Sequence[str], present: Set[str], count: bool) -> int | None:
+                    keys: Sequence[tuple[str, ...]], columns: Sequence[str], present: Set[str], count: bool
+                    ) -> int | None:
     """The whole table written again with the changes in ``view`` applied by the MERGE's rules (rows whose key
     has a change dropped, the changes other than ``D`` added, a column the changes lack taken from the row they
     replace), staged under ``stage_id`` as one overwrite: the new files replace every data file and every delete
@@ -959,7 +1002,7 @@ def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_
     if not set(columns) <= present:  # the replaced rows' values of the missing columns: a second scan of the table
         changed = changed.join(target, F.expr(on), "left")
     changed = changed.select(
-        *(F.col(f"{'s' if name in present else 't'}.`{name.replace('`', '``')}`").alias(name) for name in columns))
+        *(F.col(f"{'s' if name in present else 't'}.{_quoted_path((name,))}").alias(name) for name in columns))
     session.conf.set(WAP_ID_CONF, stage_id)
     try:
         kept.unionByName(changed).coalesce(1).writeTo(table_name).overwrite(F.lit(True))
@@ -999,7 +1042,8 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     which the broker's round commit publishes together with the committed offsets.
 
     ``paths``: Parquet files holding rows of the table's columns (by name) plus ``op_column`` (``I``/``U``/``D``)
-    and ``order_columns`` (Kafka partition, offset). Per key (``keys``: top-level or dotted columns) the last change
+    and ``order_columns`` (Kafka partition, offset). Per key (``keys``: the key columns' Iceberg full names, top-level
+    ``id`` or ``a.b``, nested ``_kafka_value.id``, resolved on the table's schema: :func:`_key_paths`) the last change
     in ``order_columns`` order wins; ``D`` deletes the row with that key (nothing when there is none); ``I`` and
     ``U`` insert the row, or replace the row that has the key. With the table's ``write.merge.mode=merge-on-read``
     the replaced and deleted rows become position deletes (deletion vectors on a format v3 table); equality deletes
@@ -1023,8 +1067,9 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
     lap = steps.lap
     _no_local_checksums(session)
     table = iceberg_table(session, catalog_name, identifier)
+    key_paths = _key_paths(session, table, keys)
     io = _file_io(session, catalog_name, paths[0])
-    source_paths, changes, deletes, written = _merge_source(io, paths, keys, op_column, order_columns)
+    source_paths, changes, deletes, written = _merge_source(io, paths, key_paths, op_column, order_columns)
     lap("pick")
     try:
         source = session.read.parquet(*source_paths)
@@ -1032,8 +1077,8 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
         source.createOrReplaceTempView(view)
         table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
         base = _current_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
-        refused, absent = _apply_changes(session, table, table_name, view, stage_id=stage_id, keys=keys,
-                                         op=_quoted_path(op_column), base=base, deletes=deletes, rewrite=rewrite,
+        refused, absent = _apply_changes(session, table, table_name, view, stage_id=stage_id, keys=key_paths,
+                                         op=_quoted_path((op_column,)), base=base, deletes=deletes, rewrite=rewrite,
                                          lap=lap)
         rewritten = rewrite and refused is None
     finally:
@@ -1057,14 +1102,15 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
 
 
 def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str, *, stage_id: str,
-                   keys: Sequence[str], op: str, base: int | None, deletes: int, rewrite: bool,
+                   keys: Sequence[tuple[str, ...]], op: str, base: int | None, deletes: int, rewrite: bool,
                    lap: Callable[[str], None]) -> tuple[str | None, int]:
     """:func:`merge_changes`'s Spark work on the changes in ``view``: the table written again with them
     (``rewrite``; :func:`_try_rewrite`) or merged, and the deletes of keys the table lacks counted. Returns (why a
     rewrite asked for was refused, else None; how many deletes were of unknown keys). Drops ``view``."""
     on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
     present = set(session.table(view).columns)
-    columns = [_quoted_path(str(c.name())) for c in _iterate(table.schema().columns()) if str(c.name()) in present]
+    columns = [_quoted_path((str(c.name()),)) for c in _iterate(table.schema().columns())
+               if str(c.name()) in present]
     counted = bool(deletes) and base is not None
     # the count reads main, which the staged MERGE does not move: it runs beside the MERGE, whose stages leave
     # task slots idle (a round's MERGE is mostly one task per stage); a rewrite counts in its own scan
@@ -1087,7 +1133,7 @@ def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str
 
 
 def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str, table: Any,
-                 keys: Sequence[str], present: Set[str], count: bool) -> tuple[str | None, int | None]:
+                 keys: Sequence[tuple[str, ...]], present: Set[str], count: bool) -> tuple[str | None, int | None]:
     """:func:`_staged_rewrite`: a MERGE and a compaction in one job, which on a table of one target file costs
     about what the MERGE alone does (a 100k-row table: ~0.7 s, where a MERGE then a rewrite of the data files took
     ~1.2 s); the table's delete files go with its old data files. Returns (None, the rewrite's count) when done;
@@ -1107,8 +1153,8 @@ def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id:
     return None, found
 
 
-def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *, keys: Sequence[str],
-                  op: str) -> int:
+def _present_keys(session: SparkSession, table_name: str, snapshot_id: int, view: str, *,
+                  keys: Sequence[tuple[str, ...]], op: str) -> int:
     """How many of the delete keys of ``view`` the table has at ``snapshot_id``: its key columns scanned once,
     semi-joined with the delete keys (broadcast: a round's deletes are few next to the table). Distinct keys, so
     that a table holding a key twice (an append table switched to upserts) counts it once."""

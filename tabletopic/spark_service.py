@@ -3,8 +3,9 @@
 Why a process: a JVM crash, an out-of-memory driver or a stuck Spark job never takes the broker down, and the
 driver's memory (``spark.driver.memory``) is not the broker's. The child (``python -m tabletopic.spark_service``)
 builds its session with :func:`tabletopic.spark.spark_session` (the catalog wiring of ``tabletopic sql``, plus
-every broker ``spark.*`` setting) and runs operations one at a time. This module never imports pyspark: only the
-child, through ``tabletopic.spark``, does.
+every broker ``spark.*`` setting, then ``tabletopic.spark.SIDE_PROCESS_CONF``: case-sensitive column names) and
+runs operations one at a time. This module never imports pyspark: only the child, through ``tabletopic.spark``,
+does.
 
 Protocol: a ``multiprocessing.connection.Connection`` over an anonymous socketpair whose other end is handed to
 the child as a file descriptor (nothing listens, so nothing else can connect). The broker sends
@@ -646,7 +647,7 @@ class _Child:
         from tabletopic import spark
 
         self.spark = spark
-        self.session = spark.spark_session(config, app_name=APP_NAME)
+        self.session = spark.spark_session(config, app_name=APP_NAME, extra_conf=spark.SIDE_PROCESS_CONF)
         self.jvm = spark.jvm_process(self.session)
         self.app_id = str(self.session.sparkContext.applicationId)
         if spark.context_stopped(self.session):  # e.g. no master answered

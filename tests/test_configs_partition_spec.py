@@ -9,6 +9,7 @@ from configs.partition_spec import (
     PartitionField,
     parse_id_columns,
     parse_partition_by,
+    resolve_column,
     split_list,
 )
 from configs.validation import validate_topic_configs
@@ -144,3 +145,23 @@ def test_id_columns_invalid(raw: str, problem: str) -> None:
 
 def test_split_list_keeps_parenthesised_commas() -> None:
     assert split_list(PB, "[bucket(a, 2), b]") == ["bucket(a, 2)", "b"]
+
+
+def test_a_dotted_name_resolves_as_the_columns_full_name() -> None:
+    """``a.b`` names the top-level column ``a.b`` when there is one, else field ``b`` of struct ``a``; a field of a
+    struct may hold a dot too; names are case-sensitive; a path cannot go into a column that is not a struct."""
+    schema: dict[tuple[str, ...], list[str]] = {
+        (): ["a.b", "Dup", "dup", "s", "p"], ("s",): ["k.v", "x"], ("s", "x"): ["y"]}
+
+    def fields(path: tuple[str, ...]) -> list[str] | None:
+        return schema.get(path)
+
+    assert resolve_column("a.b", fields) == ("a.b",)
+    assert resolve_column("s.k.v", fields) == ("s", "k.v")
+    assert resolve_column("s.x.y", fields) == ("s", "x", "y")
+    assert (resolve_column("Dup", fields), resolve_column("dup", fields)) == (("Dup",), ("dup",))
+    assert resolve_column("DUP", fields) is None and resolve_column("a", fields) is None
+    assert resolve_column("p.q", fields) is None  # p is no struct
+    schema[()][0] = "a"  # a struct a instead (Iceberg refuses a schema holding both)
+    schema[("a",)] = ["b"]
+    assert resolve_column("a.b", fields) == ("a", "b")

@@ -54,15 +54,15 @@ def changes(rows: list[tuple[str, int, str, int, int]]) -> pa.Table:
 def test_last_change_per_key_across_files_in_partition_offset_order() -> None:
     rows = [("I", 1, "a", 0, 5), ("U", 2, "b", 1, 3), ("U", 1, "a2", 0, 9), ("D", 2, "-", 1, 7),
             ("I", 3, "c", 0, 6), ("U", 1, "a-old", 0, 1), ("U", 3, "c-other-partition", 1, 0)]
-    got = spark.last_change_per_key(changes(rows), ["id"], ORDER).to_pylist()
+    got = spark.last_change_per_key(changes(rows), [("id",)], ORDER).to_pylist()
     picked = [(r[CHANGE_OP_COLUMN], r["id"], r["name"]) for r in got]
     # in (partition, offset) order: (0, 6) c, (0, 9) a2, (1, 0) c-other-partition wins over (0, 6), (1, 7) D
     assert picked == [("U", 1, "a2"), ("U", 3, "c-other-partition"), ("D", 2, "-")]
     # by a dotted key (ref.code) the same
-    by_code = spark.last_change_per_key(changes(rows), ["ref.code"], ORDER).to_pylist()
+    by_code = spark.last_change_per_key(changes(rows), [("ref", "code")], ORDER).to_pylist()
     assert [(r["id"], r["name"]) for r in by_code] == [(1, "a2"), (3, "c-other-partition"), (2, "-")]
     unique = changes(rows[:2])
-    assert spark.last_change_per_key(unique, ["id"], ORDER) is unique  # nothing to drop: the same table
+    assert spark.last_change_per_key(unique, [("id",)], ORDER) is unique  # nothing to drop: the same table
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Catalog, Spa
     catalog = load_catalog(config, create=True)
     assert catalog is not None
     catalog.create_namespace_if_not_exists("default")
-    session = spark.spark_session(config, app_name="merge-tests", extra_conf={"spark.sql.shuffle.partitions": "2"})
+    # the side process's session (case-sensitive column names)
+    session = spark.spark_session(config, app_name="merge-tests",
+                                  extra_conf={**spark.SIDE_PROCESS_CONF, "spark.sql.shuffle.partitions": "2"})
     yield catalog, session
     spark.stop_session(session)
 
@@ -284,3 +286,134 @@ def test_a_rewriting_round_on_a_table_with_a_required_key_column(env: tuple[Cata
     publish(catalog, tbl, out["snapshot_id"])
     assert rows_of(catalog, tbl) == [(0, "n0"), (1, "u1"), (3, "n3"), (7, "n7")]
     assert files_of(catalog, tbl) == (1, 0)
+
+
+# ---- column names Iceberg allows that Spark SQL must quote and resolve case-sensitively (issue 22) ----
+
+UNICODE = "ünïcödé 名"
+ODD = Schema(NestedField(1, "a.b", LongType(), required=False),  # a top-level column with a dot in its name
+             NestedField(2, "Dup", StringType(), required=False), NestedField(3, "dup", StringType(), required=False),
+             NestedField(4, "we`ird", StringType(), required=False),
+             NestedField(5, "with space", StringType(), required=False),
+             NestedField(6, UNICODE, StringType(), required=False),
+             NestedField(7, "nest", StructType(NestedField(8, "k.v", LongType(), required=False),
+                                               NestedField(9, "Dup", StringType(), required=False)), required=False))
+ODD_NEST = pa.struct([("k.v", pa.int64()), ("Dup", pa.string())])
+# what evolve_schema adds: a case-only twin of Dup and dup, a dotted name, a nested field with a space
+ODD_EVOLVED = Schema(*ODD.fields[:6],
+                     NestedField(7, "nest", StructType(*ODD.fields[6].field_type.fields,  # type: ignore[attr-defined]
+                                                       NestedField(12, "X y", StringType(), required=False)),
+                                 required=False),
+                     NestedField(10, "DUP", StringType(), required=False),
+                     NestedField(11, "new.col", LongType(), required=False))
+OddRow = tuple[str, int, str, int, int]  # (op, key, text, Kafka partition, offset)
+
+
+def odd_values(key: int, text: str, evolved: bool) -> dict[str, Any]:
+    """A row's values by column (the nested ones as a dict), all derived from its key and ``text``."""
+    nest: dict[str, Any] = {"k.v": key, "Dup": f"n{text}"}
+    row: dict[str, Any] = {"a.b": key, "Dup": f"U{text}", "dup": f"l{text}", "we`ird": f"w{text}",
+                           "with space": f"s{text}", UNICODE: f"ü{text}", "nest": nest}
+    if evolved:
+        nest["X y"] = f"x{text}"
+        row.update({"DUP": f"C{text}", "new.col": key * 10})
+    return row
+
+
+def odd_changes(rows: list[OddRow], *, evolved: bool = False, drop: tuple[str, ...] = ()) -> pa.Table:
+    values = [odd_values(r[1], r[2], evolved) for r in rows]
+    nest = pa.struct([*ODD_NEST, pa.field("X y", pa.string())]) if evolved else ODD_NEST
+    columns: dict[str, pa.Array] = {
+        name: pa.array([v[name] for v in values], nest if name == "nest" else
+                       pa.int64() if name in ("a.b", "new.col") else pa.string())
+        for name in values[0] if name not in drop}
+    columns[CHANGE_OP_COLUMN] = pa.array([r[0] for r in rows], pa.string())
+    columns[CHANGE_PARTITION_COLUMN] = pa.array([r[3] for r in rows], pa.int32())
+    columns[CHANGE_OFFSET_COLUMN] = pa.array([r[4] for r in rows], pa.int64())
+    return pa.table(columns)
+
+
+def odd_view(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Rows by their ``a.b``; asserts one row per key."""
+    out = {r["a.b"]: r for r in rows}
+    assert len(out) == len(rows), rows
+    return out
+
+
+@pytest.mark.parametrize("key", ["a.b", "nest.k.v"])
+def test_merge_rewrite_compaction_and_evolution_on_columns_spark_must_quote(
+        env: tuple[Catalog, SparkSession], key: str) -> None:
+    """Columns ``Dup`` and ``dup``, a top-level ``a.b``, a backtick, a space, a unicode name, keyed by the
+    top-level ``a.b`` or by the nested path ``nest.k.v`` (field ``k.v`` of struct ``nest``): MERGE rounds (updates,
+    deletes, unknown-key deletes counted), a copy-on-write round whose changes lack a column, Iceberg's
+    RewriteDataFiles applying the position deletes, then schema evolution adding ``DUP``, ``new.col`` and
+    ``nest.X y`` and a round filling them: pyiceberg and DuckDB read exactly the model's rows. (Spark resolved
+    ``t.a.b`` as a path, refused ``Dup``/``dup`` as one column and failed every compaction on them.)"""
+    from tabletopic.readers import duckdb_connect, duckdb_scan
+
+    catalog, session = env
+    name = "odd_top" if key == "a.b" else "odd_nested"
+    tbl = catalog.create_table(f"default.{name}", ODD, properties={**MERGE_TABLE_PROPERTIES, "format-version": "2"})
+    Path(str(local_path(f"{tbl.location()}/data"))).mkdir(parents=True, exist_ok=True)
+    model: dict[int, dict[str, Any]] = {}
+
+    def round_(rows: list[OddRow], stage: str, *, rewrite: bool = False, evolved: bool = False,
+               drop: tuple[str, ...] = ()) -> dict[str, Any]:
+        path = f"{tbl.location()}/data/tt-chg-p0-{rows[0][4]}-{uuid.uuid4()}.parquet"
+        pq.write_table(odd_changes(rows, evolved=evolved, drop=drop), str(local_path(path)))
+        out = spark.merge_changes(session, CATALOG, ("default", name), paths=[path], keys=[key], stage_id=stage,
+                                  op_column=CHANGE_OP_COLUMN, order_columns=ORDER, rewrite=rewrite)
+        publish(catalog, tbl, out["snapshot_id"])
+        for op, k, text, _, _ in sorted(rows, key=lambda r: (r[3], r[4])):
+            if op == "D":
+                model.pop(k, None)
+                continue
+            row = odd_values(k, text, evolved)
+            for column in drop:  # a column the changes lack keeps the replaced row's value
+                row[column] = model.get(k, {}).get(column)
+            model[k] = row
+        return out
+
+    def assert_model(schema: Schema) -> None:
+        nest_type = schema.find_field("nest").field_type
+        assert isinstance(nest_type, StructType)
+
+        def full(row: dict[str, Any]) -> dict[str, Any]:  # the model's row with the columns it never filled
+            nest = {f.name: row["nest"].get(f.name) for f in nest_type.fields}
+            return {**{f.name: row.get(f.name) for f in schema.fields}, "nest": nest}
+
+        want = {k: full(v) for k, v in model.items()}
+        fresh = catalog.load_table(tbl.name())
+        assert [f.name for f in fresh.schema().fields] == [f.name for f in schema.fields]
+        assert odd_view(fresh.scan().to_arrow().to_pylist()) == want
+        con = duckdb_connect()
+        try:
+            # by position: DuckDB's names are case-insensitive (it answers dup as dup_1)
+            rows = duckdb_scan(con, fresh).fetchall()
+            assert odd_view([dict(zip([f.name for f in schema.fields], r, strict=True)) for r in rows]) == want
+        finally:
+            con.close()
+
+    round_([("I", i, f"{i}", 0, i) for i in range(6)], f"{name}-0")
+    out = round_([("U", 1, "first", 0, 10), ("U", 1, "second", 0, 11), ("D", 2, "-", 0, 12), ("D", 99, "-", 0, 13),
+                  ("I", 6, "6", 0, 14)], f"{name}-1")
+    assert out["absent_deletes"] == 1 and out["rewrite"] is None, out
+    assert_model(ODD)
+
+    out = round_([("U", 3, "cow", 0, 20), ("D", 4, "-", 0, 21), ("D", 98, "-", 0, 22), ("I", 7, "7", 0, 23)],
+                 f"{name}-2", rewrite=True, drop=("with space",))
+    assert out["rewrite_refused"] is None and out["rewrite"] is not None and out["absent_deletes"] == 1, out
+    assert files_of(catalog, tbl) == (1, 0)
+    assert_model(ODD)
+
+    round_([("U", 0, "mor", 0, 30), ("U", 5, "mor", 0, 31), ("D", 6, "-", 0, 32)], f"{name}-3")
+    assert files_of(catalog, tbl)[1] > 0, "the merged round left position deletes"
+    done = spark.rewrite_data_files(session, CATALOG, ("default", name),
+                                    {"min-input-files": "1", "delete-file-threshold": "1"})
+    assert done["rewritten_data_files"] >= 1 and done["deletes_applied"] > 0, done
+    assert files_of(catalog, tbl)[1] == 0
+    assert_model(ODD)
+
+    spark.evolve_schema(session, CATALOG, ("default", name), ODD_EVOLVED.model_dump_json())
+    round_([("U", 1, "evolved", 0, 40), ("I", 8, "8", 0, 41), ("D", 3, "-", 0, 42)], f"{name}-4", evolved=True)
+    assert_model(ODD_EVOLVED)

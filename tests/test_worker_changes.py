@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
@@ -26,7 +27,14 @@ from coordinator.contract import (
     parse_data_file_name,
 )
 from tests.test_worker_support import make_batch
-from worker.changes import REASON_CDC_NOT_TEXT, REASON_ID_MISSING, REASON_ID_NULL
+from worker.changes import (
+    REASON_CDC_NOT_TEXT,
+    REASON_ID_MISSING,
+    REASON_ID_NULL,
+    id_problems,
+    last_change_per_key,
+    op_column,
+)
 from worker.convert import DeadLetters, convert_records
 from worker.plan import ConversionPlan
 from worker.task import convert_and_write
@@ -168,3 +176,18 @@ def test_a_cdc_field_that_is_not_text_makes_its_records_bad_data() -> None:
     # a path through a map (the headers) reaches no field: every record that has the map is bad
     rows, skipped, _, _ = _cdc(data, struct_op, "_kafka_header.op")
     assert rows == [] and skipped == {REASON_CDC_NOT_TEXT: 3}
+
+
+def test_key_and_op_columns_resolve_by_full_name() -> None:
+    """A key or op column is named by its Iceberg full name, as the merge resolves it on the table: ``a.b`` is the
+    top-level column ``a.b`` (not field ``b`` of a struct ``a``), ``s.k.v`` is field ``k.v`` of struct ``s``, and
+    ``Dup`` is not ``dup``. (Names were split on every dot: such keys were missing on every row.)"""
+    table = pa.table({"a.b": pa.array([1, 2, 1], pa.int64()), "Dup": ["u", "d", "D"], "dup": ["x", "U", "i"],
+                      "s": pa.array([{"k.v": 7}, {"k.v": 8}, {"k.v": 7}], pa.struct([("k.v", pa.int64())]))})
+    for key in ("a.b", "s.k.v"):
+        assert id_problems(table, ChangeMode((key,))) == {}
+        assert last_change_per_key(table, (key,)).column("Dup").to_pylist() == ["d", "D"]
+    assert id_problems(table, ChangeMode(("a",))) == dict.fromkeys(range(3), REASON_ID_MISSING)
+    columns = {name: table.column(name).combine_chunks() for name in table.column_names}
+    for field, ops in (("Dup", ["U", "D", "D"]), ("dup", ["I", "U", "I"])):
+        assert op_column(columns, ChangeMode(("a.b",), cdc_field=field, upsert=True), 3)[0].to_pylist() == ops

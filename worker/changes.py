@@ -22,6 +22,7 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from configs.partition_spec import resolve_column
 from coordinator.contract import (
     CHANGE_OFFSET_COLUMN,
     CHANGE_OP_COLUMN,
@@ -47,33 +48,59 @@ _ROW = "__row"
 Columns = dict[str, pa.Array]  # as worker.transforms.base.Columns (not imported: that package imports the converters)
 
 
-def _walk(columns: Columns | pa.Table, path: str) -> tuple[pa.Array | None, pa.Array | None]:
-    """``(the values at dotted path, None)`` through structs (a null parent gives null); ``(None, None)`` when there is
-    no such column; ``(None, column)`` when the path runs into a column that is not a struct (a map, a list, a
-    primitive) before its end: the path cannot reach into it."""
-    first, *rest = path.split(".")
+def _type_at(columns: Columns | pa.Table, path: tuple[str, ...]) -> pa.DataType | None:
+    """The type of the column at ``path`` (field names through structs), None when there is none."""
+    first, *rest = path
     if isinstance(columns, pa.Table):
-        if first not in columns.column_names:
-            return None, None
-        arr: pa.Array = columns.column(first).combine_chunks()
+        typ = columns.schema.field(first).type if first in columns.column_names else None
     else:
         found = columns.get(first)
-        if found is None:
-            return None, None
-        arr = found
+        typ = None if found is None else found.type
     for name in rest:
-        if not pa.types.is_struct(arr.type):
-            return None, arr
-        if arr.type.get_field_index(name) < 0:
-            return None, None
+        if typ is None or not pa.types.is_struct(typ) or typ.get_field_index(name) < 0:
+            return None
+        typ = typ.field(name).type
+    return typ
+
+
+def _field_names(columns: Columns | pa.Table, path: tuple[str, ...]) -> list[str] | None:
+    """The names of the fields of the struct at ``path`` (``()``: the columns), None when it is no struct."""
+    if not path:
+        return list(columns.column_names if isinstance(columns, pa.Table) else columns)
+    typ = _type_at(columns, path)
+    return [typ.field(i).name for i in range(typ.num_fields)] if typ is not None and pa.types.is_struct(typ) else None
+
+
+def _values(columns: Columns | pa.Table, path: tuple[str, ...]) -> pa.Array:
+    """The values of the column at ``path`` (which exists; a null parent struct gives null)."""
+    first, *rest = path
+    arr: pa.Array = columns.column(first).combine_chunks() if isinstance(columns, pa.Table) else columns[first]
+    for name in rest:
         child = pc.struct_field(arr, [arr.type.get_field_index(name)])
         arr = pc.if_else(pc.is_valid(arr), child, pa.nulls(len(arr), child.type)) if arr.null_count else child
-    return arr, None
+    return arr
 
 
-def _column(columns: Columns | pa.Table, path: str) -> pa.Array | None:
-    """The values at dotted ``path`` (see :func:`_walk`), None when the path reaches no column."""
-    return _walk(columns, path)[0]
+def _walk(columns: Columns | pa.Table, name: str) -> tuple[pa.Array | None, pa.Array | None]:
+    """``(the values of the column whose full name is name, None)``, resolved as the table's schema resolves it
+    (:func:`configs.partition_spec.resolve_column`: ``a.b`` is the column ``a.b`` when there is one, else field
+    ``b`` of struct ``a``); ``(None, None)`` when there is no such column; ``(None, column)`` when the name runs into
+    a column that is not a struct (a map, a list, a primitive) before its end: the path cannot reach into it."""
+    path = resolve_column(name, lambda p: _field_names(columns, p))
+    if path is not None:
+        return _values(columns, path), None
+    parts = name.split(".")
+    for end in range(len(parts) - 1, 0, -1):  # the longest head of the name that is a column
+        head = resolve_column(".".join(parts[:end]), lambda p: _field_names(columns, p))
+        if head is not None:
+            typ = _type_at(columns, head)
+            return None, None if typ is None or pa.types.is_struct(typ) else _values(columns, head)
+    return None, None
+
+
+def _column(columns: Columns | pa.Table, name: str) -> pa.Array | None:
+    """The values of the column whose full name is ``name`` (see :func:`_walk`), None when there is none."""
+    return _walk(columns, name)[0]
 
 
 def _rows(mask: pa.Array, reason: str) -> dict[int, str]:
