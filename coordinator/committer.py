@@ -191,6 +191,18 @@ def table_properties(cfg: TableTopicConfig) -> dict[str, str]:
     return properties
 
 
+def default_location(catalog: Catalog, ident: tuple[str, ...]) -> str | None:
+    """Where ``catalog`` puts a new table ``ident`` through pyiceberg (the namespace's location, else
+    ``<warehouse>/<namespace levels joined by dots>/<table>``), given to the format v3 tables the Spark side
+    process creates: Iceberg-Java's JDBC catalog would join the levels with slashes and put the tables of namespace
+    ``a.b`` inside the location of table ``a.b`` (:mod:`configs.table_topic`). None for catalogs that choose
+    themselves (REST: the same server answers Spark)."""
+    resolve = getattr(catalog, "_resolve_table_location", None)  # pyiceberg's metastore catalogs (SQL, Hive, Glue)
+    if resolve is None:
+        return None
+    return str(resolve(None, Catalog.namespace_to_string(ident[:-1]), ident[-1]))
+
+
 def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, writer: TableWriter | None = None
                          ) -> Table:
     """Load the topic's table, creating namespace and table (schema, spec and :func:`table_properties` from
@@ -219,7 +231,7 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, wr
             if writer is None:
                 raise WriterMissingError(f"table {'.'.join(ident)} is to be format v3: it is created and committed "
                                          "through the broker's Spark side process, and none is configured")
-            writer.create_table(ident, table_schema(cfg), spec, properties)
+            writer.create_table(ident, table_schema(cfg), spec, properties, default_location(catalog, ident))
             tbl = catalog.load_table(ident)
         else:
             tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)

@@ -9,6 +9,7 @@ commit.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,26 @@ def test_v3_append_table(broker: BrokerProcess, spark: Any) -> None:
     with pytest.raises(CommitFailedException, match="changed since the commit was decided"):
         commit_table_update(spark, "tabletopic", ("default", topic), older, update)
     assert committed_offsets(catalog(broker).load_table(("default", topic))) == {0: 30, 1: 30}
+
+
+def test_v3_table_of_a_nested_namespace_has_its_own_folder(broker: BrokerProcess) -> None:
+    """Issue 22 item 6: Iceberg-Java's JDBC catalog would put the v3 table ``lake.eu.v3_nested`` at
+    ``<warehouse>/lake/eu/v3_nested``, inside the folder of table ``lake.eu`` (topic ``eu`` in namespace ``lake``),
+    whose orphan-file removal walks it. The broker gives it the folder pyiceberg gives every other table:
+    ``<warehouse>/lake.eu/v3_nested``, beside ``<warehouse>/lake/eu``."""
+    plain = {P + "enable": "true", P + "commit.interval.ms": "300", P + "convert.value.type": "string",
+             P + "compaction.enable": "false"}
+    create(broker, "eu", 1, {**plain, P + "namespace": "lake"})
+    create(broker, "v3_nested", 1, {**plain, P + "namespace": "lake.eu", **V3})
+    cat = catalog(broker)
+    deadline = time.monotonic() + 240  # the first v3 table starts the Spark side process
+    while not (cat.table_exists(("lake", "eu")) and cat.table_exists(("lake", "eu", "v3_nested"))):
+        assert time.monotonic() < deadline, "tables not created"
+        time.sleep(0.3)
+    inner = cat.load_table(("lake", "eu", "v3_nested"))
+    assert inner.metadata.format_version == 3
+    assert inner.location() == f"{broker.warehouse}/lake.eu/v3_nested", inner.location()
+    assert cat.load_table(("lake", "eu")).location() == f"{broker.warehouse}/lake/eu"
 
 
 @pytest.fixture
