@@ -330,10 +330,15 @@ def test_avro_decode_every_type_into_arrow() -> None:
 def test_avro_decode_reports_bad_payloads_per_row() -> None:
     columns = avro_columns(ORDER)
     good = avro_bytes(ORDER, _order(1, "x"))
-    payloads = pa.array([good, good[:-3], b"\xff" * 3, None, b"", good], pa.large_binary())
+    payloads = pa.array([good, good[:-3], b"\xff" * 3, None, b"", good, good + b"\x01\x02\x03trailing",
+                         good + good], pa.large_binary())
     out = decode(payloads, columns, "value")
-    assert out.bad == {1: "undecodable_avro_value", 2: "undecodable_avro_value", 4: "undecodable_avro_value"}
-    assert [v is None for v in out.values.to_pylist()] == [False, True, True, True, True, False]
+    # bytes left after the record (fastavro stops there; DuckDB's marker is not where it should be) are bad data
+    assert out.bad == {1: "undecodable_avro_value", 2: "undecodable_avro_value", 4: "undecodable_avro_value",
+                       6: "trailing_bytes_value", 7: "trailing_bytes_value"}
+    assert [v is None for v in out.values.to_pylist()] == [False, True, True, True, True, False, True, True]
+    assert out.details[6] == f"the value ends at byte {len(good)} of {len(good) + 11}: 11 bytes left over"
+    assert "EOFError" in out.details[1]
     # a decimal wider than its declared precision: fastavro reads it, Arrow refuses it; that row only is bad
     narrow = {"type": "record", "name": "N", "fields": [
         {"name": "d", "type": {"type": "bytes", "logicalType": "decimal", "precision": 3, "scale": 0}}]}

@@ -398,6 +398,23 @@ def test_bad_payloads_are_null_with_a_reason_per_row(client: SchemaRegistryClien
     assert all(values[i + 2] is None for i, (_, r) in enumerate(cases) if r is not None)
 
 
+def test_a_payload_of_two_lines_beside_a_blank_one_shifts_no_row() -> None:
+    """pyarrow.json reads lines: it splits at CR/LF and skips blank lines, so two documents on two lines in one
+    payload and a blank payload gave the same row count as the payloads, every row after the first shifted by one.
+    Each payload is one line for the bulk read (line breaks as tabs, blanks refused) and such rows are named."""
+    dec = decoder(RegistrySchema("JSON", json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})))
+    out = dec.decode(texts(b'{"a": 1}', b'{"a": 2}\n{"a": 3}', b"", b'{"a": 4}'), "value")
+    assert out.values.to_pylist() == [{"a": 1}, None, None, {"a": 4}]
+    assert out.bad == dict.fromkeys([1, 2], "invalid_json_value")
+    out = dec.decode(texts(b'{"a":\r\n5}', b'{"a": 6}\n', b' \t'), "value")  # line breaks between tokens are fine
+    assert out.values.to_pylist() == [{"a": 5}, {"a": 6}, None]
+    assert out.bad == {2: "invalid_json_value"}
+    # plain JSON reads its chunks the same way
+    typ, bad = json_infer.infer(texts(b'{"a": 1}', b'{"b": "x"}\n{"c": true}', b"  ", b'{"a": 4}'))
+    assert bad == dict.fromkeys([1, 2], "invalid_json_value")
+    assert typ is not None and [f.name for f in typ.fields] == ["a"]
+
+
 def test_values_refused_after_a_bulk_read_leave_writable_rows(tmp_path: Path) -> None:
     """A chunk pyarrow.json reads whole, where a date and a required field fail only in the finish step."""
     dec = decoder(RegistrySchema("JSON", json.dumps(FLAT)))

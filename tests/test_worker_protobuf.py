@@ -362,13 +362,18 @@ def test_bad_payloads_are_bad_rows_never_an_exception(reg: BrokerProcess, pool: 
         header + overflow.SerializeToString(),
         None,
         good[2],
+        good[2] + b"\x01\x02\x03trailing",  # field number 0: not wire format
+        good[2] + b"\x08\x01\x70\x05",  # well-formed, but field 14 (a string) as a varint: not this message
+        good[2] + b"\xa8\x06\x05",  # field 101 is no field of the message: a newer writer's, kept aside
     ]
     dec, out, _ = decode_framed(reg, raw)
-    assert out.bad == dict.fromkeys([1, 2, 3, 4], "undecodable_protobuf_value")
+    assert out.bad == dict.fromkeys([1, 2, 3, 4, 7, 8], "undecodable_protobuf_value")
     rows = out.values.to_pylist()
     assert rows[1:6] == [None] * 5
     assert sorted_maps(rows[0]) == EXPECTED_FULL
-    assert rows[6] == {**DEFAULTS, "status": "42", "choice_text": "t"}
+    assert rows[6] == rows[9] == {**DEFAULTS, "status": "42", "choice_text": "t"}
+    assert "DecodeError" in out.details[7]
+    assert out.details[8].startswith("field 14 has wire type 0, which text of shop.Everything cannot have")
     # a few rows Arrow refuses among many (found by halving): the others are decoded
     refused = header + overflow.SerializeToString()
     many = [refused, *[good[1]] * 499, refused, *[good[1]] * 500, refused]

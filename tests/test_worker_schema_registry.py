@@ -7,6 +7,7 @@ broker applies the same change through Spark; tests/test_table_topic_schemas.py 
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import struct
@@ -16,6 +17,7 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kafka.record.default_records import DefaultRecordBatchBuilder
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -36,8 +38,11 @@ from pyiceberg.types import (
 
 from configs.table_schema import table_schema
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
-from worker.convert import convert_records
+from worker.convert import ConvertResult, DeadLetters, convert_records
+from worker.converters import RecordPart, converter
+from worker.converters.base import ConvertedColumn
 from worker.evolution import ConformError, conform, conform_rows, needed_change, scatter
+from worker.formats import avro_decode
 from worker.formats.base import RegistrySchema, SchemaReference
 from worker.plan import ConversionPlan
 
@@ -257,3 +262,154 @@ def test_null_keys_and_values_are_null_not_bad(table: Table) -> None:
     # the tombstone is a row with a null value; an empty value has no header: bad data
     assert [v["_kafka_value"] for v in r.table.to_pylist()] == [{"id": 1, "name": "a"}, None]
     assert r.stats.skipped == {"empty_value": 1}
+
+
+# ---- payloads that do not decode exactly (by_latest_schema: no header expected; by_schema_id) ----
+
+LATEST = TableTopicConfig(enable=True, convert_value_type=ConvertType.BY_LATEST_SCHEMA)
+TICK = {"type": "record", "name": "Tick",
+        "fields": [{"name": "sym", "type": "string"}, {"name": "px", "type": "double"}]}
+TRAILING = b"\x01\x02\x03trailing"
+
+
+def plain(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    return framed(0, schema, record)[5:]
+
+
+def _latest_run(tmp_path: Path, latest: RegistrySchema, payloads: list[bytes | None],
+                tolerance: ErrorsTolerance | None = None) -> tuple[ConvertResult, ConvertedColumn]:
+    """``payloads`` (values) through a by_latest_schema table (evolved as the converter asks) with dead letters,
+    and the converter's own answer for them (reasons and details)."""
+    tmp_path.mkdir(exist_ok=True)
+    cat = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/cat.db", warehouse=f"file://{tmp_path}/wh")
+    cat.create_namespace("default")
+    tbl = cat.create_table("default.t", schema=table_schema(LATEST))
+    data = batch(payloads)
+    for _ in range(3):
+        plan = ConversionPlan.build(tbl.schema(), LATEST, tolerance, latest={RecordPart.VALUE: latest})
+        r = convert_records(data, partition=0, start_offset=0, plan=plan, dead_letters=DeadLetters("t"))
+        if r.stats.table_change is None:
+            break
+        tbl = evolve(tbl, r.stats.table_change)
+    feed = next(f for f in plan.feeds if f.part is RecordPart.VALUE)
+    column = converter(feed.converter).convert(pa.array(payloads, pa.large_binary()), RecordPart.VALUE,
+                                               plan.context(feed))
+    return r, column
+
+
+def _dead_letters(r: ConvertResult) -> list[tuple[int, str]]:
+    assert r.dead_letters is not None
+    return [(row["offset"], row["reason"]) for row in r.dead_letters.to_pylist()]
+
+
+@pytest.mark.parametrize("duckdb", [True, False], ids=["duckdb", "fastavro"])
+def test_latest_schema_avro_refuses_framed_trailing_and_cut_payloads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, duckdb: bool) -> None:
+    monkeypatch.setattr(avro_decode, "DUCKDB", duckdb)
+    good = plain(TICK, {"sym": "A", "px": 1.5})
+    payloads: list[bytes | None] = [
+        good,
+        framed(7, TICK, {"sym": "B", "px": 2.5}),  # what AvroSerializer writes: read as plain Avro, sym='' px=3.99e78
+        good + TRAILING,
+        good[:-3],
+        None,
+        plain(TICK, {"sym": "C", "px": 3.5}),
+    ]
+    r, column = _latest_run(tmp_path, RegistrySchema("AVRO", json.dumps(TICK), schema_id=7), payloads)
+    assert [v["_kafka_value"] for v in r.table.to_pylist()] == [{"sym": "A", "px": 1.5}, None, {"sym": "C", "px": 3.5}]
+    assert _dead_letters(r) == [(1, "confluent_framed_value"), (2, "trailing_bytes_value"),
+                                (3, "undecodable_avro_value")]
+    assert set(column.details) == {1, 2, 3}
+    assert column.details[1].startswith("looks Confluent-framed (magic byte 0, schema id 7")
+    assert column.details[1].endswith("use convert.value.type=by_schema_id")
+    assert column.details[2] == f"the value ends at byte {len(good)} of {len(good) + len(TRAILING)}: 11 bytes left over"
+    assert "EOFError" in column.details[3]
+    # errors.tolerance=none stops at the framed record, naming the cause
+    r, _ = _latest_run(tmp_path / "none", RegistrySchema("AVRO", json.dumps(TICK), schema_id=7), payloads,
+                       ErrorsTolerance.NONE)
+    assert (r.stats.records, r.stats.blocked_offset, r.stats.blocked_reason) == (1, 1, "confluent_framed_value")
+
+
+def test_latest_schema_avro_framed_payload_that_also_decodes_plain(tmp_path: Path) -> None:
+    """A framed payload may decode exactly as plain Avro (four nulls, then the schema id's last byte 0x10 taken for
+    the length of 8 bytes): when it starts with the latest schema's own header and the rest decodes, it is framed.
+    A plain payload that merely starts like that header (the rest does not decode) is a good row."""
+    opt = ["null", "long"]
+    schema = {"type": "record", "name": "R", "fields": [
+        *({"name": n, "type": opt} for n in "abcd"), {"name": "e", "type": "bytes"}]}
+    record = {"a": None, "b": None, "c": None, "d": None}
+    sneaky = framed(16, schema, {**record, "e": b"xyz"})
+    assert fastavro.schemaless_reader(io.BytesIO(sneaky), fastavro.parse_schema(schema), None)["e"] == sneaky[5:]
+    lookalike = plain(schema, {**record, "e": b"abcdefgh"})
+    assert lookalike[:5] == b"\x00\x00\x00\x00\x10"
+    r, column = _latest_run(tmp_path, RegistrySchema("AVRO", json.dumps(schema), schema_id=16), [sneaky, lookalike])
+    assert [v["_kafka_value"]["e"] for v in r.table.to_pylist()] == [b"abcdefgh"]
+    assert _dead_letters(r) == [(0, "confluent_framed_value")]
+    assert column.details[0].startswith("looks Confluent-framed (magic byte 0, schema id 16")
+
+
+def _tick_proto() -> tuple[RegistrySchema, Any]:
+    """A proto3 ``t.Tick {string sym = 1; double px = 2; repeated int64 ns = 3;}`` as the registry serves it
+    (``format=serialized``) and its message class."""
+    fd = descriptor_pb2.FileDescriptorProto(name="t/tick.proto", package="t", syntax="proto3")
+    m = fd.message_type.add(name="Tick")
+    m.field.add(name="sym", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING, label=1)
+    m.field.add(name="px", number=2, type=descriptor_pb2.FieldDescriptorProto.TYPE_DOUBLE, label=1)
+    m.field.add(name="ns", number=3, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT64, label=3)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("t.Tick"))
+    return RegistrySchema("PROTOBUF", base64.b64encode(fd.SerializeToString()).decode(), schema_id=4), cls
+
+
+def test_latest_schema_protobuf_refuses_framed_trailing_and_cut_payloads(tmp_path: Path) -> None:
+    schema, tick = _tick_proto()
+    good = tick(sym="A", px=1.5, ns=[1, 2]).SerializeToString()
+    payloads: list[bytes | None] = [
+        good,
+        b"\x00" + struct.pack(">i", 4) + b"\x00" + good,  # ProtobufSerializer's framing (message indexes [0])
+        good + TRAILING,  # field number 0: not wire format
+        good[:-1],  # cut inside the last field
+        good + b"\x08\x05",  # field 1 (a string) as a varint: bytes of something else that happened to parse
+        good + b"\x20\x05",  # field 4, unknown to the schema: a newer writer's field, kept aside as Protobuf does
+        good + b"\x18\x03",  # field 3 unpacked: still field 3 (repeated), appended
+    ]
+    r, column = _latest_run(tmp_path, schema, payloads)
+    assert [v["_kafka_value"] for v in r.table.to_pylist()] == [
+        {"sym": "A", "px": 1.5, "ns": [1, 2]}, {"sym": "A", "px": 1.5, "ns": [1, 2]},
+        {"sym": "A", "px": 1.5, "ns": [1, 2, 3]}]
+    assert _dead_letters(r) == [(1, "confluent_framed_value"), (2, "undecodable_protobuf_value"),
+                                (3, "undecodable_protobuf_value"), (4, "undecodable_protobuf_value")]
+    assert column.details[1].startswith("looks Confluent-framed (magic byte 0, schema id 4")
+    assert "DecodeError" in column.details[2] and "DecodeError" in column.details[3]
+    assert column.details[4].startswith("field 1 has wire type 0, which sym of t.Tick cannot have")
+
+
+def test_latest_schema_json_refuses_framed_trailing_and_cut_payloads(tmp_path: Path) -> None:
+    schema = RegistrySchema("JSON", json.dumps({"type": "object", "properties": {
+        "sym": {"type": "string"}, "px": {"type": "number"}}}), schema_id=9)
+    good = b'{"sym": "A", "px": 1.5}'
+    payloads: list[bytes | None] = [
+        good,
+        b"\x00" + struct.pack(">i", 9) + good,  # JSONSerializer's framing
+        good + TRAILING,
+        good[:-1],
+        b'{"sym": "B"}\n{"sym": "C"}',  # two documents in one payload, beside a blank one: no row may shift
+        b" ",
+        b'{"sym": "D",\r\n "px": 4}',  # line breaks between tokens are whitespace
+    ]
+    r, column = _latest_run(tmp_path, schema, payloads)
+    assert [v["_kafka_value"] for v in r.table.to_pylist()] == [{"sym": "A", "px": 1.5}, {"sym": "D", "px": 4.0}]
+    assert _dead_letters(r) == [(1, "confluent_framed_value"), *((i, "invalid_json_value") for i in range(2, 6))]
+    assert column.details[1].startswith("looks Confluent-framed (magic byte 0, schema id 9")
+
+
+def test_schema_id_payloads_with_bytes_after_the_record_are_bad(table: Table) -> None:
+    data = batch([framed(1, V1, {"id": 1, "name": "a"}), framed(1, V1, {"id": 2, "name": "b"}) + TRAILING])
+    known = schemas(s1=V1)
+    table = evolve(table, convert_records(data, partition=0, start_offset=0, plan=ConversionPlan.build(
+        table.schema(), CFG, schemas=known)).stats.table_change)
+    r = convert_records(data, partition=0, start_offset=0, plan=ConversionPlan.build(table.schema(), CFG,
+                                                                                       schemas=known))
+    assert [v["_kafka_value"] for v in r.table.to_pylist()] == [{"id": 1, "name": "a"}]
+    assert r.stats.skipped == {"trailing_bytes_value": 1}

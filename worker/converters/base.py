@@ -59,6 +59,8 @@ class ConvertedColumn:
     # row → reason, for the rows that are no table row on purpose (a tombstone under flatten_debezium): left out,
     # counted, neither bad nor dead letters
     dropped: Mapping[int, str] = field(default_factory=dict)
+    # row → a human explanation of its reason, for some of the ``bad`` rows (the dead-letter row's ``detail``)
+    details: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

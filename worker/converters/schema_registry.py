@@ -17,8 +17,13 @@ A null key or value (no key, a tombstone) is a null in the column; under a trans
 (``flatten_debezium``) a null value is no row at all (dropped, ``tombstone``). Bad rows (``errors.tolerance``): a
 missing or malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
 an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
-(``unsupported_schema``: a recursive record), a payload that does not decode, a value the table's column type
-cannot take (``type_mismatch``).
+(``unsupported_schema``: a recursive record), a payload that does not decode exactly (the format's reason,
+``trailing_bytes`` for an Avro value with bytes after it), a value the table's column type cannot take
+(``type_mismatch``); with ``by_latest_schema`` also a Confluent-framed payload (``confluent_framed``: magic byte 0,
+a schema id, for Protobuf the message indexes, and the rest decodes with the latest schema; looked for among the rows
+that do not decode and the rows that start with the latest schema's own header, which may decode as plain Avro by
+chance). Every such row's reason ends in ``_key`` / ``_value``; many come with a human detail
+(:attr:`~worker.converters.base.ConvertedColumn.details`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import worker.formats  # noqa: F401  (registers the payload formats)
 from worker.converters.base import ConvertContext, ConvertedColumn, RecordPart, Stop, register
 from worker.evolution import conform_rows, needed_change, scatter
 from worker.formats.base import Decoder, RegistrySchema, SchemaMappingError, decoder
-from worker.formats.confluent import REASON_NULL, Flavor, frame
+from worker.formats.confluent import HEADER_SIZE, MAGIC, REASON_NULL, Flavor, frame
 from worker.transforms import REASON_TOMBSTONE, value_transform
 from worker.transforms.flatten import RESERVED
 
@@ -43,6 +48,7 @@ REASON_UNKNOWN_SCHEMA_ID = "unknown_schema_id"
 REASON_UNSUPPORTED_SCHEMA = "unsupported_schema"
 REASON_TYPE_MISMATCH = "type_mismatch"
 REASON_NO_SCHEMA = "no_latest_schema"
+REASON_FRAMED = "confluent_framed"  # by_latest_schema: a payload with the Confluent header (see _framed)
 
 
 def _value_fields(table_schema: Schema) -> list[NestedField]:
@@ -87,6 +93,7 @@ def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
                    n: int) -> ConvertedColumn:
     """Decode each group, stopping at the first row whose schema is missing or needs a table change."""
     bad: dict[int, str] = {}
+    details: dict[int, str] = {}
     stop: Stop | None = None
     decoders: dict[GroupKey, Decoder] = {}
     missing = frozenset(sid for sid, _ in groups if sid not in schemas)
@@ -100,27 +107,30 @@ def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
         schema = schemas[sid]
         if schema is None:
             bad.update(dict.fromkeys(rows, f"{REASON_UNKNOWN_SCHEMA_ID}_{suffix}"))
+            details.update(dict.fromkeys(rows, f"the schema registry has no schema id {sid}"))
             continue
         try:
             dec = decoder(schema, message)
             value_type = value_transform(ctx.transform).value_type(dec.iceberg_type)
-        except (SchemaMappingError, KeyError):
+        except (SchemaMappingError, KeyError) as e:
             bad.update(dict.fromkeys(rows, f"{REASON_UNSUPPORTED_SCHEMA}_{suffix}"))
+            details.update(dict.fromkeys(rows, f"schema id {sid}: {e}"))
             continue
         change = needed_change(ctx.table_schema, ctx.column, value_type)
         if change is not None and (stop is None or rows[0] < stop.row):
             stop = Stop(rows[0], table_change=change, reason=f"schema id {sid} needs a table change")
         decoders[key] = dec
-    return _convert_groups(payloads, groups, decoders, ctx=ctx, suffix=suffix, n=n, bad=bad, stop=stop)
+    return _convert_groups(payloads, groups, decoders, ctx=ctx, suffix=suffix, n=n, bad=bad, stop=stop,
+                           details=details)
 
 
 def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], decoders: Mapping[GroupKey, Decoder],
-                    *, ctx: ConvertContext, suffix: str, n: int, bad: dict[int, str], stop: Stop | None
-                    ) -> ConvertedColumn:
+                    *, ctx: ConvertContext, suffix: str, n: int, bad: dict[int, str], stop: Stop | None,
+                    details: dict[int, str]) -> ConvertedColumn:
     target = column_arrow_type(ctx.table_schema, ctx.column)
     limit = n if stop is None else stop.row
     if target is None:  # the column does not exist yet: every row is past the stop (a change adds it)
-        return ConvertedColumn(pa.nulls(n, pa.null()), bad, stop)
+        return ConvertedColumn(pa.nulls(n, pa.null()), bad, stop, details=details)
     parts: list[tuple[list[int], pa.Array]] = []
     dropped: dict[int, str] = {}
     for key, dec in decoders.items():
@@ -132,11 +142,12 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
         values, mismatched = conform_rows(shaped.values, target)
         for j, reason in {**out.bad, **shaped.bad}.items():
             bad[rows[j]] = reason
+        details.update((rows[j], detail) for j, detail in out.details.items())
         for j in mismatched:
             bad.setdefault(rows[j], f"{REASON_TYPE_MISMATCH}_{suffix}")
         dropped.update((rows[j], reason) for j, reason in shaped.dropped.items() if rows[j] not in bad)
         parts.append((rows, values))
-    return ConvertedColumn(scatter(n, parts, target), bad, stop, dropped)
+    return ConvertedColumn(scatter(n, parts, target), bad, stop, dropped, details)
 
 
 class BySchemaId:
@@ -175,7 +186,7 @@ class BySchemaId:
                 continue
             groups.add((sid, indexes.get(i)), i)
         out = _decode_groups(payloads, groups.rows, schemas=ctx.schemas, ctx=ctx, suffix=suffix, n=len(raw))
-        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop, {**tombstones, **out.dropped})
+        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop, {**tombstones, **out.dropped}, out.details)
 
 
 def _tombstones(raw: pa.Array, part: RecordPart, ctx: ConvertContext) -> dict[int, str]:
@@ -199,16 +210,68 @@ class ByLatestSchema:
         assert ctx is not None, "by_latest_schema needs the plan's context"
         suffix = str(part)
         n = len(raw)
-        bad: dict[int, str] = {}  # a null key or value stays null
         latest = ctx.latest
         if latest is None:  # the worker waits for the subject to have a schema; this is a safety net
             return ConvertedColumn(pa.nulls(n, pa.null()), {}, Stop(0, reason=REASON_NO_SCHEMA))
         key = (latest.schema_id if latest.schema_id is not None else -1, ctx.message)
-        rows = pc.indices_nonzero(pc.is_valid(raw)).to_pylist()
+        # a null key or value stays null; rows framed with the latest schema's own id are looked at first
+        framed = _framed(raw, _headed(raw, latest.schema_id), latest, ctx.message, part)
+        rows = [i for i in pc.indices_nonzero(pc.is_valid(raw)).to_pylist() if i not in framed]
         out = _decode_groups(raw, {key: rows} if rows else {}, schemas={key[0]: latest}, ctx=ctx, suffix=suffix,
                              n=n)
+        bad, details = dict(out.bad), dict(out.details)
+        limit = n if out.stop is None else out.stop.row
+        framed.update(_framed(raw, sorted(bad), latest, ctx.message, part, hint=details))
+        for i, detail in framed.items():
+            if i < limit:
+                bad[i], details[i] = f"{REASON_FRAMED}_{suffix}", detail
         dropped = {**_tombstones(raw, part, ctx), **out.dropped}
-        return ConvertedColumn(out.values, {**bad, **out.bad}, out.stop, dropped)
+        return ConvertedColumn(out.values, dict(sorted(bad.items())), out.stop, dropped, details)
+
+
+def _headed(raw: pa.Array, schema_id: int | None) -> list[int]:
+    """The rows of ``raw`` that start with the Confluent header of ``schema_id`` (none when it is not known)."""
+    if schema_id is None or not len(raw):
+        return []
+    header = pa.scalar(MAGIC + schema_id.to_bytes(HEADER_SIZE - 1, "big", signed=True), raw.type)
+    same = pc.equal(pc.binary_slice(raw, 0, HEADER_SIZE), header)
+    rows: list[int] = pc.indices_nonzero(pc.fill_null(same, False)).to_pylist()
+    return rows
+
+
+def _framed(raw: pa.Array, rows: list[int], latest: RegistrySchema, message: str | None, part: RecordPart, *,
+            hint: dict[int, str] | None = None) -> dict[int, str]:
+    """Those of ``rows`` that are Confluent-framed payloads of the latest schema, with the detail to give them:
+    a Confluent header (magic byte 0, a schema id; for Protobuf the message indexes), and the rest decodes with
+    the latest schema exactly.
+
+    ``hint``: the details of bad rows; a row of ``rows`` with a header whose rest does not decode gets a hint that
+    it may be framed appended to its detail (it stays bad for its own reason).
+    """
+    if not rows:
+        return {}
+    suffix = str(part)
+    sub = raw.take(pa.array(rows, pa.int64()))
+    flavor = Flavor.PROTOBUF if _is_protobuf(latest) else Flavor.AVRO
+    header = frame(sub, suffix, flavor)
+    try:
+        out = decoder(latest, message).decode(header.payloads(sub), suffix)
+    except (SchemaMappingError, KeyError):
+        return {}
+    found: dict[int, str] = {}
+    for j, row in enumerate(rows):
+        if j in header.bad:
+            continue
+        sid = header.schema_ids[j].as_py()
+        if j not in out.bad:
+            found[row] = (f"looks Confluent-framed (magic byte 0, schema id {sid}; the rest decodes with the latest "
+                          f"schema): use convert.{suffix}.type=by_schema_id")
+        elif hint is not None:
+            said = hint.get(row)
+            hint[row] = (f"{said}; " if said else "") + (
+                f"starts like a Confluent header (magic byte 0, schema id {sid}): if the producer frames its "
+                f"payloads, use convert.{suffix}.type=by_schema_id")
+    return found
 
 
 BY_SCHEMA_ID = register(BySchemaId())

@@ -7,7 +7,10 @@ DuckDB not installed). Those are decoded here, per record: fastavro's ``schemale
 schema of :func:`worker.formats.avro_schema.avro_columns`, the value turned into what the Arrow column takes (only
 where it differs: union members, uuids), the column built in one ``pa.array`` call. Both paths give the same values
 of the same Arrow type. A payload that does not decode (cut, garbage, a string that is not UTF-8) is a bad row with
-a reason, never an exception for the chunk.
+a reason (``undecodable_avro_<suffix>``), never an exception for the chunk; so is one with bytes left after its
+value (``trailing_bytes_<suffix>``: fastavro stops after the value, and a Confluent-framed payload read as plain
+Avro, or two payloads in one, usually decode that far into garbage). Both come with a detail (the exception, where
+the value ended).
 
 Cost of the fastavro path: one Python call chain per record (a dict per record, the fix touches the fields that
 need it, ``pa.array`` walks the dicts again): about 17,000 records/s of a 25-field schema per process on the dev
@@ -27,8 +30,12 @@ from worker.converters.base import ConvertedColumn
 from worker.formats import avro_duckdb
 from worker.formats.avro_arrow import arrow_type, storage_type
 from worker.formats.avro_schema import AvroColumns
+from worker.formats.base import error_detail
 
 REASON_UNDECODABLE = "undecodable_avro"
+# the value decoded before the payload's end (fastavro ignores the rest): format-independent, as Protobuf and JSON
+# name such payloads by their own reasons
+REASON_TRAILING = "trailing_bytes"
 DUCKDB = True  # try the DuckDB path first (False: fastavro only)
 
 
@@ -38,9 +45,17 @@ def _build(values: list[Any], typ: pa.DataType) -> pa.Array:
     return built if built.type.equals(typ, check_metadata=True) else built.cast(typ)
 
 
-def _read(payload: bytes, columns: AvroColumns) -> Any:
-    return fastavro.schemaless_reader(io.BytesIO(payload), columns.decode_schema, None,
-                                      return_record_name=True, return_record_name_override=True)
+def _read(payload: bytes, columns: AvroColumns) -> tuple[Any, int]:
+    """(the value, the number of bytes it took)."""
+    buf = io.BytesIO(payload)
+    value = fastavro.schemaless_reader(buf, columns.decode_schema, None,
+                                       return_record_name=True, return_record_name_override=True)
+    return value, buf.tell()
+
+
+def left_over(end: int, size: int) -> str:
+    """The detail of a payload whose value ended at byte ``end`` of ``size``."""
+    return f"the value ends at byte {end} of {size}: {size - end} bytes left over"
 
 
 def decode(payloads: pa.Array, columns: AvroColumns, suffix: str) -> ConvertedColumn:
@@ -60,28 +75,32 @@ def decode_fastavro(payloads: pa.Array, columns: AvroColumns, suffix: str) -> Co
     reason = f"{REASON_UNDECODABLE}_{suffix}"
     typ = arrow_type(columns)
     bad: dict[int, str] = {}
+    details: dict[int, str] = {}
     values: list[Any] = []
     for i, payload in enumerate(payloads.to_pylist()):
-        if payload is None:
-            values.append(None)
-            continue
-        try:
-            values.append(columns.fix(_read(payload, columns)))
-        except Exception:  # bad input: fastavro raises EOFError, ValueError, UnicodeDecodeError, ... per payload
-            bad[i] = reason
-            values.append(None)
+        value = None
+        if payload is not None:
+            try:
+                read, end = _read(payload, columns)
+                if end == len(payload):
+                    value = columns.fix(read)
+                else:  # fastavro stops after the value: the rest is another format's bytes, or garbage
+                    bad[i], details[i] = f"{REASON_TRAILING}_{suffix}", left_over(end, len(payload))
+            except Exception as e:  # bad input: fastavro raises EOFError, ValueError, UnicodeDecodeError, ...
+                bad[i], details[i] = reason, error_detail(e)
+        values.append(value)
     try:
-        return ConvertedColumn(_build(values, typ), bad)
+        return ConvertedColumn(_build(values, typ), bad, details=details)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
     # A value Arrow refuses (a decimal wider than its precision, a date out of range): find the rows one by one.
     for i, v in enumerate(values):
         try:
             _build([v], typ)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            bad[i] = reason
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            bad[i], details[i] = reason, f"a value the column cannot hold: {error_detail(e)}"
             values[i] = None
-    return ConvertedColumn(_build(values, typ), bad)
+    return ConvertedColumn(_build(values, typ), bad, details=details)
 
 
 def decode_table(payloads: pa.Array, columns: AvroColumns, suffix: str) -> tuple[pa.Table, dict[int, str]]:

@@ -22,8 +22,8 @@ file (the rows after it are silently missing), and reading on could start in the
 every payload is a block of its own (count 1, its byte size), between two copies of a random 64-bit marker
 (``{m: long, ...fields, n: long}``; the marker is new for every chunk, no producer can know it): a row is taken
 only when both markers read back, i.e. its payload decoded from its first byte to exactly its last, and the chunk
-only when DuckDB returned every row. A payload with extra trailing bytes fails that check too (fastavro ignores
-them: the fallback then gives its answer).
+only when DuckDB returned every row. A payload with extra trailing bytes fails that check too (the second marker is
+read from them): the fastavro path then names that row ``trailing_bytes``.
 
 Whatever is in doubt makes :func:`decode` return None and the caller decodes that chunk with fastavro, which names
 the bad rows: a DuckDB error, a row or a marker missing, a value that fastavro reads differently or that

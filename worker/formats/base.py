@@ -24,6 +24,13 @@ from pyiceberg.types import IcebergType
 from worker.converters.base import ConvertedColumn
 from worker.registry import Registry
 
+MAX_DETAIL = 300  # characters of an exception's text kept as a bad row's detail
+
+
+def error_detail(e: BaseException) -> str:
+    """A bad row's detail for the exception its payload raised (type and text, cut to :data:`MAX_DETAIL`)."""
+    return f"{type(e).__name__}: {e}"[:MAX_DETAIL]
+
 
 class SchemaMappingError(ValueError):
     """The schema cannot become Iceberg columns (the message says which part and why)."""

@@ -82,6 +82,9 @@ _L = pa.large_string()
 _EMPTY_OBJECT = pa.scalar("{}", _L)
 _NOTHING = pa.scalar("", _L)
 _NEWLINE = pa.scalar("\n", _L)
+_NOT_JSON = pa.scalar("!", _L)
+_BLANK = "^[ \t]*$"
+_BLANK_STARTS = pa.array(["", " ", "\t"], _L)
 _UTC = datetime.UTC
 
 
@@ -432,13 +435,41 @@ class _Reasons:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def joined_lines(texts: pa.Array) -> pa.Buffer:
-    """``texts`` (large_string) as one buffer, a line each; null rows as ``{}``."""
+def _one_line_each(texts: pa.Array) -> pa.Array:
+    """``texts`` made one non-blank line each (see :func:`joined_lines`): CR and LF become tabs (JSON whitespace
+    outside strings, refused inside them like the raw line break), a blank text becomes ``!`` (not JSON: the read
+    fails, the rows are parsed one by one and the blank one is named)."""
+    tabbed = pc.replace_substring_regex(texts, "[\r\n]", "\t")
+    return pc.if_else(pc.match_substring_regex(tabbed, _BLANK), _NOT_JSON, tabbed)
+
+
+def _join(texts: pa.Array) -> pa.Buffer:
     n = len(texts)
     lines = pc.binary_join_element_wise(pc.fill_null(texts, _EMPTY_OBJECT), _NOTHING, _NEWLINE)
     offsets = pa.Array.from_buffers(pa.int64(), n + 1, [None, lines.buffers()[1]], offset=lines.offset)
     start, end = offsets[0].as_py(), offsets[n].as_py()
     return lines.buffers()[2].slice(start, end - start)
+
+
+def _one_line_per_text(texts: pa.Array, joined: bytes) -> bool:
+    """Whether ``joined`` (``texts`` each followed by LF) holds one line per text, none blank: no line break inside a
+    text, none empty or starting with a space or tab (such a text is looked at again even when it holds more)."""
+    if joined.count(b"\n") != len(texts) or b"\r" in joined:
+        return False
+    return not pc.any(pc.is_in(pc.utf8_slice_codeunits(texts, 0, 1), value_set=_BLANK_STARTS)).as_py()
+
+
+def joined_lines(texts: pa.Array) -> pa.Buffer:
+    """``texts`` (large_string) as one buffer, a line each; null rows as ``{}``.
+
+    ``pyarrow.json`` splits lines at CR and LF and skips blank ones, so a payload holding two documents on two
+    lines beside a blank payload would keep the row count and shift every row after it: texts with a line break
+    or blank are made one line first (:func:`_one_line_each`), the others are joined as they are.
+    """
+    joined = _join(texts)
+    if _one_line_per_text(texts, joined.to_pybytes()):
+        return joined
+    return _join(_one_line_each(texts))
 
 
 def read_lines(lines: pa.Buffer, schema: pa.Schema | None) -> pa.Table | None:

@@ -12,7 +12,15 @@ about 500,000/s, so the Python ``getattr`` walk is what costs.
 A payload that does not parse (cut, garbage, a proto3 string that is not UTF-8, a proto2 message missing a required
 field) is null with the reason ``undecodable_protobuf_<suffix>``; so is one whose value Arrow refuses (a proto2
 string that is not UTF-8, a timestamp beyond the microsecond range): those rows are found by halving the chunk, only
-when the column does not build. Never an exception for the chunk.
+when the column does not build. Never an exception for the chunk. Each such row has a detail (the runtime's error).
+
+"Exactly the payload": a Protobuf message has no end of its own, upb parses the whole buffer, so bytes after a
+message are either not wire format (field number 0, a bad wire type, a cut field: the parse fails; a
+Confluent-framed payload, starting with byte 0, always does) or more fields. Fields of numbers the message does not
+declare are forward compatibility (a newer writer's), kept aside and ignored as every Protobuf reader does; a top-level
+field whose number the message declares but in a wire type that field cannot have is bytes of something else that
+happened to parse (appended garbage, another message type): bad data too. Nested messages are not checked so (a
+cost per message); the top level is where appended bytes land.
 """
 
 from __future__ import annotations
@@ -25,14 +33,32 @@ from typing import Any
 
 import pyarrow as pa
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.types import StructType
 
 from worker.converters.base import ConvertedColumn
 from worker.formats import protobuf_schema as ps
+from worker.formats.base import error_detail
 
 REASON_UNDECODABLE = "undecodable_protobuf"
+
+_T = FieldDescriptor
+_WIRE_FIXED64 = frozenset({_T.TYPE_DOUBLE, _T.TYPE_FIXED64, _T.TYPE_SFIXED64})
+_WIRE_FIXED32 = frozenset({_T.TYPE_FLOAT, _T.TYPE_FIXED32, _T.TYPE_SFIXED32})
+_WIRE_LENGTH = frozenset({_T.TYPE_STRING, _T.TYPE_BYTES, _T.TYPE_MESSAGE})
+
+
+def _wire_types(f: Any) -> frozenset[int]:  # a FieldDescriptor (upb's or the Python one)
+    """The wire types a payload may carry field ``f`` in (a repeated scalar packed or not)."""
+    if f.type in _WIRE_LENGTH:
+        return frozenset({2})
+    if f.type == _T.TYPE_GROUP:
+        return frozenset({3})
+    wire = 1 if f.type in _WIRE_FIXED64 else 5 if f.type in _WIRE_FIXED32 else 0
+    return frozenset({wire, 2}) if f.is_repeated else frozenset({wire})
 
 Build = Callable[[list[Any], pa.DataType], pa.Array]
 _BUILD_ERRORS = (pa.ArrowException, TypeError, ValueError, OverflowError)
@@ -166,8 +192,10 @@ class ProtobufDecoder:
     def iceberg_type(self) -> StructType:
         return self.columns.iceberg_type
 
-    def _parse(self, payloads: pa.Array, reason: str) -> tuple[list[Message | None], dict[int, str]]:
-        """(the message of every row, None where null or bad; the reasons of the rows that do not parse)."""
+    def _parse(self, payloads: pa.Array, reason: str, details: dict[int, str]
+               ) -> tuple[list[Message | None], dict[int, str]]:
+        """(the message of every row, None where null or bad; the reasons of the rows that do not parse, their
+        details in ``details``)."""
         parse = self.columns.root.message_class.FromString
         check = self.columns.check_initialized
         msgs: list[Message | None] = []
@@ -177,27 +205,50 @@ class ProtobufDecoder:
             if payload is not None:
                 try:
                     m = parse(payload)
-                except Exception:  # bad input: DecodeError mostly; whatever the runtime raises is this row's fault
-                    bad[i] = reason
-                if check and m is not None and not m.IsInitialized():
+                except Exception as e:  # bad input: DecodeError mostly; whatever the runtime raises is the row's
+                    bad[i], details[i] = reason, error_detail(e)
+                if m is not None and check and not m.IsInitialized():
                     # proto2 required fields missing: Java's parser refuses the message too
-                    bad[i], m = reason, None
+                    bad[i], details[i], m = reason, "a required field is missing", None
+                if m is not None and UnknownFieldSet(m):  # rare: only such messages are looked at again
+                    clash = self._clash(m)
+                    if clash is not None:
+                        bad[i], details[i], m = reason, clash, None
             msgs.append(m)
         return msgs, bad
+
+    def _clash(self, m: Message) -> str | None:
+        """Why ``m``'s unknown top-level fields show it is no payload of this message (None: they do not).
+
+        An unknown field number is forward compatibility (a newer writer's field), kept aside as every Protobuf
+        reader does; a *declared* number whose wire type the field cannot have is bytes of something else
+        (appended garbage, another message type) that happened to parse.
+        """
+        fields = m.DESCRIPTOR.fields_by_number
+        unknowns = UnknownFieldSet(m)
+        for k in range(len(unknowns)):
+            unknown = unknowns[k]
+            f = fields.get(unknown.field_number)
+            if f is not None and unknown.wire_type not in _wire_types(f):
+                return (f"field {unknown.field_number} has wire type {unknown.wire_type}, which {f.name} of "
+                        f"{m.DESCRIPTOR.full_name} cannot have: the payload is not that message (bytes appended, "
+                        "another message type)")
+        return None
 
     def decode(self, payloads: pa.Array, suffix: str) -> ConvertedColumn:
         """Decode every payload (binary, null for rows already bad, which stay null without a reason of their own);
         ``suffix`` ends the reasons."""
         reason = f"{REASON_UNDECODABLE}_{suffix}"
-        msgs, bad = self._parse(payloads, reason)
+        details: dict[int, str] = {}
+        msgs, bad = self._parse(payloads, reason, details)
         try:
-            return ConvertedColumn(self._build(msgs, self.arrow_type), bad)
+            return ConvertedColumn(self._build(msgs, self.arrow_type), bad, details=details)
         except _BUILD_ERRORS:
             pass
         # A value Arrow refuses: find its rows by halving (a few builds, not one per row), build the others.
         for i in self._refused(msgs, [i for i, m in enumerate(msgs) if m is not None]):
-            bad[i], msgs[i] = reason, None
-        return ConvertedColumn(self._build(msgs, self.arrow_type), bad)
+            bad[i], details[i], msgs[i] = reason, "a value the column cannot hold", None
+        return ConvertedColumn(self._build(msgs, self.arrow_type), bad, details=details)
 
     def _refused(self, msgs: list[Message | None], rows: list[int]) -> list[int]:
         """Those of ``rows`` whose messages do not build (the caller knows that ``rows`` together do not)."""
