@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import struct
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ from worker.convert import (
     convert_records,
 )
 from worker.converters.string import REASON_INVALID_UTF8_KEY, REASON_INVALID_UTF8_VALUE
+from worker.decode import decode
 from worker.plan import ConversionPlan
 from worker.schema import table_schema
 
@@ -312,3 +314,85 @@ def test_corrupt_batch_per_tolerance() -> None:
     assert (dead[0]["offset"], dead[0]["reason"], dead[0]["timestamp"]) == (3, REASON_CORRUPT_BATCH, None)
     assert dead[0]["detail"]
     assert dead[0]["value"] == bytes(buf[len(make_batch(json_records(3))):][: len(dead[0]["value"])])
+
+
+@pytest.mark.parametrize("transform", ["flatten", "none"])
+def test_fields_named_like_the_legacy_columns_keep_their_own_values(transform: str) -> None:
+    # key, value and timestamp are the legacy schemaless layout's column names, and ordinary field names elsewhere:
+    # a flattened value's fields of those names are filled from the value, never from the record's key, raw
+    # payload or Kafka timestamp (issue: a double `value` failed every round; a string `key` took the Kafka key)
+    from pyiceberg.types import DoubleType, LongType, NestedField, StringType, StructType
+
+    from configs.table_topic import TransformType
+
+    cfg = TableTopicConfig(convert_value_type=ConvertType.JSON, transform_value_type=TransformType(transform))
+    fields = (NestedField(901, "name", StringType(), required=False),
+              NestedField(902, "value", DoubleType(), required=False),
+              NestedField(903, "timestamp", LongType(), required=False),
+              NestedField(904, "key", StringType(), required=False))
+    base = table_schema(cfg)
+    extra = fields if transform == "flatten" else (NestedField(900, "_kafka_value", StructType(*fields),
+                                                               required=False),)
+    schema = Schema(*base.fields, *extra)
+    recs = [(b"k0", b'{"name": "cpu", "value": 0.93, "timestamp": 1700000000000, "key": "own"}', [], 5),
+            (b"k1", b'{"value": 7}', [], 6),
+            (b"k2", b'{"name": "mem", "timestamp": 12}', [], 7)]
+    r = convert(make_batch(recs), cfg, schema=schema)
+    assert r.stats.skipped == {} and r.stats.table_change is None and r.stats.records == 3
+    got = rows(r)
+    values = got if transform == "flatten" else [g["_kafka_value"] for g in got]
+    assert [(v["name"], v["value"], v["timestamp"], v["key"]) for v in values] == [  # type: ignore[index]
+        ("cpu", 0.93, 1700000000000, "own"), (None, 7.0, None, None), ("mem", None, 12, None)]
+    assert [g["_kafka_key"] for g in got] == ["k0", "k1", "k2"]
+    assert [g["_kafka_metadata"]["timestamp"] for g in got] == [5, 6, 7]  # type: ignore[index]
+
+
+class _RawKey(str):
+    """A header key that kafka-python's builder writes as ``raw`` (it calls ``key.encode("utf-8")``): Kafka
+    stores and serves any bytes as a header key, so a producer can send these."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> _RawKey:
+        key = super().__new__(cls, raw.decode("latin-1"))
+        key.raw = raw
+        return key
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+def _batch_with_raw_header_keys(codec: int, base_offset: int = 0) -> bytearray:
+    b = KafkaPythonBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1,
+                           base_sequence=-1, batch_size=1 << 20)
+    records: list[tuple[bytes, bytes, list[tuple[str, bytes | None]]]] = [
+        (b"k0", b"v0", [("ok", b"1")]),
+        (b"k1", b"v1", [(_RawKey(b"k\xff"), b"2"), ("ok", b"3")]),
+        (b"k2", b"\xffnot utf-8", [(_RawKey(b"\xfe"), None)]),
+        (b"k3", b"v3", []),
+    ]
+    for i, (key, value, headers) in enumerate(records):
+        b.append(i, timestamp=1000 + i, key=key, value=value, headers=headers)
+    buf = bytearray(b.build())
+    struct.pack_into(">q", buf, 0, base_offset)
+    return compress_batch(buf, codec)
+
+
+@pytest.mark.parametrize("codec", [0, 1, 4], ids=["none", "gzip", "zstd"])
+def test_header_keys_that_are_not_utf8_keep_their_records(codec: int) -> None:
+    """aiokafka's reader fails the whole batch on such a key; the batch is read again keeping every record, each
+    such key spelled with backslash escapes (``bytes.decode("utf-8", "backslashreplace")``)."""
+    buf = make_batch(json_records(2), base_offset=0) + _batch_with_raw_header_keys(codec, base_offset=2)
+    decoded = decode(bytes(buf), 0)
+    assert (decoded.corrupt, decoded.repaired_header_keys, decoded.next_offset) == ([], 2, 6)
+    r = convert(buf, STRING, dlq=DeadLetters("t"))
+    assert r.stats.skipped == {REASON_INVALID_UTF8_VALUE: 1}  # the record's own fault, not its neighbours'
+    got = rows(r)
+    assert [g["_kafka_metadata"]["offset"] for g in got] == [0, 1, 2, 3, 5]  # type: ignore[index]
+    assert [g["_kafka_header"] for g in got[2:]] == [[("ok", b"1")], [("k\\xff", b"2"), ("ok", b"3")], []]
+    assert [(d["offset"], d["headers"]) for d in dead_rows(r)] == [(4, [("\\xfe", None)])]
+    # a batch that is undecodable besides (more records announced than it holds) stays one corrupt batch
+    broken = _batch_with_raw_header_keys(0, base_offset=2)
+    struct.pack_into(">i", broken, HEADER_SIZE - 4, 5)
+    r = convert(make_batch(json_records(2), base_offset=0) + broken, STRING, dlq=DeadLetters("t"))
+    assert (r.stats.records, r.stats.skipped) == (2, {REASON_CORRUPT_BATCH: 5})

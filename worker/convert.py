@@ -186,8 +186,9 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
             [pa.repeat(pa.scalar(partition, pa.int32()), n), pa.array(d.offsets, pa.int64()), timestamps],
             names=[META_PARTITION, META_OFFSET, META_TIMESTAMP],
         ),
-        LEGACY_TIMESTAMP: timestamps,
     }
+    if plan.legacy:  # elsewhere ``timestamp`` is an ordinary column name (a flattened field's)
+        columns[LEGACY_TIMESTAMP] = timestamps
     bad: dict[int, str] = {}
     dropped: dict[int, str] = {}
     stop: Stop | None = None

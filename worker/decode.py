@@ -5,7 +5,11 @@ were checked on the produce path and are not checked again). aiokafka decompress
 ``cramjam`` is installed; without it, batches in those codecs are decompressed here first (snappy through
 pyarrow, xerial-framed or raw; lz4 frames through ``lz4``; zstd through ``zstandard``) and handed to the reader as
 uncompressed batches. Control batches are skipped. The only per-record Python is the decode loop, a handful of
-list comprehensions per batch. A batch that cannot be decoded is kept whole in :attr:`Decoded.corrupt`.
+list comprehensions per batch. A batch that cannot be decoded is kept whole in :attr:`Decoded.corrupt`; except
+that a header key that is not UTF-8 (Kafka stores and serves any bytes there, aiokafka fails the whole batch on
+it) only makes that batch be read again by a small v2 record parser here (:func:`_tolerant_records`), which keeps
+every record and spells such a key as ``key.decode("utf-8", "backslashreplace")`` (counted in
+:attr:`Decoded.repaired_header_keys`).
 
 Headers become an Arrow map (:func:`headers_array`), so a key a record repeats keeps its last value (as Kafka
 Connect's and Redpanda's map conversions do).
@@ -17,14 +21,23 @@ import gc
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from aiokafka import codec as aiokafka_codec
 from aiokafka.record.memory_records import MemoryRecords
 
-from tabletopic.protocol.records import ATTRIBUTES_OFFSET, COMPRESSION_MASK, HEADER_SIZE, LOG_OVERHEAD, parse_header
+from tabletopic.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    COMPRESSION_MASK,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+    parse_header,
+)
+from worker.formats.confluent import zigzag_varint
 
 if TYPE_CHECKING:
     import zstandard
@@ -146,17 +159,92 @@ class Decoded:
     corrupt: list[tuple[int, int, bytes, str]] = field(default_factory=list)
     # rows decoded before the first corrupt batch (errors.tolerance=none stops there)
     rows_before_corrupt: int | None = None
+    # records kept although a header key of theirs is not UTF-8 (spelled with backslash escapes: _tolerant_records)
+    repaired_header_keys: int = 0
 
 
-def _batch_bytes_at(data: bytes, base_offset: int) -> tuple[int, bytes]:
-    """(record count, raw bytes) of the batch with ``base_offset`` (error path only: walks the headers)."""
+def _batch_at(data: bytes, base_offset: int) -> BatchHeader | None:
+    """The header of the batch with ``base_offset`` (error path only: walks the headers)."""
     pos = 0
     while len(data) - pos >= HEADER_SIZE:
         h = parse_header(data, pos)
         if h.base_offset == base_offset:
-            return h.record_count, bytes(data[pos : pos + h.size])
+            return h
         pos += h.size
-    return 0, b""
+    return None
+
+
+def _batch_bytes_at(data: bytes, base_offset: int) -> tuple[int, bytes]:
+    """(record count, raw bytes) of the batch with ``base_offset`` (error path only: walks the headers)."""
+    h = _batch_at(data, base_offset)
+    return (0, b"") if h is None else (h.record_count, bytes(data[h.position : h.position + h.size]))
+
+
+class _Record(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def _nullable_bytes(buf: bytes, pos: int) -> tuple[bytes | None, int]:
+    n, pos = zigzag_varint(buf, pos)
+    if n < 0:
+        return None, pos
+    if pos + n > len(buf):
+        raise IndexError(f"{n} bytes past the end of the records")
+    return buf[pos : pos + n], pos + n
+
+
+def _header(buf: bytes, pos: int) -> tuple[str, bytes | None, bool, int]:
+    """(key, value, whether the key was repaired, next position) of one record header."""
+    raw, pos = _nullable_bytes(buf, pos)
+    if raw is None:
+        raise ValueError("a null header key")
+    value, pos = _nullable_bytes(buf, pos)
+    try:
+        return raw.decode("utf-8"), value, False, pos
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace"), value, True, pos
+
+
+def _tolerant_records(data: bytes, h: BatchHeader) -> tuple[list[_Record], int]:
+    """The records of batch ``h`` of ``data`` as aiokafka reads them, except that a header key that is not UTF-8
+    (Kafka stores and serves any bytes there) becomes ``key.decode("utf-8", "backslashreplace")`` (``b"k\\xff"`` →
+    ``"k\\\\xff"``) instead of failing the batch; (the records, how many had such a key). The error path of
+    :func:`decode` only. Raises ValueError/IndexError for anything else wrong (cut varints, sizes that disagree).
+    """
+    body = memoryview(data)[h.position + HEADER_SIZE : h.position + h.size]
+    buf = bytes(body) if h.compression == 0 else decompress_records(h.compression, body)
+    log_append_time = bool(h.attributes & TIMESTAMP_TYPE_MASK)
+    records: list[_Record] = []
+    repaired = pos = 0
+    for _ in range(h.record_count):
+        length, pos = zigzag_varint(buf, pos)
+        start = pos
+        _, pos = zigzag_varint(buf, pos)  # attributes: unused
+        ts_delta, pos = zigzag_varint(buf, pos)
+        offset_delta, pos = zigzag_varint(buf, pos)
+        key, pos = _nullable_bytes(buf, pos)
+        value, pos = _nullable_bytes(buf, pos)
+        count, pos = zigzag_varint(buf, pos)
+        if count < 0:
+            raise ValueError(f"{count} headers")
+        headers: list[tuple[str, bytes | None]] = []
+        fixed = False
+        for _ in range(count):
+            hkey, hvalue, was_fixed, pos = _header(buf, pos)
+            headers.append((hkey, hvalue))
+            fixed |= was_fixed
+        if pos - start != length:
+            raise ValueError(f"a record of {pos - start} bytes says it has {length}")
+        repaired += fixed
+        timestamp = h.max_timestamp if log_append_time else h.base_timestamp + ts_delta
+        records.append(_Record(h.base_offset + offset_delta, timestamp, key, value, headers))
+    if pos != len(buf):
+        raise ValueError(f"{len(buf) - pos} bytes after the batch's {h.record_count} records")
+    return records, repaired
 
 
 def decode(data: bytes, start_offset: int) -> Decoded:
@@ -185,14 +273,18 @@ def decode(data: bytes, start_offset: int) -> Decoded:
                 out.next_offset = nxt
                 continue
             try:
-                recs = list(batch)
+                recs: list[Any] = list(batch)
             except Exception as e:  # undecodable records (bad varints, header key not UTF-8, codec error)
-                count, raw = _batch_bytes_at(data, base)
-                out.corrupt.append((max(base, start_offset), count, raw, f"{type(e).__name__}: {e}"))
-                if out.rows_before_corrupt is None:
-                    out.rows_before_corrupt = len(offsets)
-                out.next_offset = nxt
-                continue
+                kept = _kept_records(data, base, e)
+                if kept is None:
+                    count, raw = _batch_bytes_at(data, base)
+                    out.corrupt.append((max(base, start_offset), count, raw, f"{type(e).__name__}: {e}"))
+                    if out.rows_before_corrupt is None:
+                        out.rows_before_corrupt = len(offsets)
+                    out.next_offset = nxt
+                    continue
+                recs = kept[0]
+                out.repaired_header_keys += kept[1]
             if base < start_offset:  # the log start (DeleteRecords) or a request may point inside a batch
                 recs = [r for r in recs if r.offset >= start_offset]
             offsets += [r.offset for r in recs]
@@ -205,6 +297,20 @@ def decode(data: bytes, start_offset: int) -> Decoded:
         if gc_was_enabled:
             gc.enable()
     return out
+
+
+def _kept_records(data: bytes, base: int, error: Exception) -> tuple[list[_Record], int] | None:
+    """The records of the batch at ``base`` that aiokafka failed on with ``error``, when the only fault is header
+    keys that are not UTF-8 (:func:`_tolerant_records`); None when the batch is really undecodable."""
+    if not isinstance(error, UnicodeDecodeError):
+        return None
+    h = _batch_at(data, base)
+    if h is None:
+        return None
+    try:
+        return _tolerant_records(data, h)
+    except Exception:  # cut varints, sizes that disagree, a codec error: the batch stays corrupt
+        return None
 
 
 # Above this many headers in one record, repeated keys are looked for in Python rather than with one vectorized

@@ -5,11 +5,12 @@ settings, then handed to every pool task of that round. It is small and picklabl
 travel by registry name and are looked up in the pool process.
 
 Columns follow the *table's* schema, matched by name, so a table whose schema someone else changed still gets
-what it can. The record's key feeds ``_kafka_key`` (and the legacy ``key``), its value ``_kafka_value`` (and the
-legacy ``value``), or with a flattening transform (``flatten``) the table's top level: the converter's struct
-goes under :data:`~worker.transforms.flatten.ROOT` and the transform lifts its fields into columns. Each such
-column gets the converter its setting names (``convert.key.type`` / ``convert.value.type``; the legacy columns
-the schemaless handling) when that converter produces the column's type; otherwise the first of
+what it can. The record's key feeds ``_kafka_key``, its value ``_kafka_value`` (for ``schema.type=schemaless``
+also the legacy ``key`` and ``value``; on other tables those are ordinary column names), or with a flattening
+transform (``flatten``) the table's top level: the converter's struct goes under
+:data:`~worker.transforms.flatten.ROOT` and the transform lifts its fields into columns. Each such column gets the
+converter its setting names (``convert.key.type`` / ``convert.value.type``; the legacy columns the schemaless
+handling) when that converter produces the column's type; otherwise the first of
 :data:`worker.converters.FALLBACKS` that does, else raw bytes.
 """
 
@@ -63,6 +64,10 @@ class ConversionPlan:
     messages: Mapping[RecordPart, str | None] = field(default_factory=dict)  # Protobuf message full names
     # an upsert/CDC table's round: the rows become changes (worker.changes), keyed and read as it says
     change: ChangeMode | None = None
+    # ``schema.type=schemaless``: the record also fills the legacy ``key``/``value``/``timestamp`` columns. Only
+    # then: on any other table those are ordinary column names (a flattened value's fields ``key``, ``value``,
+    # ``timestamp`` among them), filled from the value like any other field.
+    legacy: bool = False
 
     @property
     def row_schema(self) -> pa.Schema:
@@ -77,11 +82,12 @@ class ConversionPlan:
         """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``);
         ``change``: the round's change mode (the request's, for an upsert/CDC table)."""
         names = {f.name: f.field_type for f in schema.fields}
+        legacy = cfg.legacy_columns
         wanted: tuple[tuple[str, RecordPart, str], ...] = (
             (KEY, RecordPart.KEY, str(cfg.convert_key_type)),
-            (LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),
+            *(((LEGACY_KEY, RecordPart.KEY, SCHEMALESS.name),) if legacy else ()),
             (VALUE, RecordPart.VALUE, str(cfg.convert_value_type)),
-            (LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name))
+            *(((LEGACY_VALUE, RecordPart.VALUE, SCHEMALESS.name),) if legacy else ()))
         transform = _transform_for(str(cfg.transform_value_type))
         if value_transform(transform).flattens:  # the value's fields are top-level columns
             wanted = tuple((ROOT if column == VALUE else column, part, configured)
@@ -94,7 +100,7 @@ class ConversionPlan:
                    schemas=dict(schemas or {}), latest=dict(latest or {}),
                    messages={RecordPart.KEY: cfg.key_message_full_name,
                              RecordPart.VALUE: cfg.value_message_full_name},
-                   change=change)
+                   change=change, legacy=legacy)
 
     def context(self, feed: ColumnFeed) -> ConvertContext:
         """What the converter of ``feed`` is given besides the bytes."""

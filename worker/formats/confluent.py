@@ -104,8 +104,9 @@ def _schema_ids(raw: pa.Array, valid: pa.BooleanArray) -> pa.Int32Array:
     return pc.if_else(valid, ids, pa.scalar(None, pa.int32()))
 
 
-def _zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """(value, next position) of the zigzag varint at ``pos``; IndexError/ValueError when it is cut or too long."""
+def zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the zigzag varint at ``pos`` (Confluent's message indexes, Kafka's record
+    varints and varlongs); IndexError when it is cut, ValueError when longer than 64 bits."""
     shift = result = 0
     while True:
         byte = data[pos]
@@ -120,14 +121,14 @@ def _zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 def _message_indexes(data: bytes) -> tuple[tuple[int, ...], int]:
     """(message indexes, payload start) of a Protobuf-framed row; the single byte 0 means ``(0,)``."""
-    count, pos = _zigzag_varint(data, HEADER_SIZE)
+    count, pos = zigzag_varint(data, HEADER_SIZE)
     if count == 0:
         return (0,), pos
     if count < 0 or count > _MAX_INDEXES:
         raise ValueError(f"message index count {count}")
     indexes: list[int] = []
     for _ in range(count):
-        index, pos = _zigzag_varint(data, pos)
+        index, pos = zigzag_varint(data, pos)
         if index < 0:
             raise ValueError(f"negative message index {index}")
         indexes.append(index)
