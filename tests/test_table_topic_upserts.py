@@ -41,7 +41,7 @@ from tests.helpers.upserts import (
     wait_maintenance_run,
 )
 from tests.test_metrics import scrape
-from worker.changes import REASON_ID_NULL
+from worker.changes import REASON_ID_NULL, REASON_TOMBSTONE_IDS_IN_VALUE
 
 P = "automq.table.topic."
 FIRST_MERGE_S = 300  # the first merge starts the broker's Spark side process on a loaded 2-core machine
@@ -131,6 +131,7 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     s.send({"name": "no id"}, key=b"none")  # bad: no key
     s.send({"id": None, "name": "null id"}, key=b"null")
     s.change("U", 41, name="after the bad ones", amount=41)
+    s.send(None, key=b"41")  # a tombstone: the ids come from the value, so it names no row (counted, kept out)
     s.flush()
     assert_readers_agree(spark, broker, topic, s.model, columns)
     tbl = catalog(broker).load_table(f"default.{topic}")
@@ -139,6 +140,7 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     assert sorted((d["key"], d["reason"]) for d in dead) == [(b"none", REASON_ID_NULL), (b"null", REASON_ID_NULL)]
     counts = skipped(broker, topic)
     assert counts.get(REASON_ID_NULL) == 2 and counts.get(REASON_UNKNOWN_KEY_DELETE, 0) >= 1, counts
+    assert counts.get(REASON_TOMBSTONE_IDS_IN_VALUE) == 1, counts
 
     # the table's key is checked against its columns now that they are known
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -156,6 +158,34 @@ def test_json_upserts_and_cdc_ops(broker: BrokerProcess, spark: Any) -> None:
     err = ei.value.args[0]
     assert err.code() == KafkaError.INVALID_CONFIG and f"{P}upsert.enable" in err.str(), err.str()
 
+
+
+def test_tombstones_delete_rows_keyed_by_the_kafka_key(broker: BrokerProcess, spark: Any) -> None:
+    """``id.columns=[_kafka_key]``: a record with a null value (a tombstone, as log compaction and Debezium write
+    them) deletes its key's row, in the round it arrives in and across rounds; a later value inserts it again."""
+    topic = "tombstones_by_key"
+    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[_kafka_key]",
+           upsert_enable="true")
+    s = JsonChanges(broker, topic)
+    model: dict[Any, dict[str, Any]] = {}
+    for i in range(8):
+        s.send({"v": i}, key=b"k%d" % i)
+        model[f"k{i}"] = {"_kafka_key": f"k{i}", "v": i}
+    s.send(None, key=b"k1")  # in the same round as its insert
+    del model["k1"]
+    s.flush()
+    columns = ("_kafka_key", "v")
+    assert_readers_agree(spark, broker, topic, model, columns)
+    for key in (b"k2", b"k5", b"never"):  # across rounds; a key the table never had is a no-op
+        s.send(None, key=key)
+    s.send({"v": 50}, key=b"k5")  # deleted, then inserted again in the same round
+    del model["k2"]
+    model["k5"] = {"_kafka_key": "k5", "v": 50}
+    s.flush()
+    assert_readers_agree(spark, broker, topic, model, columns)
+    counts = skipped(broker, topic)
+    assert REASON_ID_NULL not in counts and REASON_TOMBSTONE_IDS_IN_VALUE not in counts, counts
+    assert not catalog(broker).table_exists(f"default.{topic}_dlq")
 
 def test_small_tables_take_changes_copy_on_write(broker: BrokerProcess, spark: Any) -> None:
     """By default an upsert table this small (under ``copy.on.write.max.bytes``) is written again by each round

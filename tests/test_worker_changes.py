@@ -31,6 +31,7 @@ from worker.changes import (
     REASON_CDC_NOT_TEXT,
     REASON_ID_MISSING,
     REASON_ID_NULL,
+    REASON_TOMBSTONE_IDS_IN_VALUE,
     id_problems,
     last_change_per_key,
     op_column,
@@ -93,14 +94,30 @@ def test_rows_without_a_key_follow_errors_tolerance() -> None:
     data = records({"id": 1, "v": "a"}, {"id": None, "v": "b"}, {"v": "c"}, None, {"id": 2, "op": "d"})
     rows, skipped, dead, blocked = changes(data, ChangeMode(("id",), "op", upsert=True))
     assert [(r["id"], r[CHANGE_OP_COLUMN]) for r in rows] == [(1, "U"), (2, "D")]
-    assert skipped == {REASON_ID_NULL: 3} and blocked is None
-    assert dead == [(101, REASON_ID_NULL), (102, REASON_ID_NULL), (103, REASON_ID_NULL)]  # kept as dead letters
+    # the tombstone (offset 103) names no row when the ids come from the value: counted apart, no dead letter
+    assert skipped == {REASON_ID_NULL: 2, REASON_TOMBSTONE_IDS_IN_VALUE: 1} and blocked is None
+    assert dead == [(101, REASON_ID_NULL), (102, REASON_ID_NULL)]  # kept as dead letters
     # errors.tolerance=none: the partition stops at the first record without a key
     rows, skipped, dead, blocked = changes(data, ChangeMode(("id",), "op"), ErrorsTolerance.NONE)
     assert [r["id"] for r in rows] == [1] and blocked == 101
     # a key column the table does not have: every record is bad
     rows, skipped, dead, _ = changes(data, ChangeMode(("nosuch",), "op"))
-    assert rows == [] and skipped == {REASON_ID_MISSING: 5}
+    assert rows == [] and skipped == {REASON_ID_MISSING: 4, REASON_TOMBSTONE_IDS_IN_VALUE: 1}
+
+
+def test_tombstones_delete_their_key_when_the_ids_come_from_the_record_key() -> None:
+    data = bytes(make_batch([(b"a", b'{"id": 1, "v": "x"}', [], 1000), (b"a", None, [], 1001),
+                             (b"b", None, [], 1002), (None, None, [], 1003)], base_offset=100))
+    for tolerance in (ErrorsTolerance.INVALID_DATA, ErrorsTolerance.NONE):
+        plan = ConversionPlan.build(SCHEMA, CFG, tolerance, change=ChangeMode(("_kafka_key",), "op", upsert=True))
+        r = convert_records(data, partition=3, start_offset=100, plan=plan, dead_letters=DeadLetters("t"))
+        got = [(row["_kafka_key"], row["v"], row[CHANGE_OP_COLUMN]) for row in r.table.to_pylist()]
+        if tolerance is ErrorsTolerance.NONE:  # a tombstone without a Kafka key has no key at all: it blocks
+            assert got == [("a", "x", "U"), ("a", None, "D"), ("b", None, "D")] and r.stats.blocked_offset == 103
+            continue
+        assert got == [("a", "x", "U"), ("a", None, "D"), ("b", None, "D")]
+        assert r.stats.skipped == {REASON_ID_NULL: 1}
+        assert r.dead_letters is not None and r.dead_letters.column("offset").to_pylist() == [103]
 
 
 def test_a_task_writes_the_last_change_per_key_as_one_change_file(tmp_path: Path) -> None:
@@ -124,7 +141,7 @@ def test_a_task_writes_the_last_change_per_key_as_one_change_file(tmp_path: Path
     # an empty chunk writes nothing
     empty = convert_and_write(records(None), partition=3, start_offset=100,
                               plan=ConversionPlan.build(SCHEMA, CFG, change=mode), target=target)
-    assert empty.change_files == () and empty.stats.skipped == {REASON_ID_NULL: 1}
+    assert empty.change_files == () and empty.stats.skipped == {REASON_TOMBSTONE_IDS_IN_VALUE: 1}
 
 
 # a table whose op column the records made a struct, one whose op is a list, and a raw (binary) key as the op

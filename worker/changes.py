@@ -9,6 +9,9 @@ table's ``id.columns``, that the coordinator applies with a merge. This module, 
   record's Kafka partition and offset (the order a key's changes apply in). A ``cdc.field`` value that is not text
   (a struct, list or map, bytes that are not UTF-8, a path into a map) is no op: the record is bad data
   (``cdc_field_not_text``), never taken for the default op;
+- :func:`tombstone_changes`: a record whose value is null (a tombstone) deletes its key when the id columns come
+  from the record key (``id.columns=[_kafka_key]`` or fields of a structured key); where they come from the value
+  it names no row and is left out, counted as ``tombstone_ids_in_value``;
 - :func:`id_problems`: the rows that cannot be a change, handed to ``errors.tolerance`` like any bad record: an id
   column that is null (``id_column_null``) or that the table does not have (``id_column_missing``);
 - :func:`last_change_per_key`: of a chunk's changes (one partition, offset order), only the last per key; the
@@ -23,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from configs.partition_spec import resolve_column
+from configs.table_schema import KEY
 from coordinator.contract import (
     CHANGE_OFFSET_COLUMN,
     CHANGE_OP_COLUMN,
@@ -38,6 +42,9 @@ log = logging.getLogger(__name__)
 REASON_ID_NULL = "id_column_null"
 REASON_ID_MISSING = "id_column_missing"
 REASON_CDC_NOT_TEXT = "cdc_field_not_text"
+REASON_TOMBSTONE_IDS_IN_VALUE = "tombstone_ids_in_value"
+"""A tombstone (null value) on a table whose id columns come from the value: it names no row, so it is left out
+(counted under this reason, never a dead letter, never blocking)."""
 
 CHANGE_FIELDS = (pa.field(CHANGE_OP_COLUMN, pa.string()), pa.field(CHANGE_PARTITION_COLUMN, pa.int32()),
                  pa.field(CHANGE_OFFSET_COLUMN, pa.int64()))
@@ -158,6 +165,33 @@ def with_change_columns(columns: Columns, mode: ChangeMode, *, partition: int, o
     columns[CHANGE_PARTITION_COLUMN] = pa.repeat(pa.scalar(partition, pa.int32()), n)
     columns[CHANGE_OFFSET_COLUMN] = pa.array(offsets, pa.int64())
     return columns, bad
+
+
+def keyed_by_record_key(columns: Columns, mode: ChangeMode) -> bool:
+    """True when every id column is the record's key (``_kafka_key``) or a field inside it: then a tombstone (a
+    record whose value is null) still names the row it deletes."""
+    if not mode.keys:
+        return False
+    for name in mode.keys:
+        path = resolve_column(name, lambda p: _field_names(columns, p))
+        if path is None or path[0] != KEY:
+            return False
+    return True
+
+
+def tombstone_changes(columns: Columns, mode: ChangeMode, rows: list[int]) -> tuple[Columns, dict[int, str]]:
+    """The tombstones at ``rows`` (records whose value is null) of a chunk with its change columns: a delete of
+    their key (op ``D``) when the id columns come from the record key (:func:`keyed_by_record_key`), as a
+    log-compacted Kafka topic reads them; else they name no row and are returned as dropped
+    (:data:`REASON_TOMBSTONE_IDS_IN_VALUE`)."""
+    if not keyed_by_record_key(columns, mode):
+        return columns, dict.fromkeys(rows, REASON_TOMBSTONE_IDS_IN_VALUE)
+    mask = [False] * len(columns[CHANGE_OP_COLUMN])
+    for i in rows:
+        mask[i] = True
+    columns[CHANGE_OP_COLUMN] = pc.if_else(pa.array(mask, pa.bool_()), pa.scalar(OP_DELETE, pa.string()),
+                                           columns[CHANGE_OP_COLUMN])
+    return columns, {}
 
 
 def id_problems(table: pa.Table, mode: ChangeMode) -> dict[int, str]:

@@ -29,8 +29,8 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from configs.table_schema import HEADER, META_OFFSET, META_PARTITION, META_TIMESTAMP, METADATA
 from configs.table_topic import ErrorsTolerance
-from coordinator.contract import DEAD_LETTER_SCHEMA
-from worker.changes import id_problems, with_change_columns
+from coordinator.contract import DEAD_LETTER_SCHEMA, ChangeMode
+from worker.changes import id_problems, tombstone_changes, with_change_columns
 from worker.converters import RecordPart, converter
 from worker.converters.base import Stop
 from worker.decode import Decoded, decode, headers_array
@@ -109,6 +109,7 @@ def convert_records(
     columns = value_transform(plan.value_transform).apply(columns)
     if plan.change is not None:  # an upsert/CDC table: each row is a change (worker.changes)
         columns, no_op = with_change_columns(columns, plan.change, partition=partition, offsets=d.offsets)
+        columns = _tombstones(columns, plan.change, d, bad, no_op, dropped)
         for row, reason in no_op.items():
             if row not in dropped:  # a dropped row is no change anyway (a tombstone)
                 bad.setdefault(row, reason)
@@ -127,6 +128,23 @@ def convert_records(
         missing_schemas=stop.missing_schemas if stop is not None and kept.blocked_offset is None else frozenset(),
         table_change=stop.table_change if stop is not None and kept.blocked_offset is None else None,
     ), kept.dead_letters)
+
+
+def _tombstones(columns: Columns, mode: ChangeMode, d: Decoded, bad: dict[int, str], no_op: dict[int, str],
+                dropped: dict[int, str]) -> Columns:
+    """An upsert/CDC chunk's tombstones (null values not dropped yet) as :func:`worker.changes.tombstone_changes`
+    says: deletes of their key, or dropped; in place of ``bad``/``no_op``/``dropped``. A null value is no bad value
+    there (a converter may call it one: ``empty_value``); a bad key still is."""
+    rows = [i for i, v in enumerate(d.values) if v is None and i not in dropped]
+    if not rows:
+        return columns
+    columns, left_out = tombstone_changes(columns, mode, rows)
+    for i in rows:
+        no_op.pop(i, None)
+        if i in bad and not bad[i].endswith("_key"):
+            del bad[i]
+    dropped.update((i, r) for i, r in left_out.items() if i not in bad)
+    return columns
 
 
 def _cut(d: Decoded, columns: Columns, timestamps: pa.Array, bad: dict[int, str], row: int
