@@ -109,7 +109,7 @@ def convert_records(
     columns = value_transform(plan.value_transform).apply(columns)
     if plan.change is not None:  # an upsert/CDC table: each row is a change (worker.changes)
         columns, no_op = with_change_columns(columns, plan.change, partition=partition, offsets=d.offsets)
-        columns = _tombstones(columns, plan.change, d, bad, no_op, dropped)
+        columns = _tombstones(columns, plan.change, d, bad=bad, no_op=no_op, dropped=dropped)
         for row, reason in no_op.items():
             if row not in dropped:  # a dropped row is no change anyway (a tombstone)
                 bad.setdefault(row, reason)
@@ -130,7 +130,7 @@ def convert_records(
     ), kept.dead_letters)
 
 
-def _tombstones(columns: Columns, mode: ChangeMode, d: Decoded, bad: dict[int, str], no_op: dict[int, str],
+def _tombstones(columns: Columns, mode: ChangeMode, d: Decoded, *, bad: dict[int, str], no_op: dict[int, str],
                 dropped: dict[int, str]) -> Columns:
     """An upsert/CDC chunk's tombstones (null values not dropped yet) as :func:`worker.changes.tombstone_changes`
     says: deletes of their key, or dropped; in place of ``bad``/``no_op``/``dropped``. A null value is no bad value
