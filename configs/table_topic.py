@@ -27,6 +27,41 @@ A ``partition.by`` column outside ``id.columns`` is allowed: upserts are applied
 row in whichever table partition it is (AutoMQ's equality deletes only reach rows of the same table partition).
 
 Every violation is an :class:`InvalidConfigError` naming the key and the value.
+
+**Table names and locations.** A table topic's table is ``<namespace>.<topic>`` (:meth:`TableTopicConfig.
+table_identifier`): the namespace is split on its dots into levels (``a.b`` is the nested namespace ``a`` → ``b``),
+which is what Spark SQL means by ``a.b.topic`` and how the SQL catalogs (pyiceberg's and Iceberg-Java's JDBC
+catalog) store a namespace anyway (its levels joined by dots). AutoMQ passes the whole value as one level; with the
+SQL catalog the two are the same namespace. The table's location is the catalog's default, ``<warehouse>/<namespace
+levels joined by dots>/<topic>`` (pyiceberg's layout, which the broker also gives the format v3 tables it creates
+through Spark: Iceberg-Java's JDBC catalog would put ``a.b``'s tables at ``<warehouse>/a/b/<topic>``, inside the
+location of table ``a.b``). :func:`namespace_problem` keeps every table of every namespace in its own folder,
+two levels below the warehouse, so that no location escapes the warehouse or lies inside another table's:
+
+- a namespace level holds only the characters a Kafka topic name may hold, the dot aside (which separates levels):
+  letters, digits, ``_`` and ``-``. Path separators (``/``, ``\\``), ``..`` and empty levels (a leading, trailing or
+  doubled dot), whitespace (pyiceberg strips it from levels), control characters and the characters a location URL
+  gives a meaning (``%``, ``?``, ``#``, ``:``) are refused: each could move the table's folder out of the warehouse
+  or into another table's, or give two values the same namespace;
+- at most 255 characters: the SQL catalog's namespace column, and the one folder name the namespace becomes;
+- the topic name (the table's name) is a Kafka topic name: ``[a-zA-Z0-9._-]``, never ``.`` or ``..``, and its
+  dots are part of the name (never levels): topic ``a.b`` in namespace ``x`` is the table ``a.b`` of namespace
+  ``x``, at ``<warehouse>/x/a.b``, another table in another folder than topic ``b`` in namespace ``x.a``
+  (``<warehouse>/x.a/b``). Both print as ``x.a.b``; Spark SQL reads that as the second, the first is
+  ``x.`a.b```.
+
+**Changes an existing table cannot follow** are refused by the broker's table checks (they read the catalog:
+:meth:`tabletopic.plugin_host.TableTopicHost.check_config_change`), with INVALID_CONFIG saying why: converters
+that would give a column another type, a ``transform.value.type`` that would lay the values out otherwise (``none``
+keeps them in ``_kafka_value``, ``flatten`` in top-level columns, ``flatten_debezium`` in top-level columns beside
+``_cdc``) once the table has value columns, and ``upsert.enable`` / ``cdc.field`` turned on for a table that holds
+rows written as appends (a key may have several rows there, and the broker does not rewrite a table to one row per
+key). Turning upserts and CDC off is accepted: the table becomes an append table (later records are added as rows,
+so a key may get several), and upserts cannot be turned on for it again.
+
+The broker's orphan-file removal never relies on these rules alone (tables created by other tools can be
+anywhere): it only looks inside a table's own ``data/`` and ``metadata/`` folders and leaves out the location of
+every other table of the catalog (:func:`coordinator.maintenance.orphan_candidates`).
 """
 
 from __future__ import annotations
@@ -116,6 +151,27 @@ class SchemaType(StrEnum):
 
 _LEGACY_OWNED = (CONVERT_VALUE_TYPE, CONVERT_KEY_TYPE, TRANSFORM_VALUE_TYPE)
 
+MAX_NAMESPACE_LENGTH = 255  # pyiceberg's SQL catalog column (VARCHAR(255)); the one folder the namespace becomes
+_LEVEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` (non-blank; dots separate its levels) cannot name a table topic's namespace, or None
+    (the rules and why: the module doc)."""
+    if len(namespace) > MAX_NAMESPACE_LENGTH:
+        return f"a namespace has at most {MAX_NAMESPACE_LENGTH} characters, this one {len(namespace)}"
+    bad = next((c for c in namespace if c != "." and c not in _LEVEL_CHARS), None)
+    if bad is not None:
+        what = (" (a path separator)" if bad in "/\\" else " (whitespace)" if bad.isspace()
+                else " (a control character)" if not bad.isprintable() else "")
+        return (f"it holds {bad!r}{what}: a namespace level holds only letters, digits, '_' and '-', and dots "
+                f"separate levels, so that the table's folder stays inside the warehouse and outside every other "
+                f"table's")
+    if any(not level for level in namespace.split(".")):
+        return ("it has an empty level (a leading, trailing or doubled dot, as in '..'): dots separate the levels "
+                "of a namespace, and each level needs a name")
+    return None
+
 
 @dataclass(frozen=True, slots=True)
 class NotBuilt:
@@ -196,6 +252,11 @@ def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: Broke
                 f"use the convert/transform settings alone",
             )
     value_type, key_type, transform = _converters(values)
+    namespace = typed_or_none(values, NAMESPACE, str)
+    if namespace is not None and namespace.strip():
+        problem = namespace_problem(namespace.strip())
+        if problem is not None:
+            raise _invalid(NAMESPACE, namespace, problem)
 
     if broker is not None and broker.converter_registry_url is None:
         for key, convert in ((CONVERT_VALUE_TYPE, value_type), (CONVERT_KEY_TYPE, key_type)):

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from configs import errors, model
 from configs import table_topic as tt
@@ -40,7 +44,8 @@ P = "automq.table.topic."
 SPEC: dict[str, tuple[Type, Any, str, str]] = {
     P + "enable": (Type.BOOLEAN, False, "true", "yes"),
     P + "commit.interval.ms": (Type.LONG, 60000, "900000", "900001"),
-    P + "namespace": (Type.STRING, None, "analytics", ""),  # any string is valid; "" sentinel skipped below
+    P + "namespace": (Type.STRING, None, "analytics", ""),  # any string parses ("" sentinel skipped below); the
+    # table topic rules refuse names that could move the table (test_namespaces_that_could_move_a_table_are_refused)
     P + "schema.type": (Type.STRING, "none", "schemaless", "avro"),
     P + "convert.value.type": (Type.STRING, "raw", "json", "avro"),
     P + "convert.key.type": (Type.STRING, "string", "raw", "bytes"),
@@ -528,3 +533,83 @@ def test_registry_client_settings_are_checked() -> None:
     with pytest.raises(InvalidConfigError, match=r"schema.registry.config.bogus: .*no such setting") as ei:
         BrokerConfig.from_properties({key + "bogus": "1"})
     assert ei.value.key == key + "bogus"
+
+
+# ---- table names and locations (configs.table_topic's module doc) --------------------------------------------
+
+BAD_NAMESPACES = [
+    # (namespace, what the message says)
+    ("x/y", "'/' (a path separator)"),
+    ("../../x", "'/' (a path separator)"),
+    ("x\\y", "'\\\\' (a path separator)"),
+    ("..", "an empty level"),
+    ("x..y", "an empty level"),
+    (".x", "an empty level"),
+    ("x.", "an empty level"),
+    ("x y", "' ' (whitespace)"),
+    ("x\ty", "'\\t' (whitespace)"),
+    ("x\x01y", "'\\x01' (a control character)"),
+    ("x%2Fy", "'%'"),
+    ("x?y", "'?'"),
+    ("x#y", "'#'"),
+    ("x:y", "':'"),
+    ("lac\u00e9", "'\u00e9'"),
+    ("n" * 256, "at most 255 characters"),
+]
+
+
+@pytest.mark.parametrize(("namespace", "why"), BAD_NAMESPACES)
+def test_namespaces_that_could_move_a_table_are_refused(namespace: str, why: str) -> None:
+    for check in (lambda: validate_topic_configs({P + "namespace": namespace}),
+                  lambda: TableTopicConfig.from_topic({P + "namespace": namespace}, NO_REGISTRY),
+                  lambda: TableTopicConfig.from_topic({}, BrokerConfig.from_properties({P + "namespace": namespace}))):
+        with pytest.raises(InvalidConfigError) as info:
+            check()
+        assert (info.value.key, info.value.value) == (P + "namespace", namespace.strip())
+        assert info.value.message.startswith(f"Invalid value {namespace.strip()} for configuration {P}namespace: ")
+        assert why in info.value.message, info.value.message
+        assert config_error(info.value).code is ErrorCode.INVALID_CONFIG
+
+
+@pytest.mark.parametrize("namespace", ["default", "x.y", "a.b.c", "Sales-EU_2", "n" * 255, "  lake  ", ""])
+def test_namespaces_accepted(namespace: str) -> None:
+    validate_topic_configs({P + "namespace": namespace})
+    cfg = TableTopicConfig.from_topic({P + "namespace": namespace}, NO_REGISTRY)
+    assert cfg.table_identifier("t") == ((*namespace.strip().split("."), "t") if namespace.strip() else ("t",))
+
+
+_TRICKY = "abXY09_-./\\%?#: \t\n\x00\x1f\u00e9"
+_namespaces = st.one_of(st.text(_TRICKY, max_size=10),
+                        st.sampled_from(["x/y", "../../x", "..", ".", "x.y", "x", "y", "x.y.t", "default"]))
+_topics = st.from_regex(r"[a-zA-Z0-9._-]{1,8}", fullmatch=True).filter(lambda t: t not in (".", ".."))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tables=st.lists(st.tuples(_namespaces, _topics | st.sampled_from(["y", "t", "a.b", "data", "metadata"])),
+                       min_size=2, max_size=5))
+def test_every_accepted_namespace_keeps_its_tables_in_their_own_folders(tables: list[tuple[str, str]]) -> None:
+    """Whatever namespaces and topics are accepted, the tables the broker creates for them (through the committer,
+    on a real SQL catalog) lie inside the warehouse, and no table's folder is or lies inside another's."""
+    from coordinator.committer import load_or_create_table
+    from coordinator.table import catalog_identifier
+    from tabletopic.catalog import broker_config, load_catalog, sql_catalog_properties
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = broker_config(None, {"log.dirs": tmp})
+        catalog = load_catalog(config, create=True)
+        assert catalog is not None
+        warehouse = os.path.realpath(urlsplit(sql_catalog_properties(config)["warehouse"]).path)
+        locations: dict[tuple[str, ...], str] = {}
+        for namespace, topic in tables:
+            try:
+                validate_topic_configs({P + "namespace": namespace})
+            except InvalidConfigError:
+                continue
+            cfg = TableTopicConfig.from_topic({P + "namespace": namespace}, config)
+            tbl = load_or_create_table(catalog, topic, cfg)
+            locations[catalog_identifier(topic, cfg)] = os.path.realpath(urlsplit(tbl.location()).path)
+        for ident, location in locations.items():
+            assert location.startswith(warehouse + os.sep), (ident, location)
+            for other, elsewhere in locations.items():
+                if other != ident:
+                    assert os.path.commonpath([location, elsewhere]) not in (location, elsewhere), (ident, other)
