@@ -390,3 +390,29 @@ def test_format_table() -> None:
     ]
     assert format_value(True) == "true"
     assert format_value((1, "x")) == "{1, x}"
+
+
+def test_tables_command_lists_nested_namespaces_and_survives_an_unreadable_table(tmp_path: Path,
+                                                                                  catalog: Catalog) -> None:
+    """Issue 22 item 6: tables of a namespace ``a.b.c`` are listed (pyiceberg lists one level of namespaces at a
+    time), and a table whose metadata file was deleted is listed as unreadable with its error, the others still
+    listed, exit code 1 (it was a traceback hiding every table)."""
+    create_topic_table(catalog, "orders")
+    append(catalog, "default.orders", make_rows(range(3)))
+    catalog.create_namespace(("a", "b", "c"))
+    deep = catalog.create_table(("a", "b", "c", "deep"), create_topic_table(catalog, "proto").schema())
+    deep.append(pa.Table.from_pylist(make_rows(range(4)), schema=schema_to_pyarrow(deep.schema())))
+    broken = create_topic_table(catalog, "broken")
+    Path(broken.metadata_location.removeprefix("file://")).unlink()
+    create_topic_table(catalog, "zlast")
+    props = write_properties(tmp_path / "server.properties", shipped_properties(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "tabletopic", "tables", "--config", str(props)],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    cells = {c[0]: c for c in ([x.strip() for x in ln.strip("|").split("|")] for ln in proc.stdout.splitlines()
+                               if ln.startswith("| ") and "." in ln.split("|")[1])}
+    assert cells["a.b.c.deep"][1:3] == ["4", "1"], cells
+    assert cells["default.orders"][1] == "3" and cells["default.zlast"][1] == "0", cells
+    assert cells["default.broken"][1:5] == ["NULL", "NULL", "NULL", "(unreadable)"], cells
+    assert "(!) table default.broken cannot be read: FileNotFoundError" in proc.stdout, proc.stdout

@@ -22,6 +22,7 @@ from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.errors import InvalidConfigError
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
 PROMPT = "tabletopic-sql> "
@@ -257,11 +258,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
-    """List the catalog's tables with their current snapshot (records, data and delete files; pyiceberg only: no
-    Spark, answers at once), and for a table topic's table the records in its dead-letter table."""
+    """List the catalog's tables, of every namespace (nested ones too), with their current snapshot (records, data
+    and delete files; pyiceberg only: no Spark, answers at once), and for a table topic's table the records in its
+    dead-letter table. A table that cannot be read is listed as such, its error below the list, and the exit code
+    is 1; the other tables are listed all the same."""
     try:
         config = load_config(args.config, args.override or [])
-        from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY, dead_letters_of
+        from coordinator.table import catalog_tables
         from tabletopic.catalog import CatalogUnavailableError, load_catalog
 
         try:
@@ -273,44 +276,75 @@ def cmd_tables(args: argparse.Namespace) -> int:
     except (CliError, InvalidConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows: list[tuple[Any, ...]] = []
-    problems: list[str] = []
-    dead_letters: dict[str, int] = {}  # table → records in its dead-letter table
-    for namespace in catalog.list_namespaces():
-        for identifier in catalog.list_tables(namespace):
-            table = catalog.load_table(identifier)
-            name = ".".join(identifier)
-            spec = spec_text(table)
-            problem = table.properties.get(PARTITION_BY_PROBLEM_PROPERTY)
-            if problem:
-                problems.append(f"{name}: {problem}")
-                spec += " (!)"
-            snapshot = table.current_snapshot()
-            owner = dead_letters_of(table)
-            if owner is not None:
-                dead_letters[name] = -1
-            if snapshot is None:
-                rows.append((name, 0, 0, 0, spec, None, None))
-                continue
-            summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-            committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
-            records = int(summary.get("total-records", 0))
-            rows.append((name, records, int(summary.get("total-data-files", 0)),
-                         int(summary.get("total-delete-files", 0)), spec, snapshot.snapshot_id,
-                         committed.isoformat(sep=" ", timespec="seconds")))
-            if owner is not None:
-                dead_letters[owner] = records
-    # a table's dead letters (records errors.tolerance skipped) beside it; "-" for the dead-letter tables themselves
-    rows = [(*row, "-" if dead_letters.get(row[0]) == -1 else dead_letters.get(row[0], 0)) for row in rows]
+    listing = _Listing()
+    try:
+        for identifier in catalog_tables(catalog):
+            listing.add(catalog, identifier)
+    except Exception as exc:  # the catalog itself failed mid-way: what was read is still shown
+        listing.unreadable.append(f"(!) the catalog could not be listed further: {type(exc).__name__}: {exc}")
+    rows = listing.rows()
     # delete files: what a reader applies on top of the data files (an upsert table's merged rounds leave them)
     print(format_table(["table", "records", "data files", "delete files", "partitioned by", "snapshot",
                         "committed at (UTC)", "dead letters"], rows))
-    for line in problems:  # a topic setting the broker could not apply: say so here, not only in its log
+    for line in listing.problems:  # a topic setting the broker could not apply: say so here, not only in its log
         print(f"(!) partition.by of {line}")
+    for line in listing.unreadable:
+        print(line)
     for line in maintenance_lines(config, [row[0] for row in rows]):
         print(line)
     print(spark_line(config))
-    return 0
+    return 1 if listing.unreadable else 0
+
+
+class _Listing:
+    """The rows of ``tabletopic tables`` as the tables are read: one bad table does not hide the others."""
+
+    def __init__(self) -> None:
+        self.table_rows: list[tuple[Any, ...]] = []
+        self.problems: list[str] = []
+        self.unreadable: list[str] = []
+        self.dead_letters: dict[str, int] = {}  # table → records in its dead-letter table; -1: a dead-letter table
+
+    def add(self, catalog: Catalog, identifier: tuple[str, ...]) -> None:
+        from coordinator.table import PARTITION_BY_PROBLEM_PROPERTY, dead_letters_of
+
+        name = ".".join(identifier)
+        try:
+            table = catalog.load_table(identifier)
+            spec = spec_text(table)
+        except Exception as exc:  # a missing or broken metadata file, an unreadable location, ...
+            self.table_rows.append((name, None, None, None, "(unreadable)", None, None))
+            self.unreadable.append(f"(!) table {name} cannot be read: {type(exc).__name__}: {exc}")
+            return
+        problem = table.properties.get(PARTITION_BY_PROBLEM_PROPERTY)
+        if problem:
+            self.problems.append(f"{name}: {problem}")
+            spec += " (!)"
+        snapshot = table.current_snapshot()
+        owner = dead_letters_of(table)
+        if owner is not None:
+            self.dead_letters[name] = -1
+        if snapshot is None:
+            self.table_rows.append((name, 0, 0, 0, spec, None, None))
+            return
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, tz=UTC)
+        records = int(summary.get("total-records", 0))
+        self.table_rows.append((name, records, int(summary.get("total-data-files", 0)),
+                                int(summary.get("total-delete-files", 0)), spec, snapshot.snapshot_id,
+                                committed.isoformat(sep=" ", timespec="seconds")))
+        if owner is not None:
+            self.dead_letters[owner] = records
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        """The table rows with their dead letters (records errors.tolerance skipped) beside them: "-" for the
+        dead-letter tables themselves, nothing for an unreadable table."""
+        def dead(row: tuple[Any, ...]) -> Any:
+            if row[1] is None:
+                return None
+            return "-" if self.dead_letters.get(row[0]) == -1 else self.dead_letters.get(row[0], 0)
+
+        return [(*row, dead(row)) for row in self.table_rows]
 
 
 def _utc(epoch_s: float) -> str:
@@ -415,10 +449,12 @@ examples:
   echo "SELECT count(*) FROM orders;" | tabletopic sql"""
 TABLES_SUMMARY = "list the Iceberg tables with their records, data files and last commit (no Spark)"
 TABLES_DESCRIPTION = """\
-List the Iceberg tables of the broker's catalog with their current snapshot:
-records, data files, snapshot id and commit time, and for a table topic's table
-the records in its dead-letter table (<table>_dlq: the records that
-errors.tolerance skipped) and its last automatic maintenance run (compaction,
+List the Iceberg tables of the broker's catalog (every namespace, nested ones
+too) with their current snapshot: records, data files, snapshot id and commit
+time (a table that cannot be read is listed as such, with its error below the
+list, and the exit code is 1), and for a table topic's table the records in
+its dead-letter table (<table>_dlq: the records that errors.tolerance
+skipped) and its last automatic maintenance run (compaction,
 expiry, orphan files); then the broker's Spark side process: its state (not
 started, starting, running, restarting after a failure, stopped idle, stopped),
 pids, restarts, last failure, spark.master and driver memory. Reads the catalog
