@@ -28,23 +28,10 @@ from kafka import KafkaProducer
 from tabletopic.readers import duckdb_connect, duckdb_scan
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.schema_topics import catalog, create_topic, registry_client, table_rows, wait_rows
+from tests.test_worker_support import RawHeaderKey
 
 TICK = {"type": "record", "name": "Tick",
         "fields": [{"name": "sym", "type": "string"}, {"name": "px", "type": "double"}]}
-
-
-class RawKey(str):
-    """A header key kafka-python's producer writes as ``raw`` (it sends ``key.encode("utf-8")``)."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> RawKey:
-        key = super().__new__(cls, raw.decode("latin-1"))
-        key.raw = raw
-        return key
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
 
 
 def plain(record: dict[str, Any]) -> bytes:
@@ -74,8 +61,9 @@ def test_framed_and_trailing_payloads_are_dead_letters_and_odd_header_keys_keep_
     create_topic(b, topic, 1, convert_value_type="by_latest_schema")
     # offsets 0-2: one batch (kafka-python, lingering), the middle record with the header key b"\xff"
     kp = KafkaProducer(bootstrap_servers=b.bootstrap, acks="all", linger_ms=200)
+    odd = [(RawHeaderKey(b"\xff"), b"x"), ("ok", b"2")]
     futures = [kp.send(topic, value=plain({"sym": "A", "px": 1.5}), headers=[("ok", b"1")]),
-               kp.send(topic, value=plain({"sym": "B", "px": 2.5}), headers=[(RawKey(b"\xff"), b"x"), ("ok", b"2")]),
+               kp.send(topic, value=plain({"sym": "B", "px": 2.5}), headers=odd),
                kp.send(topic, value=plain({"sym": "C", "px": 3.5}))]
     kp.flush(30)
     assert [f.get(30).offset for f in futures] == [0, 1, 2]

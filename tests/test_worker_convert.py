@@ -251,7 +251,7 @@ def test_invalid_utf8_skipped_and_dead_lettered(tolerance: ErrorsTolerance) -> N
     assert dead[0] == {"topic": "orders", "partition": 2, "offset": 105,
                        "timestamp": dt.datetime.fromtimestamp(recs[5][3] / 1000, dt.UTC), "key": b"k5",
                        "value": BAD_VALUE + b"5", "headers": [("why", b"bad")], "reason": REASON_INVALID_UTF8_VALUE,
-                       "schema_id": None, "detail": None}
+                       "schema_id": None, "detail": "the value is not UTF-8 text"}
     assert dead[1]["key"] == BAD_KEY
     assert dead[1]["reason"] == REASON_INVALID_UTF8_KEY
     # those below from_offset are in the dead-letter table already: left out
@@ -267,6 +267,7 @@ def test_invalid_utf8_blocks_with_tolerance_none() -> None:
     r = convert(buf, STRING, tolerance=ErrorsTolerance.NONE, dlq=DeadLetters("orders"))
     assert r.stats.blocked_offset == 105
     assert r.stats.blocked_reason == REASON_INVALID_UTF8_VALUE
+    assert r.stats.blocked_detail == "the value is not UTF-8 text"
     assert r.stats.next_offset == 105
     assert r.stats.records == 5
     assert [g["_kafka_metadata"]["offset"] for g in rows(r)] == [100, 101, 102, 103, 104]  # type: ignore[index]
@@ -396,3 +397,31 @@ def test_header_keys_that_are_not_utf8_keep_their_records(codec: int) -> None:
     struct.pack_into(">i", broken, HEADER_SIZE - 4, 5)
     r = convert(make_batch(json_records(2), base_offset=0) + broken, STRING, dlq=DeadLetters("t"))
     assert (r.stats.records, r.stats.skipped) == (2, {REASON_CORRUPT_BATCH: 5})
+
+
+def test_every_dead_letter_says_why_in_its_detail() -> None:
+    # the detail names the field and the cause (the converter's own words, else what the reason means): it was
+    # null for type mismatches, id_column_null, empty and undecodable values, reserved fields
+    from pyiceberg.types import DoubleType, LongType, NestedField
+
+    from configs.table_topic import TransformType
+    from coordinator.contract import ChangeMode
+
+    cfg = TableTopicConfig(convert_value_type=ConvertType.JSON, transform_value_type=TransformType.FLATTEN,
+                           id_columns=("id",), upsert_enable=True)
+    schema = Schema(*table_schema(cfg).fields, NestedField(901, "id", LongType(), required=False),
+                    NestedField(902, "px", DoubleType(), required=False))
+    recs = [(b"k0", b'{"id": 1, "px": 1.5}', [], 5), (b"k1", b'{"id": 2, "px": "abc"}', [], 6),
+            (b"k2", b'{"px": 2.5}', [], 7), (b"k3", b'{"id": 3, "_kafka_key": "x"}', [], 8),
+            (b"k4", b"[1, 2]", [], 9), (b"k5", b"{not json", [], 10)]
+    plan = ConversionPlan.build(schema, cfg, ErrorsTolerance.ALL, change=ChangeMode(("id",), None, upsert=True))
+    r = convert_records(bytes(make_batch(recs)), partition=0, start_offset=0, plan=plan,
+                        dead_letters=DeadLetters("t"))
+    dead = {d["offset"]: (d["reason"], d["detail"]) for d in dead_rows(r)}
+    assert set(dead) == {1, 2, 3, 4, 5} and r.stats.records == 1
+    assert dead[1] == ("json_type_mismatch_value", "field px: a JSON str its column's type double cannot hold")
+    assert dead[2] == ("id_column_null", "id column id is null in this record")
+    assert dead[3][0] == "reserved_field_value" and "_kafka_key" in dead[3][1]  # type: ignore[operator]
+    assert dead[4] == ("not_a_json_object_value", "the JSON value is not an object, so it has no fields to put in "
+                                                  "columns")
+    assert dead[5][0] == "invalid_json_value" and dead[5][1]

@@ -104,6 +104,21 @@ def json_records(n: int, *, start: int = 0, ts0: int = 1_700_000_000_000, header
     return out
 
 
+class RawHeaderKey(str):
+    """A record header key that kafka-python's batch builder and producer write as ``raw`` (they call
+    ``key.encode("utf-8")``): Kafka stores and serves any bytes as a header key, UTF-8 or not."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawHeaderKey:
+        key = super().__new__(cls, raw.decode("latin-1"))
+        key.raw = raw
+        return key
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
 # -- logs ------------------------------------------------------------------------------------------------------
 
 def open_log(root: Path, topic: str = "orders", partition: int = 0, **cfg: Any) -> PartitionLog:
