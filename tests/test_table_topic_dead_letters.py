@@ -285,6 +285,8 @@ def test_schema_ids_of_bad_confluent_records(reg_broker: BrokerProcess) -> None:
         (2, "unknown_schema_id_value", 99999, values[2]),
         (3, "truncated_header_value", None, values[3]),
     ]
+    assert "magic byte 0" in dead[0]["detail"] and "99999" in dead[1]["detail"]
+    assert "shorter than the 5-byte Confluent header" in dead[2]["detail"]
     assert sorted(r[1] for r in table_rows(b, topic)) == [0, 4]
 
 

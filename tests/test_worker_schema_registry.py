@@ -243,7 +243,11 @@ def test_conform_rows_names_the_rows_that_do_not_cast() -> None:
     with pytest.raises(ConformError):
         conform(source, target)
     values, bad = conform_rows(source, target)
-    assert bad == [1] and values.to_pylist() == [{"n": 1}, None, {"n": 3}]
+    assert list(bad) == [1] and values.to_pylist() == [{"n": 1}, None, {"n": 3}]
+    assert bad[1].startswith("field n: a value the column's type int32 cannot hold (Failed to parse string: 'x'")
+    nested = pa.array([{"s": {"n": "y"}}], pa.struct([("s", pa.struct([("n", pa.string())]))]))
+    _, bad = conform_rows(nested, pa.struct([pa.field("s", pa.struct([pa.field("n", pa.int32())]))]))
+    assert bad[0].startswith("field s.n: ")
 
 
 def test_scatter_puts_groups_back_in_row_order() -> None:

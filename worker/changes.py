@@ -194,17 +194,23 @@ def tombstone_changes(columns: Columns, mode: ChangeMode, rows: list[int]) -> tu
     return columns, {}
 
 
-def id_problems(table: pa.Table, mode: ChangeMode) -> dict[int, str]:
-    """Rows of ``table`` (fitted to the table's columns) that have no key: row → reason."""
+def id_problems(table: pa.Table, mode: ChangeMode, details: dict[int, str] | None = None) -> dict[int, str]:
+    """Rows of ``table`` (fitted to the table's columns) that have no key: row → reason; ``details`` gets row →
+    the id column at fault, in words."""
     out: dict[int, str] = {}
+    why: dict[int, str] = {} if details is None else details
     keys = mode.keys or ("_kafka_key",)  # an unresolved [_from_debezium_key_]: the key struct is not there yet
     for path in keys:
         values = _column(table, path) if mode.keys else None
         if values is None:
+            text = (f"the table has no id column {path}" if mode.keys
+                    else "the id columns of [_from_debezium_key_] are not known yet")
+            why.update(dict.fromkeys(range(table.num_rows), text))
             return dict.fromkeys(range(table.num_rows), REASON_ID_MISSING)
         if values.null_count:
             for i in pc.indices_nonzero(pc.is_null(values)).to_pylist():
-                out.setdefault(i, REASON_ID_NULL)
+                if i not in out:
+                    out[i], why[i] = REASON_ID_NULL, f"id column {path} is null in this record"
     return out
 
 

@@ -35,6 +35,7 @@ from worker.converters import RecordPart, converter
 from worker.converters.base import Stop
 from worker.decode import Decoded, decode, headers_array
 from worker.plan import LEGACY_TIMESTAMP, ConversionPlan
+from worker.reasons import describe
 from worker.transforms import Columns, value_transform
 
 REASON_CORRUPT_BATCH = "corrupt_batch"
@@ -62,6 +63,7 @@ class ConvertStats:
     skipped: dict[str, int] = field(default_factory=dict)  # skipped records by reason
     blocked_offset: int | None = None  # errors.tolerance=none: the offset of the record that blocks
     blocked_reason: str | None = None
+    blocked_detail: str | None = None  # the blocking record's reason in words (the dead-letter detail it would get)
     input_bytes: int = 0
     # a schema-driven converter stopped at next_offset: schema ids to fetch first, or a change the table needs
     missing_schemas: frozenset[int] = frozenset()
@@ -85,6 +87,7 @@ class _Kept:
     skipped: dict[str, int] = field(default_factory=dict)
     blocked_offset: int | None = None
     blocked_reason: str | None = None
+    blocked_detail: str | None = None
     dead_letters: pa.Table | None = None
 
 
@@ -102,7 +105,9 @@ def convert_records(
     dead-letter rows too.
     """
     d = decode(data, start_offset)
-    columns, timestamps, bad, dropped, stop = _record_columns(d, plan, partition)
+    details: dict[int, str] = {}
+    columns, timestamps, bad, dropped, stop = _record_columns(d, plan, partition, details)
+    explained = {d.offsets[i]: text for i, text in details.items()}  # by offset: rows are cut and renumbered below
     if stop is not None:
         columns, timestamps, bad = _cut(d, columns, timestamps, bad, stop.row)
         dropped = {i: r for i, r in dropped.items() if i < stop.row}
@@ -116,14 +121,18 @@ def convert_records(
     table = _fit(columns, plan.row_schema, len(d.offsets))
     table, timestamps, bad, left_out = _leave_out(d, table, timestamps, bad, dropped)
     if plan.change is not None:
-        bad = {**id_problems(table, plan.change), **bad}  # a reason the converters found first wins
+        why: dict[int, str] = {}
+        for i, reason in id_problems(table, plan.change, why).items():
+            if i not in bad:  # a reason the converters found first wins
+                bad[i] = reason
+                explained[d.offsets[i]] = why[i]
     kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
-                            dead_letters=dead_letters, plan=plan)
+                            dead_letters=dead_letters, plan=plan, explained=explained)
     max_ts = pc.max(kept.timestamps).as_py() if len(kept.timestamps) else None
     return ConvertResult(kept.table, ConvertStats(
         records=kept.table.num_rows, next_offset=kept.next_offset,
         max_timestamp=-1 if max_ts is None else int(max_ts), skipped=_count_left_out(kept, left_out),
-        blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason,
+        blocked_offset=kept.blocked_offset, blocked_reason=kept.blocked_reason, blocked_detail=kept.blocked_detail,
         input_bytes=len(data),
         missing_schemas=stop.missing_schemas if stop is not None and kept.blocked_offset is None else frozenset(),
         table_change=stop.table_change if stop is not None and kept.blocked_offset is None else None,
@@ -189,10 +198,11 @@ def _count_left_out(kept: _Kept, left_out: list[tuple[int, str]]) -> dict[str, i
     return skipped
 
 
-def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
+def _record_columns(d: Decoded, plan: ConversionPlan, partition: int, details: dict[int, str]
                     ) -> tuple[Columns, pa.Array, dict[int, str], dict[int, str], Stop | None]:
     """(the record columns by name, the timestamps, the reason per bad row: the first reason found wins, the
-    reason per dropped row that is not bad, the earliest row a converter stopped at)."""
+    reason per dropped row that is not bad, the earliest row a converter stopped at); the converters' details of
+    their bad rows go into ``details``."""
     n = len(d.offsets)
     timestamps = pa.array(d.timestamps, pa.int64())
     raw = {RecordPart.KEY: pa.array(d.keys, pa.large_binary()),
@@ -217,7 +227,10 @@ def _record_columns(d: Decoded, plan: ConversionPlan, partition: int
             out = converter(feed.converter).convert(raw[feed.part], feed.part, plan.context(feed))
             done = converted[(feed.part, feed.converter)] = out.values
             for row, reason in out.bad.items():
-                bad.setdefault(row, reason)
+                if row not in bad:
+                    bad[row] = reason
+                    if row in out.details:
+                        details[row] = out.details[row]
             for row, reason in out.dropped.items():
                 dropped.setdefault(row, reason)
             if out.stop is not None and (stop is None or out.stop.row < stop.row):
@@ -247,30 +260,40 @@ def _fit(columns: Columns, target: pa.Schema, n: int) -> pa.Table:
 
 def _apply_tolerance(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *,
                      tolerance: ErrorsTolerance, partition: int, dead_letters: DeadLetters | None,
-                     plan: ConversionPlan) -> _Kept:
+                     plan: ConversionPlan, explained: dict[int, str]) -> _Kept:
+    """``explained``: the converters' details of bad records, by offset (:func:`_detail`)."""
     if not bad and not d.corrupt:
         return _Kept(table, timestamps, d.next_offset)
     if tolerance is ErrorsTolerance.NONE:
-        return _stop_at_first_bad(table, timestamps, d, bad)
-    return _skip_bad(table, timestamps, d, bad, partition=partition, dead_letters=dead_letters, plan=plan)
+        return _stop_at_first_bad(table, timestamps, d, bad, explained)
+    return _skip_bad(table, timestamps, d, bad, partition=partition, dead_letters=dead_letters, plan=plan,
+                     explained=explained)
 
 
-def _stop_at_first_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str]) -> _Kept:
+def _detail(reason: str, offset: int, explained: dict[int, str]) -> str:
+    """Why the record at ``offset`` is bad, in words: the converter's own detail, else what ``reason`` means."""
+    return explained.get(offset) or describe(reason)
+
+
+def _stop_at_first_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str],
+                       explained: dict[int, str]) -> _Kept:
     """``errors.tolerance=none``: keep the rows before the first bad record or undecodable batch."""
     cut = min(bad) if bad else len(d.offsets)
     if d.rows_before_corrupt is not None and d.rows_before_corrupt <= cut:
         cut = d.rows_before_corrupt
         blocked_offset = d.corrupt[0][0]
         blocked_reason = f"{REASON_CORRUPT_BATCH} ({d.corrupt[0][3]})"
+        blocked_detail = describe(REASON_CORRUPT_BATCH)
     else:
         blocked_offset = d.offsets[cut]
         blocked_reason = bad[cut]
+        blocked_detail = _detail(bad[cut], blocked_offset, explained)
     return _Kept(table.slice(0, cut), timestamps.slice(0, cut), blocked_offset, blocked_offset=blocked_offset,
-                 blocked_reason=blocked_reason)
+                 blocked_reason=blocked_reason, blocked_detail=blocked_detail)
 
 
 def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *, partition: int,
-              dead_letters: DeadLetters | None, plan: ConversionPlan) -> _Kept:
+              dead_letters: DeadLetters | None, plan: ConversionPlan, explained: dict[int, str]) -> _Kept:
     """``errors.tolerance=invalid_data|all``: drop the bad rows, count them by reason, keep them as dead letters."""
     bad_rows = sorted(bad)
     if bad_rows:
@@ -287,7 +310,8 @@ def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, 
         skipped[REASON_CORRUPT_BATCH] = skipped.get(REASON_CORRUPT_BATCH, 0) + count
     rows = None
     if dead_letters is not None:
-        rows = _dead_letter_rows(dead_letters, partition=partition, d=d, bad=bad, bad_rows=bad_rows, plan=plan)
+        rows = _dead_letter_rows(dead_letters, partition=partition, d=d, bad=bad, bad_rows=bad_rows, plan=plan,
+                                 explained=explained)
     return _Kept(table, timestamps, d.next_offset, skipped, dead_letters=rows)
 
 
@@ -299,7 +323,7 @@ def _header_schema_id(raw: bytes | None) -> int | None:
 
 
 def _dead_letter_rows(dead_letters: DeadLetters, *, partition: int, d: Decoded, bad: dict[int, str],
-                      bad_rows: list[int], plan: ConversionPlan) -> pa.Table | None:
+                      bad_rows: list[int], plan: ConversionPlan, explained: dict[int, str]) -> pa.Table | None:
     """The skipped records of the chunk at ``dead_letters.from_offset`` and after, by offset (None if none).
 
     ``schema_id`` is the Confluent header's id of the part the reason names (``..._key`` → the key, else the
@@ -320,7 +344,7 @@ def _dead_letter_rows(dead_letters: DeadLetters, *, partition: int, d: Decoded, 
         rows["reason"].append(reason)
         raw = d.keys[i] if part == "key" else d.values[i]
         rows["schema_id"].append(_header_schema_id(raw) if part in by_id else None)
-        rows["detail"].append(None)
+        rows["detail"].append(_detail(reason, d.offsets[i], explained))
     for base, _count, raw_batch, err in d.corrupt:
         if base < dead_letters.from_offset:
             continue

@@ -141,7 +141,12 @@ def needed_change(table_schema: Schema, column: str | None, record: IcebergType)
 
 
 class ConformError(ValueError):
-    """Values that cannot be cast to the table's column type."""
+    """Values that cannot be cast to the table's column type; ``path``: the struct fields down to the values that
+    failed (empty: the values themselves), ``why``: the cause."""
+
+    def __init__(self, why: str, path: tuple[str, ...] = ()) -> None:
+        super().__init__(f"field {'.'.join(path)}: {why}" if path else why)
+        self.why, self.path = why, path
 
 
 def _flat_children(arr: pa.StructArray) -> dict[str, pa.Array]:
@@ -171,7 +176,7 @@ def conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
             if not pa.types.is_struct(arr.type):
                 raise ConformError(f"a {arr.type} cannot become {target}")
             have = _flat_children(arr)
-            children = [conform(have[f.name], f.type) if f.name in have else pa.nulls(len(arr), f.type)
+            children = [_conform_field(have[f.name], f) if f.name in have else pa.nulls(len(arr), f.type)
                         for f in target]
             return pa.StructArray.from_arrays(children, fields=list(target), mask=_validity(arr))
         if pa.types.is_list(target) or pa.types.is_large_list(target):
@@ -195,22 +200,31 @@ def conform(arr: pa.Array, target: pa.DataType) -> pa.Array:
             raise ConformError(f"a {arr.type} cannot become {target}")
         return arr.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise ConformError(str(e)) from e
+        raise ConformError(f"a value the column's type {target} cannot hold ({e})") from e
 
 
-def conform_rows(arr: pa.Array, target: pa.DataType) -> tuple[pa.Array, list[int]]:
-    """:func:`conform`, with the rows whose values cannot be cast set to null and returned."""
+def _conform_field(arr: pa.Array, f: pa.Field) -> pa.Array:
+    """A struct field's values conformed; a failure names the field (its path, for nested ones)."""
     try:
-        return conform(arr, target), []
+        return conform(arr, f.type)
+    except ConformError as e:
+        raise ConformError(e.why, (f.name, *e.path)) from e
+
+
+def conform_rows(arr: pa.Array, target: pa.DataType) -> tuple[pa.Array, dict[int, str]]:
+    """:func:`conform`, with the rows whose values cannot be cast set to null and returned with why (the field
+    path and Arrow's reason, e.g. ``field value: Failed to parse string: 'abc' as a scalar of type double``)."""
+    try:
+        return conform(arr, target), {}
     except ConformError:
         pass
-    bad: list[int] = []
+    bad: dict[int, str] = {}
     pieces: list[pa.Array] = []
     for i in range(len(arr)):
         try:
             pieces.append(conform(arr.slice(i, 1), target))
-        except ConformError:
-            bad.append(i)
+        except ConformError as e:
+            bad[i] = str(e)
             pieces.append(pa.nulls(1, target))
     return (pa.concat_arrays(pieces) if pieces else pa.nulls(0, target)), bad
 

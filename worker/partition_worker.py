@@ -410,7 +410,7 @@ class PartitionWorker:
             code = CommitCode.BLOCKED
             stats = flushed.blocked.stats
             error = (f"table topic {self.topic} partition {self.partition} is blocked at offset "
-                     f"{stats.blocked_offset}: {stats.blocked_reason} "
+                     f"{stats.blocked_offset}: {stats.blocked_reason} ({stats.blocked_detail}) "
                      f"(errors.tolerance=none; set automq.table.topic.errors.tolerance to skip bad records)")
         elif error is None and next_offset < hw:
             code = CommitCode.MORE_DATA

@@ -85,9 +85,11 @@ class JsonConverter:
         values, mismatched = conform_rows(shaped.values, target)
         bad.update(out.bad)
         bad.update(shaped.bad)
-        for i in mismatched:
-            bad.setdefault(i, f"json_type_mismatch_{suffix}")
-        return ConvertedColumn(values, bad)
+        details = dict(out.details)
+        for i, why in mismatched.items():
+            if i not in bad:
+                bad[i], details[i] = f"json_type_mismatch_{suffix}", why
+        return ConvertedColumn(values, bad, details=details)
 
 
 JSON = register(JsonConverter())

@@ -143,8 +143,9 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
         for j, reason in {**out.bad, **shaped.bad}.items():
             bad[rows[j]] = reason
         details.update((rows[j], detail) for j, detail in out.details.items())
-        for j in mismatched:
-            bad.setdefault(rows[j], f"{REASON_TYPE_MISMATCH}_{suffix}")
+        for j, why in mismatched.items():
+            if rows[j] not in bad:
+                bad[rows[j]], details[rows[j]] = f"{REASON_TYPE_MISMATCH}_{suffix}", why
         dropped.update((rows[j], reason) for j, reason in shaped.dropped.items() if rows[j] not in bad)
         parts.append((rows, values))
     return ConvertedColumn(scatter(n, parts, target), bad, stop, dropped, details)

@@ -763,4 +763,23 @@ def decode(payloads: pa.Array, cols: JsonColumns, suffix: str) -> ConvertedColum
     if finish.bad:  # values the finish step refused: their rows become null, and it runs again without them
         bad.update(dict.fromkeys(finish.bad, reasons.mismatch))
         out = _Finish().run(_null_rows(read, finish.bad), cols.jtype, column, None)
-    return ConvertedColumn(out, dict(sorted(bad.items())))
+    misfits = [i for i, reason in bad.items() if reason == reasons.mismatch]
+    details = {i: mismatch_detail(texts[i].as_py(), cols.arrow_type) for i in misfits}
+    return ConvertedColumn(out, dict(sorted(bad.items())), details=details)
+
+
+def mismatch_detail(text: str | None, target: pa.DataType) -> str:
+    """Which top-level field of the JSON ``text`` its column (of ``target``, a struct) cannot hold, in words; for
+    the dead-letter row of a ``json_type_mismatch`` record (error path: parses the one payload again)."""
+    try:
+        doc = json.loads(text) if text is not None else None
+    except (ValueError, RecursionError):
+        doc = None
+    if isinstance(doc, dict) and pa.types.is_struct(target):
+        for f in target:
+            if f.name in doc and doc[f.name] is not None:
+                try:
+                    pa.array([doc[f.name]], f.type)
+                except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                    return f"field {f.name}: a JSON {type(doc[f.name]).__name__} its column's type {f.type} cannot hold"
+    return "a field holds a JSON value its column's type cannot hold"

@@ -1,0 +1,60 @@
+"""What each bad-data reason means, in words: the dead-letter table's ``detail`` when a converter gave no detail of
+its own for the row (pure; pool side).
+
+Reasons are ``<reason>_<part>`` (``_key`` / ``_value``: the record part at fault) or a reason of the whole record
+(``id_column_null``, ``corrupt_batch``, ...). The text names the cause and, where there is one, the setting or
+the producer change that fixes it; it never holds payload bytes (the dead-letter row keeps those as they are).
+"""
+
+from __future__ import annotations
+
+_SUFFIXES = ("_key", "_value")
+
+_MEANING = {
+    "null": "the {part} is null: there is no Confluent header (magic byte 0, 4-byte schema id) to read",
+    "empty": "the {part} is empty: there is no Confluent header (magic byte 0, 4-byte schema id) to read",
+    "wrong_magic_byte": "the {part} does not start with the Confluent magic byte 0: not written by a Confluent "
+                        "serializer (for plain payloads use convert.{part}.type=by_latest_schema)",
+    "truncated_header": "the {part} is shorter than the 5-byte Confluent header (magic byte 0, 4-byte schema id)",
+    "bad_message_indexes": "the Protobuf message indexes after the {part}'s Confluent header do not decode or name "
+                           "no message of the schema",
+    "unknown_schema_id": "the schema registry has no schema with the id in the {part}'s Confluent header",
+    "unsupported_schema": "the {part}'s schema cannot be a table column (see the broker log for the schema id and "
+                          "why)",
+    "type_mismatch": "a field of the {part} holds a value its table column's type cannot hold",
+    "json_type_mismatch": "a field of the JSON {part} holds a value its table column's type cannot hold",
+    "invalid_json": "the {part} is not UTF-8 JSON text",
+    "not_a_json_object": "the JSON {part} is not an object, so it has no fields to put in columns",
+    "json_unsupported_column": "a table column has a type JSON cannot fill (binary, decimal, fixed): the table was "
+                               "changed outside the broker",
+    "reserved_field": "the flattened {part} has a field named like a record column (_kafka_header, _kafka_key, "
+                      "_kafka_metadata), which it cannot replace",
+    "undecodable_avro": "the {part} does not decode with its Avro schema",
+    "undecodable_protobuf": "the {part} does not decode as its Protobuf message",
+    "trailing_bytes": "bytes are left over after the {part} decoded with its schema",
+    "confluent_framed": "the {part} starts with a Confluent header (magic byte 0, schema id) on a by_latest_schema "
+                        "topic, which reads plain payloads: use convert.{part}.type=by_schema_id",
+    "invalid_utf8": "the {part} is not UTF-8 text",
+    "debezium_bad_op": "the Debezium event's op is not c, r, u or d (a truncate or message event has no row)",
+    "debezium_no_after": "the Debezium create/read/update event has no after row",
+    "debezium_no_before": "the Debezium delete event has no before row",
+}
+
+_WHOLE_RECORD = {
+    "id_column_null": "an id column (id.columns) is null in this record: an upsert/CDC row needs every id column",
+    "id_column_missing": "the table has no column named by id.columns",
+    "cdc_field_not_text": "the cdc.field value is not text (a struct, list, map or bytes that are not UTF-8)",
+    "corrupt_batch": "the record batch does not decode",
+}
+
+
+def describe(reason: str) -> str:
+    """The meaning of ``reason`` in words (the reason itself when it is not known here)."""
+    if reason in _WHOLE_RECORD:
+        return _WHOLE_RECORD[reason]
+    for suffix in _SUFFIXES:
+        base = reason.removesuffix(suffix)
+        if base != reason and base in _MEANING:
+            return _MEANING[base].format(part=suffix[1:])
+    meaning = _MEANING.get(reason)
+    return meaning.format(part="value") if meaning is not None else reason
