@@ -111,7 +111,8 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Env:
     root = tmp_path_factory.mktemp("spark-service")
     props = {**shipped_properties(root), "spark.driver.memory": DRIVER_MEMORY,
-             "spark.sql.shuffle.partitions": "3", "spark.sql.session.timeZone": "UTC"}
+             "spark.sql.shuffle.partitions": "3", "spark.sql.session.timeZone": "UTC",
+             "spark.sql.caseSensitive": "false"}
     config = BrokerConfig.from_properties(props)
     catalog = load_catalog(config, create=True)
     assert catalog is not None
@@ -339,6 +340,8 @@ def test_sql_returns_plain_rows_with_the_brokers_spark_settings(env: Env, servic
     assert all(type(r) is tuple and type(r[1]) is tuple for r in rows)  # no pyspark Row in the broker
     assert service.sql("SET spark.sql.shuffle.partitions") == [("spark.sql.shuffle.partitions", "3")]
     assert service.sql("SET spark.sql.session.timeZone") == [("spark.sql.session.timeZone", "UTC")]
+    # ... except what the operations need: column names told apart by case, as Iceberg does (Dup is not dup)
+    assert service.sql("SET spark.sql.caseSensitive") == [("spark.sql.caseSensitive", "true")]
     # a Spark limitation, not the service's: Spark SQL cannot read a table with a time column at all
     with pytest.raises(SparkOperationError, match="Spark does not support time fields"):
         service.sql("SELECT count(*) FROM default.evolve")
