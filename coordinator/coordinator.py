@@ -103,7 +103,7 @@ from coordinator.table import (
     same_path,
 )
 from coordinator.table_writer import TableWriter
-from tabletopic.faults import crash_point
+from tabletopic.faults import crash_point, fail_point
 from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,9 @@ class RoundReport:
     delete_files: int = -1  # delete files in the table after the round (its snapshot summary); -1 unknown
     rewrite: Mapping[str, int] | None = None  # the round rewrote the table: what it compacted (MergeResult.rewrite)
     rewrite_refused: str | None = None  # asked to rewrite the table, the round merged: why (MergeResult)
+    # partitions behind their high watermark whose rounds do not move them: partition → (state, why), state
+    # ``blocked`` (a record it stops at) or ``failing`` (its writes fail); an IDLE report repeats the last round's
+    stuck: Mapping[int, tuple[str, str]] = field(default_factory=dict)
 
 
 class MergeError(RuntimeError):
@@ -193,6 +196,7 @@ class _Answers:
     more_data: tuple[int, ...]
     blocked: tuple[int, ...]
     settled: tuple[tuple[int, ...], dict[int, int]] | None  # see TableTopicCoordinator._settled
+    stuck: dict[int, tuple[str, str]] = field(default_factory=dict)  # see RoundReport.stuck
 
     @property
     def new_offsets(self) -> dict[int, int]:
@@ -221,13 +225,15 @@ class _Answers:
         return min(marks) if marks else -1
 
     def report_fields(self) -> _ReportFields:
-        return {"timed_out": self.timed_out, "more_data": self.more_data, "blocked": self.blocked}
+        return {"timed_out": self.timed_out, "more_data": self.more_data, "blocked": self.blocked,
+                "stuck": self.stuck}
 
 
 class _ReportFields(TypedDict):
     timed_out: tuple[int, ...]
     more_data: tuple[int, ...]
     blocked: tuple[int, ...]
+    stuck: dict[int, tuple[str, str]]
 
 
 class TableTopicCoordinator:
@@ -308,6 +314,7 @@ class TableTopicCoordinator:
         self._next_due = 0.0
         # (partitions, high watermarks) of the last settled round: while they are unchanged there is nothing to do
         self._settled: tuple[tuple[int, ...], dict[int, int]] | None = None
+        self._stuck: dict[int, tuple[str, str]] = {}  # the last round's RoundReport.stuck (IDLE reports repeat it)
         self._force_round = True  # settings or partitions changed: the next round runs even if nothing is new
         self._last_report_at = 0.0  # loop time of the last report to on_round
         self._last_offsets: dict[int, int] = {}
@@ -484,8 +491,9 @@ class TableTopicCoordinator:
         period = max(self._interval_s(), IDLE_REPORT_S)
         now = loop.time()
         if now - self._last_report_at >= period:
-            self.delay_ms = 0  # everything up to the high watermarks is in the table
-            self._report(RoundReport(RoundOutcome.IDLE, offsets=self._last_offsets), now)
+            if not self._stuck:
+                self.delay_ms = 0  # everything up to the high watermarks is in the table
+            self._report(RoundReport(RoundOutcome.IDLE, offsets=self._last_offsets, stuck=self._stuck), now)
         timeout = self._last_report_at + period - now
         assert self._settled is not None and self._partition_log is not None
         logs = [plog for p in self._settled[0] if (plog := self._partition_log(p)) is not None]
@@ -746,16 +754,20 @@ class TableTopicCoordinator:
         for r in accepted.values():
             if r.table_change is not None:
                 self.schema_changes.add(r.table_change)
-        return _Answers(accepted, timed_out, more, blocked, settled)
+        stuck = {p: ("blocked" if r.code is CommitCode.BLOCKED else "failing", r.error or "no reason given")
+                 for p, r in collected.responses.items()
+                 if r.error is not None and r.code in (CommitCode.BLOCKED, CommitCode.NONE, CommitCode.MORE_DATA)}
+        return _Answers(accepted, timed_out, more, blocked, settled, stuck)
 
     async def _close_idle(self, rnd: _Round, answers: _Answers) -> RoundReport:
         """Nothing new (no files, no offset moved): COMMITTED without a snapshot."""
         await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))
         self._remember(rnd.commit_id, ())
-        if not answers.timed_out:
+        if not answers.timed_out and not answers.stuck:
             self.delay_ms = 0  # everything up to the high watermarks is in the table
         self.last_round_duration_ms = (time.perf_counter() - rnd.t0) * 1000
         self._settled = answers.settled
+        self._stuck = answers.stuck
         return RoundReport(RoundOutcome.IDLE, rnd.commit_id, offsets=rnd.table_offsets, **answers.report_fields())
 
     async def _pre_commit(self, rnd: _Round, answers: _Answers) -> _Round:
@@ -824,6 +836,7 @@ class TableTopicCoordinator:
                 raise MergeError(f"table topic {self.topic}: upserts need a merger (the broker's Spark side "
                                  "process), and none is configured")
             crash_point("coordinator-before-merge")
+            fail_point("coordinator-merge", self.topic)
             merged = await asyncio.shield(asyncio.to_thread(
                 self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys,
                                                       rewrite=self._rewrite_wanted(_total_files_size(rnd.table)))))
@@ -861,7 +874,8 @@ class TableTopicCoordinator:
         self.fields_committed += fields
         self.last_commit_duration_ms = result.commit_ms
         watermark = answers.watermark
-        if not answers.timed_out:  # a partial round must not make the table look fresher than it is
+        self._stuck = answers.stuck
+        if not answers.timed_out and not answers.stuck:  # a partial round must not make it look fresher
             self.delay_ms = max(0, self._now_ms() - watermark) if watermark >= 0 else 0
         round_ms = (time.perf_counter() - rnd.t0) * 1000
         self.last_round_duration_ms = round_ms

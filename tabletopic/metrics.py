@@ -43,6 +43,7 @@ COMMIT_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 ROUND_COMMITTED = "committed"  # every partition answered, files committed
 ROUND_PARTIAL = "partial"  # timed out: what arrived was committed, the watermark did not move
 ROUND_EMPTY = "empty"  # nothing to commit
+ROUND_BLOCKED = "blocked"  # nothing committed: a partition behind its high watermark is blocked
 ROUND_FAILED = "failed"  # commit failed (safe to retry)
 ROUND_UNKNOWN = "unknown"  # commit state unknown (the table must be re-read)
 
@@ -253,8 +254,19 @@ class TableTopicMetrics:
         self._duration.labels(topic=topic).observe(duration_s)
         self._count_round(topic, result)
 
+    def hold_watermark(self, topic: str) -> None:
+        """A round that left a partition behind its high watermark (blocked, failing) or failed: the watermark
+        stays where it is, so the delay grows; a topic without one yet gets it now (its delay then grows from
+        the first round that could not commit, and an alert on it can fire)."""
+        with self._lock:
+            if topic in self._watermarks:
+                return
+            self._watermarks[topic] = float(_now_ms())
+            for gauge in (self._delay, self._delay_ms):
+                gauge.labels(topic=topic).set_function(partial(self._delay_of, topic))
+
     def record_round(self, topic: str, result: str) -> None:
-        """Count a commit round that committed nothing (``empty``, ``failed``, ``unknown``)."""
+        """Count a commit round that committed nothing (``empty``, ``blocked``, ``failed``, ``unknown``)."""
         self._count_round(topic, result)
 
     def _count_round(self, topic: str, result: str) -> None:

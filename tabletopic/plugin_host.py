@@ -16,7 +16,9 @@ keeps the table, as AutoMQ does.
 
 It also registers a config check with the broker (:meth:`TableTopicHost.check_config_change`): converter settings
 that would give an existing table's ``_kafka_key`` / ``_kafka_value`` another type are refused, since Iceberg
-cannot change a column's type and the table would silently keep the old one.
+cannot change a column's type and the table would silently keep the old one; so are a value transform that would
+lay the values out otherwise and upserts or CDC turned on for a table holding appended rows (the list:
+:mod:`configs.table_topic`).
 
 CPU-heavy work (decoding, Arrow, Parquet) runs in a process pool shared by all workers, never on the event
 loop.
@@ -30,6 +32,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
@@ -48,6 +51,8 @@ from configs.table_topic import (
     ICEBERG_AUTO_CREATE_PROPERTIES,
     ID_COLUMNS,
     SCHEMA_TYPE,
+    TRANSFORM_VALUE_TYPE,
+    UPSERT_ENABLE,
     SchemaType,
     TableTopicConfig,
 )
@@ -56,16 +61,19 @@ from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordin
 from coordinator.maintenance import TableMaintenance
 from coordinator.merge import MergeRequest, MergeResult
 from coordinator.table import (
+    appends_conflict,
     catalog_identifier,
     cdc_field_conflict,
     converter_conflicts,
     format_version_conflict,
     id_columns_conflict,
+    value_layout_conflict,
 )
 from coordinator.table_writer import TableUpdate
 from tabletopic.errors import InvalidConfigError
-from tabletopic.metrics import TableTopicMetrics
+from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
 from tabletopic.spark_service import SparkOperationError, SparkService
+from tabletopic.table_status import TableStatus
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
 from worker.pool import new_pool
@@ -87,6 +95,7 @@ class _TableTopic:
     workers: dict[int, PartitionWorker] = field(default_factory=dict)
     busy_seen: dict[int, tuple[float, float]] = field(default_factory=dict)  # partition -> (monotonic s, busy ms)
     maintenance: TableMaintenance | None = None  # compaction and maintenance beside the rounds
+    status: TableStatus | None = None  # its stuck partitions, for `tabletopic tables`
 
 
 class TableTopicHost:
@@ -174,7 +183,8 @@ class TableTopicHost:
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
         """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have, a
-        ``cdc.field`` that holds no text in it and a ``format-version`` it is not (blocking: reads the catalog).
+        ``cdc.field`` that holds no text in it, a ``format-version`` it is not, a value transform that would lay
+        its values out otherwise and upserts or CDC turned on over appended rows (blocking: reads the catalog).
 
         Looks at the table only when the settings that decide its columns, its name or its key change, or when the
         table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
@@ -186,11 +196,15 @@ class TableTopicHost:
             return
         table, conflicts = converter_conflicts(self._catalog, topic, cfg)
         if not conflicts:
-            for key, check in ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict),
-                               (ICEBERG_AUTO_CREATE_PROPERTIES, format_version_conflict)):
+            layout_key = SCHEMA_TYPE if cfg.schema_type is not SchemaType.NONE else TRANSFORM_VALUE_TYPE
+            checks = ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict),
+                      (ICEBERG_AUTO_CREATE_PROPERTIES, format_version_conflict),
+                      (layout_key, partial(value_layout_conflict, before=before)),
+                      (UPSERT_ENABLE if cfg.upsert_enable else CDC_FIELD, partial(appends_conflict, before=before)))
+            for key, check in checks:
                 table, problem = check(self._catalog, topic, cfg)
                 if problem is not None:
-                    value = new.get(key) or ",".join(f"{k}={v}" for k, v in cfg.iceberg_auto_create_properties)
+                    value = new.get(key) or _effective_value(key, cfg)
                     raise InvalidConfigError(f"Invalid value {value} for configuration {key}: the table "
                                              f"{table} already exists and {problem}")
             return
@@ -293,7 +307,8 @@ class TableTopicHost:
             table_writer=None if self.spark is None else SparkTableWriter(self.spark),
             rewrite_wanted=maintenance.take_round_rewrite,
         )
-        tt = _TableTopic(topic, self._config_of(info), channel, coord)
+        tt = _TableTopic(topic, self._config_of(info), channel, coord,
+                         status=TableStatus(state_dir, ".".join(catalog_identifier(topic, self._config_of(info)))))
         holder["tt"] = tt
         await coord.start()
         for p in range(info.partitions):
@@ -344,18 +359,34 @@ class TableTopicHost:
                 tt.maintenance.note_idle()
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
+        if tt is not None and tt.status is not None:
+            tt.status.update(report.stuck, (report.error or "failed") if report.outcome is RoundOutcome.FAILED
+                             else None)
+        self._record_outcome(topic, report)
+
+    def _record_outcome(self, topic: str, report: RoundReport) -> None:
+        """The round counters and the watermark behind ``kafka_tabletopic_delay``."""
+        m = self._metrics
+        failed = report.outcome is RoundOutcome.FAILED
+        # a stuck partition holds the table's watermark where it is: the delay grows until it moves again
+        stuck = bool(report.stuck)
+        if stuck or failed:
+            m.hold_watermark(topic)
         if report.outcome is RoundOutcome.COMMITTED:
-            partial = bool(report.timed_out or report.blocked)
+            partial = bool(report.timed_out or report.blocked or stuck)
             m.record_commit(topic, records=report.records, files=report.files, bytes_written=report.bytes,
                             fields=report.fields, duration_s=report.commit_ms / 1000,
-                            watermark_ms=None if report.watermark < 0 else report.watermark,
+                            watermark_ms=None if report.watermark < 0 or stuck else report.watermark,
                             result="partial" if partial else "committed")
-        elif report.outcome is RoundOutcome.IDLE:
+        elif report.outcome is RoundOutcome.IDLE and not stuck:
             # nothing new below any high watermark: the table is as fresh as the log
             m.record_commit(topic, records=0, files=0, bytes_written=0, fields=0, duration_s=0.0,
                             watermark_ms=int(time.time() * 1000), result="empty")
+        elif report.outcome is RoundOutcome.IDLE:
+            m.record_round(topic, ROUND_BLOCKED if any(s == "blocked" for s, _ in report.stuck.values())
+                           else ROUND_FAILED)
         else:
-            m.record_round(topic, "failed" if report.outcome is RoundOutcome.FAILED else "unknown")
+            m.record_round(topic, "failed" if failed else "unknown")
 
     def _observe_busy(self, topic: str) -> None:
         """Each worker's share of the pool's wall time since the last round (AutoMQ's worker busy ratio)."""
@@ -417,10 +448,19 @@ class SparkTableWriter:
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
-    """What decides the table's name, converter columns, key, op field and format version."""
+    """What decides the table's name, converter columns, value layout, key, upserts, op field and format
+    version."""
     return (catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns,
-            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field,
+            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field, cfg.upsert_enable,
             dict(cfg.iceberg_auto_create_properties).get(FORMAT_VERSION))
+
+
+def _effective_value(key: str, cfg: TableTopicConfig) -> str:
+    """``key``'s value in ``cfg`` when the topic's overrides do not set it (a broker default, or implied)."""
+    if key == ICEBERG_AUTO_CREATE_PROPERTIES:
+        return ",".join(f"{k}={v}" for k, v in cfg.iceberg_auto_create_properties)
+    return {TRANSFORM_VALUE_TYPE: str(cfg.transform_value_type), SCHEMA_TYPE: str(cfg.schema_type),
+            UPSERT_ENABLE: "true"}.get(key, "")
 
 
 def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:

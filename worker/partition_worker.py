@@ -62,6 +62,7 @@ from worker.convert import DeadLetters
 from worker.converters.base import RecordPart
 from worker.formats.base import RegistrySchema
 from worker.plan import ConversionPlan, latest_subjects
+from worker.reasons import error_text, is_outage
 from worker.schema_source import RegistryUnavailableError, SchemaSource
 from worker.task import TaskResult, convert_and_write, dead_letter_target, delete_uncommitted
 from worker.writer import APPEND, MERGE, WriteTarget
@@ -111,6 +112,7 @@ class _Flushed:
     error: str | None = None  # a system error: nothing is handed over
     table_change: str | None = None  # the last chunk stops at a record the table must be evolved for
     waiting: str | None = None  # the last chunk stops at a record whose schema the registry did not give yet
+    failed: bool = False  # ``error`` is no outage: the partition is blocked until new records or a settings change
 
 
 class PartitionWorker:
@@ -386,14 +388,17 @@ class PartitionWorker:
             self._chunks = [*taken, *self._chunks]  # stop() discards them
             raise
         except Exception as e:
-            # a system error (I/O, broken pool): hand nothing over, start the range again next round
-            error = f"{type(e).__name__}: {e}"
-            self._conditions.log("write-failed", logging.ERROR, "%s: writing offsets %d.. for commit %s failed: %s",
-                                 self.name, x, req.commit_id, error, state=(x, error), exc_info=e)
+            # hand nothing over, start the range again: next round after an outage (storage, the pool), else (the
+            # same records fail the same way every time) once new records or a settings change come
+            error = error_text(e)
+            outage = is_outage(e)
+            self._conditions.log("write-failed", logging.ERROR, "%s: writing offsets %d.. for commit %s failed%s: %s",
+                                 self.name, x, req.commit_id, "" if outage else " (not an outage: blocked)", error,
+                                 state=(x, error), exc_info=e)
             rest, self._chunks = self._chunks, []
             await self._discard([*taken, *rest], "round failed")
             self._written_to = self._position
-            return _Flushed([], error=error)
+            return _Flushed([], error=error, failed=not outage)
 
     def _response(self, req: CommitRequest, mine: PartitionOffset, hw: int, target: WriteTarget,
                   flushed: _Flushed) -> CommitResponse:
@@ -412,6 +417,11 @@ class PartitionWorker:
             error = (f"table topic {self.topic} partition {self.partition} is blocked at offset "
                      f"{stats.blocked_offset}: {stats.blocked_reason} ({stats.blocked_detail}) "
                      f"(errors.tolerance=none; set automq.table.topic.errors.tolerance to skip bad records)")
+        elif flushed.failed:
+            code = CommitCode.BLOCKED
+            error = (f"table topic {self.topic} partition {self.partition} cannot convert the records from offset "
+                     f"{mine.offset}: {error} (not bad data a converter could name, not an outage: tried again when "
+                     f"records or settings change; please report it)")
         elif error is None and next_offset < hw:
             code = CommitCode.MORE_DATA
         return CommitResponse(

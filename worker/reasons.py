@@ -8,6 +8,12 @@ the producer change that fixes it; it never holds payload bytes (the dead-letter
 
 from __future__ import annotations
 
+import re
+from concurrent.futures import BrokenExecutor
+
+ERROR_TEXT_MAX = 300
+_QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" + r'|b?"(?:[^"\\]|\\.)*"')
+
 _SUFFIXES = ("_key", "_value")
 
 _MEANING = {
@@ -58,3 +64,18 @@ def describe(reason: str) -> str:
             return _MEANING[base].format(part=suffix[1:])
     meaning = _MEANING.get(reason)
     return meaning.format(part="value") if meaning is not None else reason
+
+
+def error_text(exc: BaseException) -> str:
+    """``exc`` as one line for logs and the partition's state, without record contents: quoted text (where Arrow
+    and Python put the values they failed on, payload bytes included) becomes ``'…'``; at most
+    :data:`ERROR_TEXT_MAX` characters."""
+    text = _QUOTED.sub("'…'", " ".join(str(exc).split()))
+    line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return line if len(line) <= ERROR_TEXT_MAX else line[: ERROR_TEXT_MAX - 1] + "…"
+
+
+def is_outage(exc: BaseException) -> bool:
+    """True for what a retry may cure (storage I/O, memory, a broken or timed-out conversion pool); anything else
+    a conversion raises fails the same way on the same records."""
+    return isinstance(exc, (OSError, MemoryError, TimeoutError, BrokenExecutor))

@@ -25,6 +25,7 @@ from coordinator.contract import (
     FileRange,
     dead_letter_location,
 )
+from tabletopic.faults import fail_point
 from worker.changes import last_change_per_key
 from worker.convert import ConvertStats, DeadLetters, convert_records, fit_table
 from worker.plan import ConversionPlan
@@ -105,6 +106,7 @@ def convert_and_write(
     exceptions propagate.
     """
     t0 = time.perf_counter()
+    fail_point("worker-convert", target.location.rstrip("/").rpartition("/")[2])
     converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset, plan=plan,
                                 dead_letters=dead_letters[0] if dead_letters else None)
     t1 = time.perf_counter()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from configs.model import BrokerConfig
 from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.errors import InvalidConfigError
+from tabletopic.table_status import status_lines
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -292,6 +293,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
         print(line)
     for line in maintenance_lines(config, [row[0] for row in rows]):
         print(line)
+    for line in status_lines(config.log_dir / "__tables", [row[0] for row in rows]):
+        print(line)
     print(spark_line(config))
     return 1 if listing.unreadable else 0
 
@@ -454,8 +457,9 @@ too) with their current snapshot: records, data files, snapshot id and commit
 time (a table that cannot be read is listed as such, with its error below the
 list, and the exit code is 1), and for a table topic's table the records in
 its dead-letter table (<table>_dlq: the records that errors.tolerance
-skipped) and its last automatic maintenance run (compaction,
-expiry, orphan files); then the broker's Spark side process: its state (not
+skipped), its last automatic maintenance run (compaction,
+expiry, orphan files) and, marked (!), the partitions that are not keeping up
+(blocked or failing, since when and why) or its failing rounds; then the broker's Spark side process: its state (not
 started, starting, running, restarting after a failure, stopped idle, stopped),
 pids, restarts, last failure, spark.master and driver memory. Reads the catalog
 with pyiceberg (no Spark), so it answers at once. Give the same --config and
