@@ -394,7 +394,7 @@ class PartitionWorker:
             outage = is_outage(e)
             self._conditions.log("write-failed", logging.ERROR, "%s: writing offsets %d.. for commit %s failed%s: %s",
                                  self.name, x, req.commit_id, "" if outage else " (not an outage: blocked)", error,
-                                 state=(x, error), exc_info=e)
+                                 state=(x, error), exc_info=e if outage else None)  # tracebacks hold values
             rest, self._chunks = self._chunks, []
             await self._discard([*taken, *rest], "round failed")
             self._written_to = self._position

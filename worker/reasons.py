@@ -12,6 +12,8 @@ import re
 from concurrent.futures import BrokenExecutor
 
 ERROR_TEXT_MAX = 300
+_PACKAGES = ("worker", "coordinator", "tabletopic", "configs")
+_FRAMES = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" + r'|b?"(?:[^"\\]|\\.)*"')
 
 _SUFFIXES = ("_key", "_value")
@@ -67,12 +69,42 @@ def describe(reason: str) -> str:
 
 
 def error_text(exc: BaseException) -> str:
-    """``exc`` as one line for logs and the partition's state, without record contents: quoted text (where Arrow
-    and Python put the values they failed on, payload bytes included) becomes ``'…'``; at most
-    :data:`ERROR_TEXT_MAX` characters."""
+    """``exc`` as one line for logs and the partition's state, without record contents (so no traceback, whose
+    messages hold them too): quoted text (where Arrow and Python put the values they failed on, payload bytes
+    included) becomes ``'…'``, then where it was raised (``at convert.py:245 in _fit``; a pool task's remote
+    traceback is read for it); at most :data:`ERROR_TEXT_MAX` characters."""
     text = _QUOTED.sub("'…'", " ".join(str(exc).split()))
     line = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return line if len(line) <= ERROR_TEXT_MAX else line[: ERROR_TEXT_MAX - 1] + "…"
+    if len(line) > ERROR_TEXT_MAX:
+        line = line[: ERROR_TEXT_MAX - 1] + "…"
+    where = _raised_at(exc)
+    return f"{line} ({where})" if where else line
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``at <file>:<line> in <function>`` of the innermost frame of this project's code (else the innermost one;
+    a process pool's error: its remote traceback's)."""
+    if exc.__cause__ is not None and _FRAMES.search(str(exc.__cause__)):
+        frames = [(path, int(line), func) for path, line, func in _FRAMES.findall(str(exc.__cause__))]
+    else:
+        frames = []
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            frames.append((code.co_filename, tb.tb_lineno, code.co_name))
+            tb = tb.tb_next
+    if not frames:
+        return ""
+    ours = [f for f in frames if any(f"/{pkg}/" in f[0] for pkg in _PACKAGES)]
+    path, line, func = (ours or frames)[-1]
+    where = path.replace("\\", "/")
+    for pkg in _PACKAGES:  # the path from the package on (worker/convert.py), else the file name
+        if f"/{pkg}/" in where:
+            where = f"{pkg}/{where.rsplit(f'/{pkg}/', 1)[1]}"
+            break
+    else:
+        where = where.rsplit("/", 1)[-1]
+    return f"at {where}:{line} in {func}"
 
 
 def is_outage(exc: BaseException) -> bool:
