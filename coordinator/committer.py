@@ -83,6 +83,7 @@ from coordinator import metadata_copies  # noqa: F401 (commits cost what a table
 from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
 from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (
+    APPENDED_PROPERTY,
     COMMIT_ID_PROPERTY,
     DEAD_LETTERS_OF_PROPERTY,
     OFFSETS_PROPERTY,
@@ -460,6 +461,8 @@ def _round_properties(tbl: Table, rc: RoundCommit) -> tuple[dict[str, str], tupl
     props = {OFFSETS_PROPERTY: encode_offsets(offsets), COMMIT_ID_PROPERTY: rc.commit_id}
     if rc.topic_id is not None:
         props[TOPIC_ID_PROPERTY] = rc.topic_id
+    if rc.merge is None and rc.data_files:  # rows appended: a key may have several (coordinator.table)
+        props[APPENDED_PROPERTY] = "true"
     removed: tuple[str, ...] = ()
     if rc.dead_letter_files:
         props[PENDING_DEAD_LETTERS_PROPERTY] = PendingDeadLetters(

@@ -15,6 +15,10 @@ append (see :mod:`coordinator.committer`), so they are exactly as durable and as
 ``partition.by`` is not applied, while it is not (a value stored before the config checks refused it), for
 ``tabletopic tables`` and anyone reading the table.
 
+``tabletopic.rows-appended`` says that a round appended rows (an append table topic's round; an upsert/CDC round
+merges instead), so that a key may have several rows: upserts are not turned on for such a table
+(:func:`appends_conflict`).
+
 Dead letters (records ``errors.tolerance`` skipped) go to the topic's dead-letter table ``<table>_dlq``
 (:func:`dead_letter_identifier`), marked by ``tabletopic.dead-letters-of`` (the main table's name). The main
 table's commit decides which records are dead letters: it names the round's dead-letter files in
@@ -43,8 +47,17 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.types import PrimitiveType
 
-from configs.table_schema import KEY, VALUE, cdc_field_problem, column_list, id_columns_problem, table_schema
-from configs.table_topic import FORMAT_VERSION, TableTopicConfig
+from configs.table_schema import (
+    HEADER,
+    KEY,
+    METADATA,
+    VALUE,
+    cdc_field_problem,
+    column_list,
+    id_columns_problem,
+    table_schema,
+)
+from configs.table_topic import FORMAT_VERSION, TableTopicConfig, TransformType
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
@@ -56,6 +69,9 @@ SUMMARY_COMMIT_ID = "tabletopic.commit-id"
 SUMMARY_WATERMARK = "tabletopic.watermark"
 PARTITION_BY_PROPERTY = "tabletopic.partition-by"
 PARTITION_BY_PROBLEM_PROPERTY = "tabletopic.partition-by.problem"
+# set by every round that appended rows (an append table's round; never an upsert/CDC round's merge): a key may
+# have several rows in the table, so upserts cannot be turned on for it (appends_conflict)
+APPENDED_PROPERTY = "tabletopic.rows-appended"
 DEAD_LETTERS_OF_PROPERTY = "tabletopic.dead-letters-of"  # on a dead-letter table: the main table's dotted name
 PENDING_DEAD_LETTERS_PROPERTY = "tabletopic.dead-letters.pending"  # on the main table
 
@@ -206,6 +222,85 @@ def format_version_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig)
     return name, (f"it is format version {have}, not {asked} (auto-create properties apply when the broker creates "
                   f"the table): {change} (with enable=false; turning it on again creates it), or leave "
                   f"{FORMAT_VERSION} out")
+
+
+CDC_COLUMN = "_cdc"  # flatten_debezium's column beside the row's (worker.transforms.debezium.CDC)
+LEGACY_COLUMNS = ("key", "value", "timestamp")  # schema.type=schemaless
+_LAYOUTS = {
+    "legacy": "in the legacy key, value and timestamp columns (schema.type=schemaless)",
+    TransformType.NONE: f"in its {VALUE} column",
+    TransformType.FLATTEN: "flattened into top-level columns",
+    TransformType.FLATTEN_DEBEZIUM: f"Debezium rows in top-level columns beside {CDC_COLUMN}",
+}
+
+
+def _value_layout(cfg: TableTopicConfig) -> str:
+    return "legacy" if cfg.legacy_columns else str(cfg.transform_value_type)
+
+
+def _table_layout(columns: set[str]) -> str | None:
+    """How a table holds the record values, by its columns (None: no value column yet, as before the first records
+    of a JSON or schema-registry converter)."""
+    if VALUE in columns:
+        return TransformType.NONE
+    if set(LEGACY_COLUMNS) <= columns:
+        return "legacy"
+    if CDC_COLUMN in columns:
+        return TransformType.FLATTEN_DEBEZIUM
+    return TransformType.FLATTEN if columns - {HEADER, KEY, METADATA} else None
+
+
+def value_layout_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig, before: TableTopicConfig | None
+                          ) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and why it cannot take ``cfg``'s value transform (None: the
+    transform is ``before``'s, the table does not exist or has no value column yet, or holds its values the way
+    ``cfg`` would): ``none`` keeps a value in ``_kafka_value``, ``flatten`` and ``flatten_debezium`` in top-level
+    columns (beside ``_cdc``), and the new layout's columns would be added beside the old ones."""
+    ident = catalog_identifier(topic, cfg)
+    name = ".".join(ident)
+    want = _value_layout(cfg)
+    if (before is not None and _value_layout(before) == want) or not catalog.table_exists(ident):
+        return name, None
+    columns = [f.name for f in catalog.load_table(ident).schema().fields]
+    have = _table_layout(set(columns))
+    if have is None or have == want:
+        return name, None
+    shown = [c for c in columns if c not in (HEADER, KEY, METADATA)]
+    listed = ", ".join(shown[:4]) + (", ..." if len(shown) > 4 else "")
+    return name, (f"its values are {_LAYOUTS[have]} ({listed}); with {want} they would be {_LAYOUTS[want]}, beside "
+                  f"those: the broker does not change an existing table's column layout. Create a new topic, or drop "
+                  f"the table (with enable=false; turning it on again creates it anew from the topic's log start)")
+
+
+def _records(tbl: Table) -> int:
+    """The rows of the table's current snapshot (its summary's ``total-records``; 1 when it does not say)."""
+    snapshot = tbl.current_snapshot()
+    if snapshot is None:
+        return 0
+    summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    return int(summary.get("total-records", 1))
+
+
+def appends_conflict(catalog: Catalog, topic: str, cfg: TableTopicConfig, before: TableTopicConfig | None
+                     ) -> tuple[str, str | None]:
+    """The table ``cfg`` writes to (dotted name) and why upserts or CDC cannot be turned on for it (None: ``cfg``
+    has neither, ``before`` had them already, or the table does not exist or is empty): it holds rows written as
+    appends, so a key may have several rows, and the broker does not rewrite a table to one row per key. A topic
+    created over an existing table (``before`` None) is refused only when a round appended rows to it
+    (:data:`APPENDED_PROPERTY`): the table of a deleted upsert topic takes upserts again. Turning upserts off is
+    never refused: the table becomes an append table."""
+    ident = catalog_identifier(topic, cfg)
+    name = ".".join(ident)
+    if not cfg.delta_write or (before is not None and before.delta_write) or not catalog.table_exists(ident):
+        return name, None
+    tbl = catalog.load_table(ident)
+    records = _records(tbl)
+    if records == 0 or (before is None and tbl.properties.get(APPENDED_PROPERTY) != "true"):
+        return name, None
+    rows = f"{records} row{'s' if records != 1 else ''}"
+    return name, (f"it holds {rows} written as appends: a key may have several, which upserts would keep for good "
+                  f"(the broker does not rewrite a table to one row per key). Use a new topic, or set enable=false, "
+                  f"drop the table and turn it on again with upserts (it is created anew from the topic's log start)")
 
 
 def committed_offsets(tbl: Table) -> dict[int, int]:

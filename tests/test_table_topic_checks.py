@@ -11,12 +11,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from pyiceberg.schema import Schema
 
 from tabletopic.cli import kafka_configs, kafka_topics
 from tests.helpers.procs import BrokerProcess, free_port
@@ -363,7 +365,8 @@ def test_a_cdc_field_that_cannot_hold_an_op_is_refused(broker: BrokerProcess, fi
 
 
 def test_a_cdc_field_checked_against_the_existing_table(broker: BrokerProcess) -> None:
-    """Columns the records decide (JSON flattened): the table the records made is what counts."""
+    """Columns the records decide (JSON flattened): the table the records made is what counts (and its rows, written
+    as appends, keep CDC off: test_upserts_turned_on_over_appended_rows_are_refused)."""
     t = unique("cdc")
     create(broker, t, 1, enable="true", commit_interval_ms="300", convert_value_type="json",
            transform_value_type="flatten")
@@ -373,9 +376,9 @@ def test_a_cdc_field_checked_against_the_existing_table(broker: BrokerProcess) -
     deadline = time.monotonic() + 60
     while True:
         tbl = catalog(broker).load_table(f"default.{t}") if catalog(broker).table_exists(f"default.{t}") else None
-        if tbl is not None and "op" in tbl.schema().column_names:
+        if tbl is not None and "op" in tbl.schema().column_names and tbl.current_snapshot() is not None:
             break
-        assert time.monotonic() < deadline, "no table with an op column"
+        assert time.monotonic() < deadline, "no table with an op column and the row"
         time.sleep(0.2)
     client = AdminClient({"bootstrap.servers": broker.bootstrap})
     for validate_only in (True, False):
@@ -384,8 +387,12 @@ def test_a_cdc_field_checked_against_the_existing_table(broker: BrokerProcess) -
         assert err.code() == KafkaError.INVALID_CONFIG, err
         assert f"Invalid value op for configuration {P}cdc.field: the table default.{t} already exists and " \
                "column op is a struct, not text" in err.str(), err.str()
-    incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "op.code"}).result(timeout=30)
-    incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": "kind"}).result(timeout=30)
+    # text fields pass the column check; this table's rows were appended, though, so CDC is not turned on for it
+    for field in ("op.code", "kind"):
+        err = admin_error(incremental_set(client, t, True, **{P + "id.columns": "[id]", P + "cdc.field": field}))
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value {field} for configuration {P}cdc.field: the table default.{t} already exists and it " \
+               "holds 1 row written as appends" in err.str(), err.str()
 
 
 # ---- iceberg.auto-create.properties: applied as given, or refused ------------------------------------------
@@ -434,3 +441,150 @@ def test_a_format_version_the_existing_table_is_not_is_refused(broker: BrokerPro
                "it is format version 2, not 3" in err.str(), err.str()
     incremental_set(client, t, **{AC: "format-version=2,write.parquet.compression-codec=snappy"}).result(timeout=30)
     incremental_set(client, t, **{AC: "write.parquet.compression-codec=snappy"}).result(timeout=30)
+
+
+# ---- names that would move a table's files (issue 22 item 6) ------------------------------------------------
+
+NS = P + "namespace"
+
+
+@pytest.mark.parametrize(("namespace", "why"), [("x/y", "'/' (a path separator)"),
+                                                ("../../x", "'/' (a path separator)"),
+                                                ("x..y", "an empty level")])
+def test_namespaces_that_would_move_the_table_are_refused(broker: BrokerProcess, capsys: pytest.CaptureFixture[str],
+                                                          namespace: str, why: str) -> None:
+    """INVALID_CONFIG naming key and value, at creation (validate-only too) and when altered, through confluent-kafka
+    and the project's kafka-topics; ``../../x`` reached the catalog and came back as UNKNOWN_SERVER_ERROR."""
+    t = unique("ns")
+    settings = {P + "enable": "true", NS: namespace}
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for validate_only in (True, False):
+        err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)], validate_only=validate_only)[t])
+        assert err.code() == KafkaError.INVALID_CONFIG, err
+        assert f"Invalid value {namespace} for configuration {NS}: it " in err.str() and why in err.str(), err.str()
+    code, text = cli(capsys, kafka_topics.main, broker.bootstrap, "--create", "--topic", t, "--config",
+                     f"{NS}={namespace}")
+    assert code != 0 and f"Invalid value {namespace} for configuration {NS}" in text, text
+    client.create_topics([NewTopic(t, 1, 1)])[t].result(timeout=30)
+    err = admin_error(incremental_set(client, t, **settings))
+    assert err.code() == KafkaError.INVALID_CONFIG and f"{NS}: it " in err.str() and why in err.str(), err.str()
+
+
+# ---- changes of the value layout and of upserts on an existing table (issue 22 item 9) -----------------------
+
+
+def _wait_for_column(b: BrokerProcess, topic: str, column: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        cat = catalog(b)
+        if cat.table_exists(("default", topic)) and column in cat.load_table(("default", topic)).schema().column_names:
+            return
+        assert time.monotonic() < deadline, f"no column {column} in default.{topic}"
+        time.sleep(0.2)
+
+
+def test_a_transform_that_would_lay_the_values_out_otherwise_is_refused(broker: BrokerProcess) -> None:
+    """flatten → none on a flattened table would start a _kafka_value column beside the value's columns, none →
+    flatten the value's fields beside _kafka_value: refused once the table has value columns (before, accepted)."""
+    flat, plain = unique("flat"), unique("plain")
+    json_value = {P + "enable": "true", P + "commit.interval.ms": "300", P + "convert.value.type": "json"}
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for fut in client.create_topics([NewTopic(flat, 1, 1, config={**json_value, P + "transform.value.type": "flatten"}),
+                                     NewTopic(plain, 1, 1, config=json_value)]).values():
+        fut.result(timeout=30)
+    _wait_for_column(broker, plain, "_kafka_metadata")
+    # no value column yet (the records decide it): any transform is accepted
+    incremental_set(client, plain, True, **{P + "transform.value.type": "flatten"}).result(timeout=30)
+    produce(broker, flat, 3)
+    produce(broker, plain, 3)
+    _wait_for_column(broker, flat, "amount")
+    _wait_for_column(broker, plain, "_kafka_value")
+    for topic, value, have in ((flat, "none", "flattened into top-level columns"),
+                               (plain, "flatten", "in its _kafka_value column")):
+        for validate_only in (True, False):
+            err = admin_error(incremental_set(client, topic, validate_only, **{P + "transform.value.type": value}))
+            assert err.code() == KafkaError.INVALID_CONFIG, err
+            assert (f"Invalid value {value} for configuration {P}transform.value.type: the table default.{topic} "
+                    f"already exists and its values are {have}") in err.str(), err.str()
+            assert "(id, name, amount)" in err.str() or topic == plain, err.str()
+            assert "does not change an existing table's column layout. Create a new topic" in err.str(), err.str()
+    assert "_kafka_value" not in catalog(broker).load_table(("default", flat)).schema().column_names
+    # a topic created over the kept table cannot ask for another layout either
+    client.delete_topics([flat])[flat].result(timeout=30)
+    time.sleep(0.5)
+    err = admin_error(client.create_topics([NewTopic(flat, 1, 1, config=json_value)])[flat])
+    assert err.code() == KafkaError.INVALID_CONFIG and "flattened into top-level columns" in err.str(), err.str()
+
+
+def test_upserts_turned_on_over_appended_rows_are_refused(broker: BrokerProcess) -> None:
+    """upsert.enable (or cdc.field) on a table holding appended rows would leave a key's several rows for good:
+    refused, also after upserts were turned off and rows appended, and for a topic created over such a table;
+    turning upserts off is accepted (the table becomes an append table), as is turning them on while the table is
+    empty."""
+    t = unique("ups")
+    keyed = {P + "id.columns": "[_kafka_key]"}
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    create(broker, t, 1, enable="true", commit_interval_ms="300", convert_value_type="string", upsert_enable="true",
+           id_columns="[_kafka_key]")
+    _wait_for_column(broker, t, "_kafka_value")  # created empty: nothing merged, no Spark needed
+    incremental_set(client, t, **{P + "upsert.enable": "false"}).result(timeout=30)  # off: accepted
+    incremental_set(client, t, True, **{P + "upsert.enable": "true"}).result(timeout=30)  # still empty
+    assert produce(broker, t, 4) == 4
+    wait_for_table(broker, t, 4)
+    tbl = catalog(broker).load_table(("default", t))
+    assert tbl.properties["tabletopic.rows-appended"] == "true"
+    for key, value in ((P + "upsert.enable", "true"), (P + "cdc.field", "_kafka_value")):
+        for validate_only in (True, False):
+            err = admin_error(incremental_set(client, t, validate_only, **keyed, **{key: value}))
+            assert err.code() == KafkaError.INVALID_CONFIG, err
+            assert (f"Invalid value {value} for configuration {key}: the table default.{t} already exists and it "
+                    f"holds 4 rows written as appends") in err.str(), err.str()
+            assert "Use a new topic" in err.str() and "enable=false, drop the table" in err.str(), err.str()
+    (fut,) = client.describe_configs([ConfigResource("topic", t)]).values()
+    assert fut.result(timeout=30)[P + "upsert.enable"].value == "false"
+    # a topic created again over the kept table
+    client.delete_topics([t])[t].result(timeout=30)
+    time.sleep(0.5)
+    settings = {P + "enable": "true", P + "convert.value.type": "string", P + "upsert.enable": "true", **keyed}
+    err = admin_error(client.create_topics([NewTopic(t, 1, 1, config=settings)])[t])
+    assert err.code() == KafkaError.INVALID_CONFIG and "rows written as appends" in err.str(), err.str()
+
+
+def test_value_layouts_told_apart_by_the_table_columns(tmp_path: Path) -> None:
+    """The layouts a table can hold its values in, by its columns (a real SQLite catalog; flatten_debezium needs a
+    schema registry, so not end to end here): _kafka_value (none), top-level columns (flatten), top-level columns
+    beside _cdc (flatten_debezium), the legacy key/value/timestamp; a table without value columns takes any."""
+    from pyiceberg.types import IcebergType, LongType, NestedField, StringType, StructType
+
+    from configs.table_schema import table_schema
+    from configs.table_topic import ConvertType, SchemaType, TableTopicConfig, TransformType
+    from coordinator.table import value_layout_conflict
+    from tabletopic.catalog import broker_config, load_catalog
+
+    cat = load_catalog(broker_config(None, {"log.dirs": str(tmp_path)}), create=True)
+    assert cat is not None
+    cat.create_namespace("default")
+    json_cfg = TableTopicConfig(namespace="default", convert_value_type=ConvertType.JSON)
+    configs = {"none": json_cfg, "flatten": replace(json_cfg, transform_value_type=TransformType.FLATTEN),
+               "flatten_debezium": replace(json_cfg, convert_value_type=ConvertType.BY_SCHEMA_ID,
+                                           transform_value_type=TransformType.FLATTEN_DEBEZIUM),
+               "legacy": TableTopicConfig(namespace="default", schema_type=SchemaType.SCHEMALESS,
+                                          convert_value_type=ConvertType.STRING)}
+    fixed = list(table_schema(json_cfg).fields)
+    top = 1000
+    cdc = StructType(NestedField(999, "op", StringType()))
+    extra: dict[str, list[tuple[str, IcebergType]]] = {
+        "empty": [], "none": [("_kafka_value", StringType())], "flatten": [("id", LongType())],
+        "flatten_debezium": [("id", LongType()), ("_cdc", cdc)]}
+    for name, columns in extra.items():
+        fields = [*fixed, *(NestedField(top + i, c, t, required=False) for i, (c, t) in enumerate(columns))]
+        cat.create_table(("default", name), Schema(*fields))
+    cat.create_table(("default", "legacy"), table_schema(configs["legacy"]))
+    for table in ("empty", *extra, "legacy"):
+        for layout, cfg in configs.items():
+            _, problem = value_layout_conflict(cat, table, cfg, None)
+            assert (problem is None) == (table in ("empty", layout)), (table, layout, problem)
+            assert value_layout_conflict(cat, table, cfg, cfg)[1] is None, "no change: the table is not read"
+    _, problem = value_layout_conflict(cat, "flatten_debezium", configs["flatten"], None)
+    assert problem is not None and problem.startswith("its values are Debezium rows in top-level columns beside "
+                                                      "_cdc (id, _cdc); with flatten they would be flattened"), problem

@@ -303,17 +303,20 @@ def test_delete_files_bring_compaction_forward(broker: BrokerProcess, spark: Any
 
 
 def test_upserts_turned_on_for_an_append_table(broker: BrokerProcess, spark: Any) -> None:
-    """An append table topic switched to upserts keyed by the record key (``id.columns=[_kafka_key]``): the rows
-    it had stay, later records replace the row with their key. The table is partitioned by a column outside the
-    key (the value's first letter): an update moves the row to another table partition, and the merge still finds
-    and removes the old one (AutoMQ's equality deletes would not: they reach one partition only)."""
+    """An append table topic switched to upserts keyed by the record key (``id.columns=[_kafka_key]``) while its
+    table is still empty (once it holds appended rows the switch is refused: tests/test_table_topic_checks.py):
+    the table gets the merge properties, later records replace the row with their key. The table is partitioned
+    by a column outside the key (the value's first letter): an update moves the row to another table partition,
+    and the merge still finds and removes the old one (AutoMQ's equality deletes would not: they reach one
+    partition only)."""
     topic = "kv_switch"
     create(broker, topic, 1, convert_value_type="string", partition_by="[truncate(_kafka_value, 1)]")
-    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
-    for i in range(5):
-        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
-    assert p.flush(30) == 0
-    appended = wait_committed(broker, topic, 120)
+    deadline = time.monotonic() + 60
+    while not catalog(broker).table_exists(("default", topic)):  # created at the table topic's start, empty
+        assert time.monotonic() < deadline, "no table"
+        time.sleep(0.2)
+    appended = catalog(broker).load_table(("default", topic))
+    assert appended.current_snapshot() is None
     with appended.transaction() as tx:  # as a table created before the broker named its codec
         tx.remove_properties("write.parquet.compression-codec")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -322,6 +325,11 @@ def test_upserts_turned_on_for_an_append_table(broker: BrokerProcess, spark: Any
     for fut in admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values():
         fut.result(30)
     time.sleep(1.5)  # the next rounds run under the new settings
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for i in range(5):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+    assert p.flush(30) == 0
+    wait_committed(broker, topic, 120)
     for i in (1, 3, 7, 3):
         p.produce(topic, key=f"k{i}".encode(), value=f"w{i}".encode())
     assert p.flush(30) == 0
