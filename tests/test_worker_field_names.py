@@ -32,7 +32,8 @@ JSON_NAMES = st.one_of(st.sampled_from([*LEGACY, "Dup", "dup", "a.b", "a b", "we
                        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
                        ).filter(lambda n: n not in RESERVED)
 AVRO_NAMES = st.one_of(st.sampled_from([*LEGACY, "Dup", "dup", "_", "_kafka_keys"]),
-                       st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)).filter(lambda n: n not in RESERVED)
+                       st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True),
+                       ).filter(lambda n: n not in RESERVED)
 CONFIGS = {"json": TableTopicConfig(convert_value_type=ConvertType.JSON, transform_value_type=TransformType.FLATTEN),
            "avro": TableTopicConfig(convert_value_type=ConvertType.BY_SCHEMA_ID,
                                     transform_value_type=TransformType.FLATTEN)}
