@@ -199,7 +199,7 @@ def resolve_partition_field(schema: Schema, pf: PartitionField, raw: str | None 
     column (the available ones are listed) or a transform that does not apply to the column's type.
     """
     value = raw if raw is not None else str(pf)
-    source = _find_column(schema, pf.source_path)
+    source = column_named(schema, pf.source)  # a top-level a.b before field b of struct a, as id.columns resolve
     if source is None:
         raise InvalidConfigError.invalid_value(
             PARTITION_BY_KEY, value,

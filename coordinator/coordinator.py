@@ -300,6 +300,7 @@ class TableTopicCoordinator:
         self._ready = False  # checkpoint resolved and leftovers cleaned up
         # partition.by last handed to the spec evolution
         self._partition_by_seen: tuple[PartitionField, ...] | None = None
+        self._partition_by_schema = -1  # the schema id partition.by was last checked against
         self._checkpoint: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -909,9 +910,13 @@ class TableTopicCoordinator:
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
         if cfg.delta_write:
             tbl = prepare_merge_table(tbl, self._writer)
-        if cfg.partition_by != self._partition_by_seen:  # first round or partition.by changed
+        # first round, partition.by changed, or a schema change may have added the columns it names (a table whose
+        # columns come from the records has none of them at first)
+        if cfg.partition_by != self._partition_by_seen or (
+                self.partition_by_problem is not None and tbl.schema().schema_id != self._partition_by_schema):
             tbl = evolve_partition_spec(tbl, cfg, self._writer)
             self._partition_by_seen = cfg.partition_by
+            self._partition_by_schema = tbl.schema().schema_id
         self.partition_by_problem = partition_by_problem(tbl)
         return tbl
 

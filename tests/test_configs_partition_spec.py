@@ -165,3 +165,20 @@ def test_a_dotted_name_resolves_as_the_columns_full_name() -> None:
     schema[()][0] = "a"  # a struct a instead (Iceberg refuses a schema holding both)
     schema[("a",)] = ["b"]
     assert resolve_column("a.b", fields) == ("a", "b")
+
+
+def test_partition_by_resolves_dotted_names_as_id_columns_do() -> None:
+    """``partition.by=[bucket(a.b, 4)]`` on a table with a top-level column ``a.b`` partitions by that column (it
+    was refused as an unknown column: the source was split on dots); a nested field still resolves as before."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType, StructType
+
+    from configs.partition_spec import parse_partition_by
+    from configs.table_schema import partition_spec
+
+    top = Schema(NestedField(1, "a.b", LongType(), required=False), NestedField(2, "Dup", StringType(), required=False),
+                 NestedField(3, "dup", StringType(), required=False))
+    spec = partition_spec(top, parse_partition_by("[bucket(a.b, 4), dup]"))
+    assert [(f.source_id, str(f.transform)) for f in spec.fields] == [(1, "bucket[4]"), (3, "identity")]
+    nested = Schema(NestedField(1, "a", StructType(NestedField(2, "b", LongType(), required=False)), required=False))
+    assert [f.source_id for f in partition_spec(nested, parse_partition_by("[bucket(a.b, 4)]")).fields] == [2]

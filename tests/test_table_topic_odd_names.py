@@ -108,7 +108,7 @@ def test_upserts_and_compaction_on_columns_spark_must_quote(reg_broker: BrokerPr
     settings = {"enable": "true", "commit.interval.ms": "500", "convert.value.type": "json",
                 "transform.value.type": "flatten", "id.columns": "[a.b]", "upsert.enable": "true",
                 "cdc.field": "op", "copy.on.write.max.bytes": "0",  # merge-on-read: position deletes to compact
-                "compaction.enable": "true"}
+                "compaction.enable": "true", "partition.by": "[bucket(a.b, 2)]"}  # a dotted name partitions too
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 2, 1, config={P + k: v for k, v in settings.items()})])[TOPIC].result(30)
     model: Model = {}
@@ -127,6 +127,8 @@ def test_upserts_and_compaction_on_columns_spark_must_quote(reg_broker: BrokerPr
     assert run["failures"] == {} and "rewrite_data_files" in run["steps"], run
     assert table_rows(tbl) == {"pyiceberg": model, "duckdb": model}
     assert [f.name for f in tbl.schema().fields if f.name in COLUMNS] == list(COLUMNS)
+    assert [(tbl.schema().find_column_name(f.source_id), str(f.transform)) for f in tbl.spec().fields] == [
+        ("a.b", "bucket[2]")]
     assert spark_rows(b) == model
     dead = catalog(b).load_table(("default", f"{TOPIC}_dlq")).scan().to_arrow().num_rows \
         if catalog(b).table_exists(("default", f"{TOPIC}_dlq")) else 0
