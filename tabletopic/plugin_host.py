@@ -50,6 +50,7 @@ from configs.table_topic import (
     FORMAT_VERSION,
     ICEBERG_AUTO_CREATE_PROPERTIES,
     ID_COLUMNS,
+    NAMESPACE,
     SCHEMA_TYPE,
     TRANSFORM_VALUE_TYPE,
     UPSERT_ENABLE,
@@ -65,6 +66,7 @@ from coordinator.table import (
     catalog_identifier,
     cdc_field_conflict,
     converter_conflicts,
+    dead_letter_identifier,
     format_version_conflict,
     id_columns_conflict,
     value_layout_conflict,
@@ -194,6 +196,7 @@ class TableTopicHost:
         before = None if old is None else TableTopicConfig.from_topic(old, self._broker.config, validate=False)
         if before is not None and _layout(topic, before) == _layout(topic, cfg) and (before.enable or not cfg.enable):
             return
+        self._check_dead_letter_names(topic, cfg, new)
         table, conflicts = converter_conflicts(self._catalog, topic, cfg)
         if not conflicts:
             layout_key = SCHEMA_TYPE if cfg.schema_type is not SchemaType.NONE else TRANSFORM_VALUE_TYPE
@@ -217,6 +220,29 @@ class TableTopicHost:
             f"table would not follow: create a new topic or drop the table (with {ENABLE}=false; turning it on "
             f"again creates the table with the new columns)"
         )
+
+    def _check_dead_letter_names(self, topic: str, cfg: TableTopicConfig, new: Mapping[str, str]) -> None:
+        """Refuse a table topic whose table is another table topic's dead-letter table (topic ``orders_dlq`` beside
+        table topic ``orders`` in one namespace), or whose dead-letter table is another's table: both would write
+        into one table and one folder, whose maintenance removes the other's files as orphans."""
+        if not cfg.enable:
+            return
+        mine = catalog_identifier(topic, cfg)
+        for info in self._broker.topics.all():
+            if info.name == topic:
+                continue
+            other = TableTopicConfig.from_topic(info.configs, self._broker.config, validate=False)
+            if not other.enable:
+                continue
+            theirs = catalog_identifier(info.name, other)
+            if mine in (dead_letter_identifier(theirs), theirs) or dead_letter_identifier(mine) == theirs:
+                key = NAMESPACE if NAMESPACE in new else ENABLE
+                raise InvalidConfigError(
+                    f"Invalid value {new.get(key, cfg.enable)} for configuration {key}: the table "
+                    f"{'.'.join(mine)} (dead letters in {'.'.join(dead_letter_identifier(mine))}) would share a table "
+                    f"with table topic {info.name} ({'.'.join(theirs)}, dead letters in "
+                    f"{'.'.join(dead_letter_identifier(theirs))}); choose another topic name or "
+                    f"automq.table.topic.namespace")
 
     # ---- topic events ----
 

@@ -588,3 +588,28 @@ def test_value_layouts_told_apart_by_the_table_columns(tmp_path: Path) -> None:
     _, problem = value_layout_conflict(cat, "flatten_debezium", configs["flatten"], None)
     assert problem is not None and problem.startswith("its values are Debezium rows in top-level columns beside "
                                                       "_cdc (id, _cdc); with flatten they would be flattened"), problem
+
+
+# ---- a table topic's table and another's dead-letter table -----------------------------------------------------
+
+def test_a_table_topic_cannot_take_another_ones_dead_letter_table(broker: BrokerProcess) -> None:
+    """Table topic ``x`` keeps its dead letters in table ``x_dlq``: a table topic ``x_dlq`` in the same namespace
+    (created, or turned on later) would write into that table and folder, and the two tables' orphan removal would
+    delete each other's files. Refused either way round with INVALID_CONFIG; in another namespace it is fine."""
+    client = AdminClient({"bootstrap.servers": broker.bootstrap})
+    base = unique("dlqname").replace("-", "_")
+    on = {P + "enable": "true"}
+    client.create_topics([NewTopic(base, 1, 1, config=on)])[base].result(timeout=30)
+    err = admin_error(client.create_topics([NewTopic(f"{base}_dlq", 1, 1, config=on)])[f"{base}_dlq"])
+    assert err.code() == KafkaError.INVALID_CONFIG, err
+    assert f"default.{base}_dlq" in err.str() and f"table topic {base} " in err.str(), err.str()
+    # a plain topic of that name is fine, turning it into a table topic is not
+    client.create_topics([NewTopic(f"{base}_dlq", 1, 1)])[f"{base}_dlq"].result(timeout=30)
+    err = admin_error(incremental_set(client, f"{base}_dlq", **{P + "enable": "true"}))
+    assert err.code() == KafkaError.INVALID_CONFIG, err
+    incremental_set(client, f"{base}_dlq", **{P + "enable": "true", P + "namespace": "elsewhere"}).result(timeout=30)
+    # the other way round: the dead-letter table of a new table topic is an existing table topic's table
+    other = f"{base}2"
+    client.create_topics([NewTopic(f"{other}_dlq", 1, 1, config=on)])[f"{other}_dlq"].result(timeout=30)
+    err = admin_error(client.create_topics([NewTopic(other, 1, 1, config=on)])[other])
+    assert err.code() == KafkaError.INVALID_CONFIG and f"default.{other}_dlq" in err.str(), err.str()
