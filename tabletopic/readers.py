@@ -2,13 +2,21 @@
 
 Used by tests and shown in the README as the quick way to look at a table without Spark. DuckDB reads a table
 through its metadata file (``iceberg_scan``), so it needs no catalog access at all.
+
+Table names are read as Spark SQL reads them (:func:`table_identifier`): a topic name's dots are part of the table's
+name, so ``default.`pg.public.customers``` or the tuple ``("default", "pg.public.customers")`` names it exactly;
+:func:`load_table` also finds it from the unquoted ``default.pg.public.customers`` when no table of namespace
+``default.pg.public`` is called ``customers``.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
+
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 if TYPE_CHECKING:
     import duckdb
@@ -59,9 +67,51 @@ def duckdb_scan(con: duckdb.DuckDBPyConnection, table: Table | str) -> duckdb.Du
     return con.sql("SELECT * FROM iceberg_scan($path)", params={"path": metadata_path(table)})
 
 
+def table_identifier(name: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A table name as Spark SQL reads it: parts separated by dots, a part in back-quotes taken whole (dots and
+    all; a doubled back-quote inside is one), e.g. ``default.`pg.public.customers``` → ``("default",
+    "pg.public.customers")``. A tuple is returned as it is. ValueError for an empty part or an open quote."""
+    if isinstance(name, tuple):
+        return name
+    parts: list[str] = []
+    pos = 0
+    while True:
+        m = _PART.match(name, pos)
+        if m is None:
+            raise ValueError(f"not a table name: {name!r} (an empty part or an unclosed back-quote)")
+        quoted = m.group("quoted")
+        parts.append(quoted.replace("``", "`") if quoted is not None else m.group("plain"))
+        pos = m.end()
+        if pos == len(name):
+            return tuple(parts)
+        pos += 1  # the dot
+
+
+_PART = re.compile(r"`(?P<quoted>(?:[^`]|``)+)`(?=\.|$)|(?P<plain>[^.`]+)(?=\.|$)")
+
+
+def load_table(catalog: Catalog, name: str | tuple[str, ...]) -> Table:
+    """The table ``name`` names (see :func:`table_identifier`).
+
+    An unquoted name with more dots than a namespace has is tried as Spark reads it first (the last part is the
+    table), then with the dots of its last parts inside the table's name (``default.pg.public.customers`` finds
+    the table topic ``pg.public.customers`` of namespace ``default``). NoSuchTableError when none exists.
+    """
+    parts = table_identifier(name)
+    if isinstance(name, tuple) or "`" in name:
+        return catalog.load_table(parts)
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            return catalog.load_table((*parts[:cut], ".".join(parts[cut:])))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            continue
+    raise NoSuchTableError(f"Table does not exist: {name}")
+
+
 def pyiceberg_rows(catalog: Catalog, identifier: str | tuple[str, ...]) -> list[dict[str, Any]]:
-    """Every row of the table's current snapshot, as dicts (maps come back as lists of (key, value) pairs)."""
-    rows: list[dict[str, Any]] = catalog.load_table(identifier).scan().to_arrow().to_pylist()
+    """Every row of the table's current snapshot, as dicts (maps come back as lists of (key, value) pairs);
+    ``identifier`` as :func:`load_table` takes it."""
+    rows: list[dict[str, Any]] = load_table(catalog, identifier).scan().to_arrow().to_pylist()
     return rows
 
 

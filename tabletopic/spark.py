@@ -11,12 +11,11 @@ tables instead) and ``cache-enabled=false`` (else Spark keeps reading the snapsh
 
 Column names: Iceberg's are case-sensitive and may hold any character (``Dup`` beside ``dup``, ``a.b``, a
 back-quote, a space). The side process's operations back-quote every identifier they put in SQL and name key
-columns by their paths (:func:`_key_paths`), and its session is case-sensitive (:data:`SIDE_PROCESS_CONF`, over
-the broker's ``spark.*`` settings): with Spark's default (``spark.sql.caseSensitive=false``) a MERGE sees ``Dup``
-and ``dup`` as one column named twice and Iceberg's RewriteDataFiles fails on such a table ("Multiple entries with
-same key"). ``tabletopic sql`` keeps Spark's default, where ``SELECT ID`` finds ``id`` as users of Spark expect;
-on a table with case-only twins run it with ``--override spark.sql.caseSensitive=true`` (or ``SET`` it in the
-session).
+columns by their paths (:func:`_key_paths`). Every session built here is case-sensitive by default
+(``spark.sql.caseSensitive=true``, as the tables are; Spark's own default is false), which a broker setting or
+``tabletopic sql --override`` may change; the side process's is always (:data:`SIDE_PROCESS_CONF`): a
+case-insensitive MERGE sees ``Dup`` and ``dup`` as one column named twice and Iceberg's RewriteDataFiles fails on
+such a table ("Multiple entries with same key").
 """
 
 from __future__ import annotations
@@ -211,8 +210,9 @@ def _log4j2_file() -> Path:
 DRIVER_JVM_OPTIONS = "-XX:+UseSerialGC"  # the driver JVM's: see spark_conf
 
 SIDE_PROCESS_CONF = {"spark.sql.caseSensitive": "true"}
-"""What the broker's Spark side process sets over every other setting (``spark_session``'s ``extra_conf``): its
-operations must tell columns apart as Iceberg does, by exact name (see the module doc)."""
+"""What the broker's Spark side process sets over every other setting, the broker's ``spark.*`` among them
+(``spark_session``'s ``extra_conf``): its operations must tell columns apart as Iceberg does, by exact name (see
+the module doc)."""
 
 
 def spark_conf(
@@ -248,6 +248,8 @@ def spark_conf(
         "spark.driver.defaultJavaOptions": DRIVER_JVM_OPTIONS,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file().as_uri()}",
         "spark.sql.codegen.wholeStage": "false",
+        # Iceberg tells Dup from dup: so does every session here unless told otherwise (see the module doc)
+        "spark.sql.caseSensitive": "true",
         "spark.jars": ",".join(str(j) for j in [iceberg_runtime_jar(), *jars]),
         "spark.sql.extensions": ICEBERG_EXTENSIONS,
         "spark.sql.defaultCatalog": config.catalog_name,

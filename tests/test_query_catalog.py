@@ -19,6 +19,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
@@ -35,8 +36,15 @@ from tabletopic.catalog import (
 )
 from tabletopic.cli.sql import format_table, format_value, split_statements
 from tabletopic.errors import InvalidConfigError
-from tabletopic.readers import duckdb_connect, duckdb_scan, metadata_path, pyiceberg_rows
-from tabletopic.spark import catalog_conf, jdbc_catalog_uri, spark_conf, spark_session
+from tabletopic.readers import (
+    duckdb_connect,
+    duckdb_scan,
+    load_table,
+    metadata_path,
+    pyiceberg_rows,
+    table_identifier,
+)
+from tabletopic.spark import SIDE_PROCESS_CONF, catalog_conf, jdbc_catalog_uri, spark_conf, spark_session
 from tests.helpers.procs import BrokerProcess
 from worker.schema import partition_spec, table_schema
 
@@ -272,6 +280,16 @@ def test_spark_conf_shares_the_catalog(tmp_path: Path) -> None:
     assert jars[1] == "/usr/share/java/sqlite-jdbc.jar"
 
 
+def test_spark_sessions_are_case_sensitive_unless_told_otherwise(tmp_path: Path) -> None:
+    """`tabletopic sql`'s session tells Dup from dup as the tables do; a broker setting or --override turns that
+    off, except in the broker's Spark side process."""
+    props = shipped_properties(tmp_path)
+    assert spark_conf(BrokerConfig.from_properties(props))["spark.sql.caseSensitive"] == "true"
+    insensitive = BrokerConfig.from_properties({**props, "spark.sql.caseSensitive": "false"})
+    assert spark_conf(insensitive)["spark.sql.caseSensitive"] == "false"
+    assert spark_conf(insensitive, extra_conf=SIDE_PROCESS_CONF)["spark.sql.caseSensitive"] == "true"
+
+
 def test_jdbc_uri_translation() -> None:
     sqlite_uri = jdbc_catalog_uri("sqlite:////d/c.db?timeout=5")[0]
     assert sqlite_uri == "jdbc:sqlite:/d/c.db?journal_mode=WAL&busy_timeout=5000"
@@ -335,6 +353,36 @@ def test_duckdb_scan_takes_a_metadata_location(catalog: Catalog) -> None:
         assert count == (4,)
     finally:
         con.close()
+
+
+def create_dotted_table(catalog: Catalog, identifier: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """A table whose name holds dots (a table topic named like Debezium's pg.public.customers), with ``rows``."""
+    catalog.create_namespace_if_not_exists(identifier[:-1])
+    table = catalog.create_table(identifier, table_schema(TableTopicConfig()), properties={"format-version": "2"})
+    table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())))
+
+
+def test_readers_take_a_table_name_with_dots(catalog: Catalog) -> None:
+    """Topic pg.public.customers in namespace default is the table `pg.public.customers` of namespace default: the
+    readers take it back-quoted as in Spark, as a tuple, or unquoted when no other table has that reading; where
+    two tables print alike (table a.b of namespace x, table b of namespace x.a) the unquoted name is Spark's
+    reading, the second."""
+    customers, dotted, nested = make_rows(range(3)), make_rows(range(5)), make_rows(range(7))
+    create_dotted_table(catalog, ("default", "pg.public.customers"), customers)
+    create_dotted_table(catalog, ("x", "a.b"), dotted)
+    create_dotted_table(catalog, ("x", "a", "b"), nested)
+    assert table_identifier("default.`pg.public.customers`") == ("default", "pg.public.customers")
+    assert table_identifier("`we``ird`.t") == ("we`ird", "t")
+    for bad in ("a..b", "a.", "`a", "a.`b"):
+        with pytest.raises(ValueError, match="not a table name"):
+            table_identifier(bad)
+    for name in ("default.pg.public.customers", "default.`pg.public.customers`", ("default", "pg.public.customers")):
+        assert canonical_dicts(pyiceberg_rows(catalog, name)) == canonical_dicts(customers), name
+    assert duckdb_rows(load_table(catalog, "default.pg.public.customers")) == canonical_dicts(customers)
+    assert len(pyiceberg_rows(catalog, "x.`a.b`")) == len(dotted)
+    assert len(pyiceberg_rows(catalog, "x.a.b")) == len(nested)
+    with pytest.raises(NoSuchTableError):
+        load_table(catalog, "default.pg.public.orders")
 
 
 def test_tables_command_lists_the_catalog(tmp_path: Path, catalog: Catalog) -> None:

@@ -17,8 +17,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField
 
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
@@ -192,3 +196,15 @@ def test_run_statement_caps_the_rows(spark: SparkSession) -> None:
     assert run_statement(spark, "SELECT id FROM range(10)", out, err, max_rows=3)
     assert len([ln for ln in out.getvalue().splitlines() if ln.startswith("| ") and "id" not in ln]) == 3
     assert "more not shown" in err.getvalue()
+
+
+def test_case_only_columns_and_a_dotted_table_name(env: Env, spark: SparkSession) -> None:
+    """A session made as `tabletopic sql` makes it tells Dup from dup (Iceberg keeps them apart), and a table topic
+    named pg.public.twins is `default.`pg.public.twins`` in Spark (pyiceberg: a tuple or the helpers' names)."""
+    identifier = ("default", "pg.public.twins")
+    schema = Schema(NestedField(1, "Dup", LongType(), required=False),
+                    NestedField(2, "dup", LongType(), required=False))
+    table = env.catalog.create_table(identifier, schema, properties={"format-version": "2"})
+    table.append(pa.Table.from_pylist([{"Dup": 1, "dup": 2}], schema=schema_to_pyarrow(schema)))
+    assert [tuple(r) for r in spark.sql("SELECT Dup, dup FROM default.`pg.public.twins`").collect()] == [(1, 2)]
+    assert pyiceberg_rows(env.catalog, "default.pg.public.twins") == [{"Dup": 1, "dup": 2}]
