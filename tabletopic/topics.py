@@ -6,7 +6,7 @@ a topic's partition logs are created before its metadata is written and the meta
 logs are deleted, so after a crash the only leftovers are log directories of unknown topics, which are
 removed at start-up.
 
-Subscribers (the table-topic plugin host, later) receive a :class:`TopicEvent` after each durable change.
+Subscribers (the table-topic plugin host) receive a :class:`TopicEvent` after each durable change.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class TopicManager:
         self._listeners: list[Listener] = []
         self._lock = asyncio.Lock()
         self.cluster_id = ""
+        self._compact_warned = False
 
     # ---- lifecycle ----
 
@@ -188,7 +189,7 @@ class TopicManager:
     def log_config(self, info: TopicInfo) -> LogConfig:
         eff = self.effective_configs(info)
         # as in Kafka, time and size retention apply only with cleanup.policy "delete": a compact-only topic keeps
-        # every record (compaction itself is not built yet, so nothing is removed from it)
+        # every record (log compaction is not built: nothing is removed from it; _warn_compaction says so)
         deletes = "delete" in typed_list(eff, "cleanup.policy")
         return LogConfig(
             segment_bytes=typed(eff, "segment.bytes", int),
@@ -230,7 +231,9 @@ class TopicManager:
             raise config_error(exc) from exc
 
     async def create(self, name: str, partitions: int = -1, replication_factor: int = -1,
-                     configs: Mapping[str, str | None] | None = None) -> TopicInfo:
+                     configs: Mapping[str, str | None] | None = None, *, internal: bool = False) -> TopicInfo:
+        """Create a topic durably and publish it. ``internal``: a topic the broker makes for itself (the schema
+        registry's ``_schemas``), which needs no warning about settings it relies on."""
         async with self._lock:
             overrides = self.validate_new_topic(name, partitions, replication_factor, configs or {})
             if partitions == -1:
@@ -242,6 +245,8 @@ class TopicManager:
             await self._commit(name, info)
         log.info("created topic %s (id %s) with %d partitions, configs %s", name, info.topic_id, partitions,
                  overrides)
+        if not internal:
+            self._warn_compaction(info)
         await self._publish(TopicEvent(TopicEventKind.CREATED, info))
         return info
 
@@ -302,7 +307,19 @@ class TopicManager:
                 if plog is not None:
                     plog.update_config(lc)
         log.info("topic %s configs changed to %s", name, new_overrides)
+        self._warn_compaction(new)
         await self._publish(TopicEvent(TopicEventKind.CONFIGS_CHANGED, new, old))
+
+    def _warn_compaction(self, info: TopicInfo) -> None:
+        """The first topic of this broker's run that asks for log compaction gets a WARNING, once: the setting is
+        accepted (clients such as Kafka Connect and Kafka Streams create compacted topics) but not applied."""
+        policy = typed_list(self.effective_configs(info), "cleanup.policy")
+        if "compact" not in policy or self._compact_warned:
+            return
+        self._compact_warned = True
+        log.warning("topic %s: cleanup.policy=%s is accepted but log compaction is not built yet: no record is "
+                    "removed for having a newer one with its key%s (logged once per broker run)", info.name,
+                    ",".join(policy), "" if "delete" in policy else ", and without delete no retention applies")
 
 
 def _new_cluster_id() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,30 @@ def test_retention_applies_only_to_topics_that_delete(tmp_path: Path) -> None:
         await logs.close()
 
     asyncio.run(run())
+
+
+def test_log_compaction_asked_for_is_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """cleanup.policy=compact is accepted (Kafka Connect, Kafka Streams and Debezium create such topics) but not
+    applied: the first topic created or altered to ask for it gets one WARNING per broker run saying so; the
+    broker's own compacted topic (the registry's _schemas) none."""
+    cfg = _config(tmp_path)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    async def run() -> None:
+        logs, topics = await _open(cfg)
+        await topics.create("_schemas", 1, 1, {"cleanup.policy": "compact"}, internal=True)
+        await topics.create("plain", 1, 1, {})
+        assert warnings() == []
+        await topics.alter_configs("plain", {"cleanup.policy": "delete,compact"})
+        assert len(warnings()) == 1
+        assert "topic plain: cleanup.policy=delete,compact is accepted but log compaction is not built yet" in (
+            warnings()[0])
+        await topics.create("changelog", 1, 1, {"cleanup.policy": "compact"})
+        await topics.alter_configs("plain", {"cleanup.policy": "compact"})
+        assert len(warnings()) == 1  # once per broker run
+        await logs.close()
+
+    with caplog.at_level(logging.WARNING, logger="tabletopic.topics"):
+        asyncio.run(run())

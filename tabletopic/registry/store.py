@@ -298,7 +298,7 @@ class SchemaStore:
         """Create ``_schemas`` on first start, else replay it (the file reads and decoding run in a thread)."""
         t0 = time.monotonic()
         if self._topics.get(TOPIC) is None:
-            await self._topics.create(TOPIC, 1, 1, TOPIC_CONFIGS)
+            await self._topics.create(TOPIC, 1, 1, TOPIC_CONFIGS, internal=True)
         plog = self._log()
         offset, skipped = plog.log_start_offset, 0
         while offset < plog.high_watermark:
