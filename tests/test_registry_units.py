@@ -186,7 +186,7 @@ def test_ids_versions_and_deletes_survive_reopening(tmp_path: Path) -> None:
             assert (b1.id, b1.version) == (1, 1)  # same schema elsewhere: same id
             a2 = await svc.register("a", req(V2_ADD_DEFAULT))
             assert (a2.id, a2.version) == (2, 2)
-            await refused(409, svc.register("a", req(V_C)))
+            await refused(40901, svc.register("a", req(V_C)))
             gone = await svc.register("gone", req(V_DROP))
             assert gone.id == 3
             assert await svc.delete_subject("gone") == [1]

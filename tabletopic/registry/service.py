@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -65,29 +67,43 @@ class SchemaRequest:
 
 
 def schema_request(body: object) -> SchemaRequest:
-    """Check the shape of a request body; 42201 for anything but a schema this registry can take."""
+    """The body of a register / lookup / compatibility request, read as Confluent reads its RegisterSchemaRequest:
+    400 when it is not a JSON object or a field has a JSON type that cannot be read as the field's (scalars are
+    read as strings, as Jackson does), 42201 ``Invalid schema type X`` for a type this registry does not have
+    (case-sensitive). A missing or blank ``schema`` stays blank: what that means depends on the operation."""
     if not isinstance(body, dict):
-        raise errors.bad_request("The request body must be a JSON object", 422)
-    schema, schema_type = body.get("schema"), body.get("schemaType") or "AVRO"
-    if not isinstance(schema, str) or not schema.strip():
-        raise errors.invalid_schema("the request needs the schema as a non-empty string in \"schema\"")
-    if not isinstance(schema_type, str) or schema_type.upper() not in FORMATS:
-        raise errors.invalid_schema(f"unknown or unsupported schema type {schema_type!r}; supported: "
-                                    f"{', '.join(FORMATS)}")
+        raise errors.bad_request("Cannot deserialize the request body: a JSON object is expected")
+    schema = _string(body, "schema") or ""
+    schema_type = _string(body, "schemaType")
+    schema_type = "AVRO" if schema_type is None else schema_type
+    if schema_type not in FORMATS:
+        raise errors.invalid_schema(f"Invalid schema type {schema_type}")
     for unsupported in ("metadata", "ruleSet"):
         if body.get(unsupported):
             raise errors.invalid_schema(f"{unsupported} (data contracts) is not supported by this registry")
     refs = body.get("references") or []
-    if not isinstance(refs, list) or not all(_is_reference(r) for r in refs):
-        raise errors.invalid_schema("references must be a list of {\"name\", \"subject\", \"version\"}")
-    return SchemaRequest(schema, schema_type.upper(),
+    if not isinstance(refs, list) or not all(isinstance(r, dict) for r in refs):
+        raise errors.bad_request("Cannot deserialize \"references\": a list of objects is expected")
+    for r in refs:
+        if not (isinstance(r.get("name"), str) and isinstance(r.get("subject"), str) and _is_int(r.get("version"))):
+            raise errors.invalid_schema(f"Invalid schema of type {schema_type}, details: Invalid reference: "
+                                        f"{json.dumps(r)}")
+    return SchemaRequest(schema, schema_type,
                          tuple(Reference(r["name"], r["subject"], r["version"]) for r in refs),
                          _optional_int(body, "id"), _optional_int(body, "version"))
 
 
-def _is_reference(r: object) -> bool:
-    return (isinstance(r, dict) and isinstance(r.get("name"), str) and isinstance(r.get("subject"), str)
-            and isinstance(r.get("version"), int) and not isinstance(r.get("version"), bool))
+def _string(body: dict[str, object], key: str) -> str | None:
+    value = body.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)  # Jackson reads a scalar as its text
+    raise errors.bad_request(f"Cannot deserialize \"{key}\": a string is expected")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _optional_int(body: dict[str, object], key: str) -> int | None:
@@ -95,8 +111,8 @@ def _optional_int(body: dict[str, object], key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value > MAX_VERSION:
-        raise errors.bad_request(f"{key} must be an integer up to 2^31-1", 422)
+    if not isinstance(value, int) or isinstance(value, bool) or not -2**31 <= value <= MAX_VERSION:
+        raise errors.bad_request(f"Cannot deserialize \"{key}\": a 32-bit integer is expected")
     return value if value > 0 else None
 
 
@@ -106,8 +122,14 @@ def _parse(schema_type: str, text: str, dependencies: tuple[Dependency, ...]) ->
 
 
 def _parse_text(req: SchemaRequest, deps: tuple[Dependency, ...], normalize: bool) -> str:
-    """The text a request's schema is stored as (thread side)."""
-    return _parse(req.schema_type, req.schema, deps).text(normalize)
+    """The text a request's schema is stored as (thread side); 42201 worded as Confluent's when it does not
+    parse."""
+    try:
+        return _parse(req.schema_type, req.schema, deps).text(normalize)
+    except RegistryError as exc:
+        if exc.error_code != errors.INVALID_SCHEMA:
+            raise
+        raise errors.invalid_schema(f"Invalid schema of type {req.schema_type}, details: {exc.message}") from None
 
 
 def _check(level: Level, schema_type: str, text: str, deps: tuple[Dependency, ...],
@@ -124,27 +146,40 @@ def _check(level: Level, schema_type: str, text: str, deps: tuple[Dependency, ..
     return incompatibilities(level, new, parsed)
 
 
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+
+
 def parse_version(spec: str) -> int | None:
-    """A version path segment: a number in [1, 2^31-1], or None for ``latest`` / ``-1``; 42202 otherwise."""
-    if spec in ("latest", "-1"):
+    """A version path segment as Confluent's VersionId reads it: a number in [1, 2^31-1], or None for ``latest``
+    (any case) / ``-1``, surrounding blanks ignored; 42202 otherwise."""
+    text = spec.strip()
+    if text.lower() == "latest":
         return None
-    try:
-        n = int(spec)
-    except ValueError:
-        raise errors.invalid_version(spec) from None
-    if not 1 <= n <= MAX_VERSION:
+    if not _JAVA_INT.fullmatch(text) or not -2**31 <= int(text) <= MAX_VERSION:
         raise errors.invalid_version(spec)
+    n = int(text)
+    if n == -1:
+        return None
+    if n <= 0:
+        raise errors.invalid_version(str(n))
     return n
 
 
 def _subject_or_global(table: dict[str | None, str], subject: str | None, default_to_global: bool, *, default: str,
-                       code: int, what: str) -> str:
+                       what: str) -> str:
     value = table.get(subject)
     if value is not None:
         return value
     if subject is not None and not default_to_global:
-        raise RegistryError(404, code, f"Subject '{subject}' does not have subject-level {what} configured")
+        raise errors.not_configured(subject, what)
     return table.get(None, default)
+
+
+def _check_subject(subject: str) -> None:
+    """42208 for a subject name Confluent refuses: control characters, or its reserved ``__GLOBAL`` /
+    ``__EMPTY``."""
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in subject) or subject in ("__GLOBAL", "__EMPTY"):
+        raise errors.invalid_subject(subject)
 
 
 class RegistryService:
@@ -184,16 +219,35 @@ class RegistryService:
             raise errors.subject_not_found(subject)
         return found
 
-    def version(self, subject: str, spec: str, deleted: bool = False) -> Version:
-        """``GET /subjects/{s}/versions/{v}``: soft-deleted versions only with ``deleted``."""
-        number = parse_version(spec)
-        candidates = self.versions(subject, deleted)
+    def version_numbers(self, subject: str, deleted: bool = False, deleted_only: bool = False,
+                        deleted_as_negative: bool = False) -> list[int]:
+        """``GET /subjects/{s}/versions``: live versions; with ``deleted`` soft-deleted ones too, with
+        ``deleted_only`` only those, with ``deleted_as_negative`` all, soft-deleted ones negated (40401 when
+        the subject has none of the versions asked for, soft-deleted ones counting with either flag)."""
+        every = self.versions(subject, deleted or deleted_only)
+        if deleted_as_negative:
+            return [-v.version if v.deleted else v.version for v in self.state.versions(subject, True)]
+        return [v.version for v in every if v.deleted or not deleted_only]
+
+    def _find(self, subject: str, number: int | None, deleted: bool) -> Version | None:
+        """Version ``number`` (``None``: the latest live one, soft-deleted ones never) if it is live or
+        ``deleted``."""
         if number is None:
-            return candidates[-1]
-        for v in candidates:
-            if v.version == number:
-                return v
-        raise errors.version_not_found(subject, spec)
+            live = self.state.versions(subject)
+            return live[-1] if live else None
+        v = self.state.subjects.get(subject, {}).get(number)
+        return v if v is not None and (deleted or not v.deleted) else None
+
+    def version(self, subject: str, spec: str, deleted: bool = False) -> Version:
+        """``GET /subjects/{s}/versions/{v}``: soft-deleted versions only with ``deleted`` (``latest`` is the latest
+        live version even then, as in Confluent); 40401 when the subject has no version, else 40402."""
+        number = parse_version(spec)
+        found = self._find(subject, number, deleted)
+        if found is None:
+            if not self.state.versions(subject, deleted):
+                raise errors.subject_not_found(subject)
+            raise errors.version_not_found(-1 if number is None else number)
+        return found
 
     def schema(self, schema_id: int) -> Content:
         """The schema of an id while any version (soft-deleted ones too) holds it: deserializers keep working."""
@@ -203,22 +257,43 @@ class RegistryService:
         return content
 
     def holders(self, schema_id: int, deleted: bool = False, subject: str | None = None) -> list[Version]:
-        self.schema(schema_id)
+        """The versions holding ``schema_id`` (40403 ``Schema not found``, without the id, as Confluent says it
+        here)."""
+        if schema_id not in self.state.contents or not self.state.holders(schema_id, deleted=True):
+            raise errors.schema_not_found()
         return [v for v in self.state.holders(schema_id, deleted) if subject is None or v.subject == subject]
 
-    def referenced_by(self, subject: str, spec: str) -> list[int]:
-        v = self.version(subject, spec)
-        return sorted({r.id for r in self.state.referrers(subject, v.version)})
+    def schemas(self, prefix: str = "", deleted: bool = False, latest_only: bool = False) -> list[Version]:
+        """``GET /schemas``: the versions of the subjects starting with ``prefix``, by subject and version;
+        soft-deleted ones with ``deleted``; with ``latest_only`` the last of each subject's."""
+        out: list[Version] = []
+        for subject in sorted(s for s in self.state.subjects if s.startswith(prefix)):
+            found = self.state.versions(subject, deleted)
+            out += found[-1:] if latest_only else found
+        return out
+
+    def _referrers(self, subject: str, version: int, deleted: bool = False) -> list[Version]:
+        """The versions whose schema references ``subject`` ``version``: live ones, soft-deleted ones too with
+        ``deleted``."""
+        return [v for vs in self.state.subjects.values() for v in vs.values()
+                if (deleted or not v.deleted)
+                and any(r.subject == subject and r.version == version for r in v.content.references)]
+
+    def referenced_by(self, subject: str, spec: str, deleted: bool = False) -> list[int]:
+        """``GET .../referencedby``: the ids of the schemas referencing the version (itself found even when
+        soft-deleted); the referrers' soft-deleted versions count with ``deleted``."""
+        v = self.version(subject, spec, deleted=True)
+        return sorted({r.id for r in self._referrers(subject, v.version, deleted)})
 
     def config(self, subject: str | None, default_to_global: bool = False) -> str:
         """The subject's compatibility level (40408 when it has none, unless ``default_to_global``)."""
         return _subject_or_global(self.state.config, subject, default_to_global, default=DEFAULT_LEVEL.value,
-                                  code=errors.SUBJECT_COMPATIBILITY_NOT_CONFIGURED, what="compatibility")
+                                  what="compatibility")
 
     def mode(self, subject: str | None, default_to_global: bool = False) -> str:
         """The subject's mode (40409 when it has none, unless ``default_to_global``)."""
         return _subject_or_global(self.state.mode, subject, default_to_global, default=DEFAULT_MODE,
-                                  code=errors.SUBJECT_MODE_NOT_CONFIGURED, what="mode")
+                                  what="mode")
 
     def _level(self, subject: str) -> Level:
         return Level(self.config(subject, default_to_global=True))
@@ -255,12 +330,22 @@ class RegistryService:
         return Content(req.schema_type, text, refs), deps
 
     async def _incompatibilities(self, level: Level, content: Content, deps: tuple[Dependency, ...],
-                                 previous: Sequence[Version]) -> list[str]:
-        if level is Level.NONE:
+                                 previous: Sequence[Version], configured: Level) -> list[str]:
+        """Why ``content`` breaks ``level`` against ``previous`` (live versions, oldest first), in Confluent's
+        list: a version of another schema type the level compares with is ``Incompatible because of different
+        schema type``; a non-empty list ends with the settings the check ran with (``configured``: the
+        subject's level)."""
+        if level is Level.NONE or not previous:
             return []
-        same_type = [v for v in previous if v.content.schema_type == content.schema_type]
-        inputs = [(v.version, v.content.schema, self._stored_dependencies(v)) for v in same_type]
-        return await self._in_thread(_check, level, content.schema_type, content.schema, deps, inputs)
+        targets = previous if level.transitive else previous[-1:]
+        if any(v.content.schema_type != content.schema_type for v in targets):
+            problems = ["Incompatible because of different schema type"]
+        else:
+            inputs = [(v.version, v.content.schema, self._stored_dependencies(v)) for v in previous]
+            problems = await self._in_thread(_check, level, content.schema_type, content.schema, deps, inputs)
+        if problems:
+            problems.append(f"{{validateFields: 'false', compatibility: '{configured.value}'}}")
+        return problems
 
     def _stored_dependencies(self, v: Version) -> tuple[Dependency, ...]:
         try:
@@ -269,40 +354,56 @@ class RegistryService:
             return ()  # its references are gone: the version fails to parse and is left out of the check
 
     async def register(self, subject: str, req: SchemaRequest, normalize: bool = False) -> Version:
-        """``POST /subjects/{s}/versions``: the existing version for the same schema, else a new one (409 when
-        incompatible under the subject's level; ids and versions given only in IMPORT mode)."""
+        """``POST /subjects/{s}/versions`` in Confluent's order: the schema is parsed (42201) and, when the subject
+        has a live version of it, that version is the answer (in any mode); then the mode (42205: read-only, an id
+        outside IMPORT mode, no id in IMPORT mode), a blank schema (the latest version, or 42201 ``Empty
+        schema``), compatibility under the subject's level (409) and a given version (one more than the last,
+        outside IMPORT mode)."""
         async with self._lock:
-            mode = self._writable(subject)
-            if (req.id is not None or req.version is not None) and mode != "IMPORT":
-                raise errors.not_permitted("A schema id or version can only be given in IMPORT mode")
-            content, deps = await self._content(req, normalize)
+            _check_subject(subject)
+            content, deps = (await self._content(req, normalize)) if req.schema.strip() else (None, ())
             live = self.state.versions(subject)
             for v in reversed(live):
-                if v.content == content and req.version in (None, v.version):
+                if v.content == content and req.id in (None, v.id) and req.version in (None, v.version):
                     return v
+            mode = self._register_mode(subject, req)
+            if content is None:
+                if not live or mode == "IMPORT":
+                    raise errors.invalid_schema("Empty schema")
+                return live[-1]  # Confluent fills a blank schema in from the latest version
             if mode != "IMPORT":
-                problems = await self._incompatibilities(self._level(subject), content, deps, live)
+                level = self._level(subject)
+                problems = await self._incompatibilities(level, content, deps, live, level)
                 if problems:
-                    raise RegistryError(
-                        409, errors.INCOMPATIBLE_SCHEMA,
-                        f"Schema being registered is incompatible with an earlier schema for subject "
-                        f"\"{subject}\", details: {problems}",
-                    )
-            v = Version(subject, self._next_version(subject, req), self._new_id(content, req), content)
+                    raise errors.incompatible(subject, problems)
+            v = Version(subject, self._next_version(subject, req, mode), self._new_id(content, req), content)
             await self.store.write([schema_record(v)])
             log.info("schema registry: registered subject %s version %d, id %d", subject, v.version, v.id)
             return v
 
-    def _writable(self, subject: str) -> str:
-        mode = self.mode(subject, default_to_global=True)
-        if mode in ("READONLY", "READONLY_OVERRIDE"):
-            raise errors.not_permitted(f"Subject {subject} is in read-only mode")
+    def _register_mode(self, subject: str, req: SchemaRequest) -> str:
+        """The subject's mode if a schema may be registered in it, as Confluent's checkRegisterMode decides."""
+        mode = self._not_read_only(subject)
+        if req.id is not None and mode != "IMPORT":
+            raise errors.not_permitted(f"Subject {subject} in context  is not in import mode")
+        if req.id is None and mode != "READWRITE":
+            raise errors.not_permitted(f"Subject {subject} in context  is not in read-write mode")
         return mode
 
-    def _next_version(self, subject: str, req: SchemaRequest) -> int:
+    def _not_read_only(self, subject: str | None) -> str:
+        """The mode of ``subject`` (None: the global one), 42205 when it is read-only."""
+        mode = self.mode(subject, default_to_global=True)
+        if mode in ("READONLY", "READONLY_OVERRIDE"):
+            raise errors.read_only(subject)
+        return mode
+
+    def _next_version(self, subject: str, req: SchemaRequest, mode: str) -> int:
         existing = self.state.subjects.get(subject, {})
+        following = max(existing, default=0) + 1
         if req.version is None:
-            return max(existing, default=0) + 1
+            return following
+        if mode != "IMPORT" and req.version != following:
+            raise errors.invalid_schema("Version is not one more than previous version")
         if req.version in existing:
             raise errors.not_permitted(f"Version {req.version} of subject {subject} already exists")
         return req.version
@@ -312,17 +413,19 @@ class RegistryService:
         if req.id is None:
             return known if known is not None else self.state.high_id + 1
         other = self.state.contents.get(req.id)
-        if (known is not None and known != req.id) or (other is not None and other != content):
-            raise RegistryError(422, 42207, f"Schema id {req.id} does not match the schema's existing id "
-                                            f"or is held by another schema")
+        if other is not None and other != content:
+            raise errors.not_permitted(f"Overwrite new schema with id {req.id} in context  is not permitted.")
+        if known is not None and known != req.id:
+            raise errors.not_permitted(f"The schema already has id {known} in context : it cannot be given id "
+                                       f"{req.id} as well")
         return req.id
 
     async def lookup(self, subject: str, req: SchemaRequest, normalize: bool = False,
                      deleted: bool = False) -> Version:
-        """``POST /subjects/{s}``: the latest version of the subject with this schema (40401, 40403)."""
-        candidates = self.versions(subject, deleted)
-        content, _ = await self._content(req, normalize)
-        for v in reversed(candidates):
+        """``POST /subjects/{s}``: the latest version of the subject with this schema; the schema is parsed first
+        (42201), then 40401 (no version of the subject, soft-deleted ones counting with ``deleted``) or 40403."""
+        content = (await self._content(req, normalize))[0] if req.schema.strip() else None
+        for v in reversed(self.versions(subject, deleted)):
             if v.content == content:
                 return v
         raise errors.schema_not_found()
@@ -330,77 +433,83 @@ class RegistryService:
     async def check(self, subject: str, spec: str | None, req: SchemaRequest, normalize: bool = False
                     ) -> list[str]:
         """``POST /compatibility/subjects/{s}/versions[/{v}]``: why ``req`` breaks the subject's level against
-        that one version, or (no ``spec``) against the live versions the level names. Empty: compatible."""
+        that one version (non-transitively), or (no ``spec``) against the live versions the level names. Empty:
+        compatible, as it is against ``latest`` of a subject without live versions; 40402 for a numbered
+        version that is missing or soft-deleted, 42201 for a blank or invalid schema."""
+        configured = self._level(subject)
         if spec is None:
-            previous = self.state.versions(subject)
-            level = self._level(subject)
+            previous, level = self.state.versions(subject), configured
         else:
-            previous = [self.version(subject, spec)]
-            level = self._level(subject)
-            level = Level(level.value.removesuffix("_TRANSITIVE"))
+            number = parse_version(spec)
+            found = self._find(subject, number, deleted=False)
+            if found is None and number is not None:
+                raise errors.version_not_found(number)
+            previous = [found] if found is not None else []
+            level = Level(configured.value.removesuffix("_TRANSITIVE"))
+        if not req.schema.strip():
+            raise errors.invalid_schema("Empty schema")
         content, deps = await self._content(req, normalize)
-        return await self._incompatibilities(level, content, deps, previous)
+        return await self._incompatibilities(level, content, deps, previous, configured)
 
     # ---- deletes --------------------------------------------------------------------------------------------
 
-    def _unreferenced(self, subject: str, versions: Sequence[Version]) -> None:
-        for v in versions:
-            if self.state.referrers(subject, v.version):
-                raise RegistryError(422, errors.REFERENCE_EXISTS, f"One or more references exist to the schema "
-                                    f"{{subject={subject},version={v.version}}}")
-
     async def delete_subject(self, subject: str, permanent: bool = False) -> list[int]:
-        """Soft delete (every live version), or permanently delete a soft-deleted subject; the deleted versions."""
+        """Soft delete (every live version), or permanently delete a soft-deleted subject; the deleted versions.
+        Refusals in Confluent's order: 40401, 40404, 42205 read-only, then per version 42206 (referenced from
+        another subject; soft-deleted referrers count for a permanent delete) and 40405."""
         async with self._lock:
             every = self.versions(subject, deleted=True)
             live = [v for v in every if not v.deleted]
-            self._writable(subject)
+            if not permanent and not live:
+                raise errors.subject_soft_deleted(subject)
+            self._not_read_only(subject)
+            for v in every if permanent else live:
+                if any(r.subject != subject for r in self._referrers(subject, v.version, permanent)):
+                    raise errors.reference_exists(subject, v.version)
+                if permanent and not v.deleted:
+                    raise errors.subject_not_soft_deleted(subject)
             if permanent:
-                if live:
-                    raise RegistryError(404, errors.SUBJECT_NOT_SOFT_DELETED, f"Subject '{subject}' was not "
-                                        "deleted first before being permanently deleted")
                 records = [clear_subject_record(subject, every[-1].version), id_high_record(self.state.high_id)]
-                records += [config_record(subject, None)] if subject in self.state.config else []
-                records += [mode_record(subject, None)] if subject in self.state.mode else []
-                await self.store.write(records)
+                await self.store.write(records + self._unset_settings(subject))
                 log.info("schema registry: permanently deleted subject %s", subject)
                 return [v.version for v in every]
-            if not live:
-                raise RegistryError(404, errors.SUBJECT_SOFT_DELETED, f"Subject '{subject}' was soft deleted. "
-                                    "Set permanent=true to delete permanently")
-            self._unreferenced(subject, live)
             await self.store.write([delete_subject_record(subject, every[-1].version)])
             log.info("schema registry: soft-deleted subject %s (versions %s)", subject, [v.version for v in live])
             return [v.version for v in live]
 
+    def _unset_settings(self, subject: str) -> list[Record]:
+        """Records unsetting the subject's own level and mode (a subject permanently gone loses them)."""
+        return ([config_record(subject, None)] if subject in self.state.config else []) + (
+            [mode_record(subject, None)] if subject in self.state.mode else [])
+
     async def delete_version(self, subject: str, spec: str, permanent: bool = False) -> int:
-        """Soft delete a live version, or permanently delete a soft-deleted one; returns its number."""
+        """Soft delete a live version, or permanently delete a soft-deleted one (``latest``: the latest live
+        one); returns its number. Refusals in Confluent's order: 40406 (soft delete of a soft-deleted version),
+        40401 / 40402, 42205 read-only, 42206 referenced (by soft-deleted referrers too for a permanent
+        delete), 40407."""
         async with self._lock:
             number = parse_version(spec)
-            every = self.versions(subject, deleted=True)
-            if number is None:
-                pool = every if permanent else [v for v in every if not v.deleted]
-                if not pool:
-                    raise errors.version_not_found(subject, spec)
-                number = pool[-1].version
-            v = next((x for x in every if x.version == number), None)
+            v = self._find(subject, number, deleted=True)
+            if v is not None and v.deleted and not permanent:
+                raise errors.version_soft_deleted(subject, v.version)
             if v is None:
-                raise errors.version_not_found(subject, spec)
-            self._writable(subject)
+                if not self.state.versions(subject, deleted=True):
+                    raise errors.subject_not_found(subject)
+                raise errors.version_not_found(-1 if number is None else number)
+            self._not_read_only(subject)
+            if self._referrers(subject, v.version, permanent):
+                raise errors.reference_exists(subject, v.version)
             if permanent:
                 if not v.deleted:
-                    raise RegistryError(404, errors.VERSION_NOT_SOFT_DELETED, f"Subject '{subject}' Version "
-                                        f"{number} was not deleted first before being permanently deleted")
-                await self.store.write([schema_tombstone(subject, number), id_high_record(self.state.high_id)])
+                    raise errors.version_not_soft_deleted(subject, v.version)
+                records = [schema_tombstone(subject, v.version), id_high_record(self.state.high_id)]
+                last = len(self.state.versions(subject, deleted=True)) == 1
+                await self.store.write(records + (self._unset_settings(subject) if last else []))
             else:
-                if v.deleted:
-                    raise RegistryError(404, errors.VERSION_SOFT_DELETED, f"Subject '{subject}' Version {number} "
-                                        "was soft deleted. Set permanent=true to delete permanently")
-                self._unreferenced(subject, [v])
                 await self.store.write([schema_record(replace(v, deleted=True))])
             log.info("schema registry: %s deleted subject %s version %d", "permanently" if permanent else "soft",
-                     subject, number)
-            return number
+                     subject, v.version)
+            return v.version
 
     # ---- config and mode ------------------------------------------------------------------------------------
 
@@ -409,27 +518,43 @@ class RegistryService:
             await self.store.write([record])
 
     async def set_config(self, subject: str | None, level: Level) -> str:
+        """Set the subject's (None: the global) level; 42205 while its mode is read-only."""
+        if subject is not None:
+            _check_subject(subject)
+        self._not_read_only(subject)
         await self._write_one(config_record(subject, level.value))
         return level.value
 
     async def delete_config(self, subject: str | None) -> str:
-        """Unset the subject's level (the global one: back to the default); returns the level it had."""
+        """Unset the subject's level (the global one: back to the default); returns the level it had. 40401 when
+        the subject has none (Confluent's code here, not 40408), 42205 while its mode is read-only."""
+        if subject is not None and subject not in self.state.config:
+            raise errors.subject_not_found(subject)
         previous = self.config(subject)
+        self._not_read_only(subject)
         await self._write_one(config_record(subject, None))
         return previous
 
     async def set_mode(self, subject: str | None, mode: object, force: bool = False) -> str:
+        """Set the subject's (None: the global) mode (any case); IMPORT only where no live subject is in the way
+        unless ``force`` or already IMPORT."""
+        if subject is not None:
+            _check_subject(subject)
         if not isinstance(mode, str) or mode.upper() not in MODES:
             raise errors.invalid_mode(mode)
         mode = mode.upper()
-        if mode == "IMPORT" and not force:
+        if mode == "IMPORT" and not force and self.mode(subject, default_to_global=True) != "IMPORT":
             in_use = self.subjects() if subject is None else [s for s in self.subjects() if s == subject]
             if in_use:
                 raise errors.not_permitted("Cannot import since found existing subjects")
         await self._write_one(mode_record(subject, mode))
         return mode
 
-    async def delete_mode(self, subject: str) -> str:
+    async def delete_mode(self, subject: str | None) -> str:
+        """Unset the subject's (None: the global) mode; returns the mode it had (40401 when the subject has
+        none)."""
+        if subject is not None and subject not in self.state.mode:
+            raise errors.subject_not_found(subject)
         previous = self.mode(subject)
         await self._write_one(mode_record(subject, None))
         return previous
