@@ -15,7 +15,12 @@
   table (``tabletopic.offsets`` / ``tabletopic.commit-id`` properties) and nowhere else, its referenced and
   leftover files, its columns against the converter settings.
 - :mod:`coordinator.state`: the durable REQUEST_COMMIT → PRE_COMMIT → COMMITTED checkpoint.
+- :mod:`coordinator.merge`, :mod:`coordinator.evolution`, :mod:`coordinator.table_writer`: the upsert/CDC merge,
+  the table changes workers ask for, and format v3 commits, each done through an injected seam (the Spark side
+  process).
+- :mod:`coordinator.maintenance`: automatic compaction and maintenance beside the rounds.
 
-Only :mod:`coordinator.committer` writes to the catalog; offsets are always read back from the table. Nothing here
-imports ``worker/`` or the broker's upper layer (``tabletopic.broker``, ``plugin_host``, ``server``, ``cli``).
+Only :mod:`coordinator.committer` writes to the catalog from the broker's process; offsets are always read back from
+the table. Nothing here imports ``worker/`` or the broker's upper layer (``tabletopic.broker``, ``plugin_host``,
+``server``, ``cli``).
 """

@@ -44,7 +44,8 @@ DataFile = _IcebergDataFile
 
 DeleteFile = _IcebergDataFile
 """A position or equality delete file entry: pyiceberg models them as ``DataFile`` entries whose ``content`` is
-``POSITION_DELETES`` / ``EQUALITY_DELETES`` (written by an upsert/CDC writer; none is built yet)."""
+``POSITION_DELETES`` / ``EQUALITY_DELETES``. The workers write none: an upsert/CDC round's deletes are written by
+Spark's MERGE (position deletes, or deletion vectors on format v3), never equality deletes."""
 
 DATA_DIR = "data"
 """Workers write under ``<table location>/data/`` (the default location provider's layout); the coordinator lists

@@ -16,8 +16,8 @@ does, beside ``_kafka_header``, ``_kafka_key`` and ``_kafka_metadata``) and a ``
   "db|schema.table" means "schema, else db"); null when the envelope has no source, or no table in it.
 
 The row type is the ``after`` record's (``before``'s when the envelope has no ``after``; Debezium gives both the
-same record type). It is an append table: every event is a row (updates and deletes are applied by upsert tables,
-``cdc.field=_cdc.op``, which are not built yet).
+same record type). Alone it makes an append table, every event a row; with ``cdc.field=_cdc.op`` and
+``id.columns=[_from_debezium_key_]`` the table applies the changes by key (a CDC table).
 
 Bad data (``errors.tolerance``): a value schema that is not an envelope (no string ``op``, no ``after`` /
 ``before`` record) or whose row has a field named like a record column or ``_cdc`` (``unsupported_schema``, as
