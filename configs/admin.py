@@ -4,7 +4,10 @@ The request handlers (``tabletopic.server.handlers.configs``) only translate the
 included (:class:`~configs.errors.InvalidConfigError` → INVALID_CONFIG, :class:`~configs.errors.InvalidRequestError`
 → INVALID_REQUEST).
 Kafka's semantics: a topic setting's value comes from the topic override (DYNAMIC_TOPIC_CONFIG), else from its
-broker synonym set in server.properties (STATIC_BROKER_CONFIG), else from the default (DEFAULT_CONFIG).
+broker synonym set in server.properties (STATIC_BROKER_CONFIG), else from the default (DEFAULT_CONFIG). Every
+topic setting is answered with its value, as Kafka does, except those that have none (unset, no default: a table
+topic's ``cdc.field``, ``id.columns``, ...): they are left out, as a null value is not one a client can write back
+(librdkafka refuses to set one, and Kafka refuses it in AlterConfigs), so what a client reads it can write again.
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ def _render_override(setting: Setting, raw: str) -> str | None:
 def describe_topic(
     overrides: Mapping[str, str], broker: BrokerConfig, keys: Iterable[str] | None = None
 ) -> list[ConfigEntry]:
-    """Every topic setting (or those in ``keys``) with value, source and synonyms (most specific first)."""
+    """Every topic setting (or those in ``keys``) that has a value, with its source and synonyms (most specific
+    first); settings without one (unset, no default) are left out (module doc)."""
     wanted = None if keys is None else set(keys)
     entries: list[ConfigEntry] = []
     for name in sorted(TOPIC_SETTINGS):
@@ -135,6 +139,8 @@ def describe_topic(
             top = synonyms[0]
         else:
             top = ConfigSynonym(name, _render(setting, broker.topic_default(name)), ConfigSource.DEFAULT_CONFIG)
+        if top.value is None and not setting.sensitive:
+            continue
         if setting.sensitive:
             synonyms = [ConfigSynonym(s.name, None, s.source) for s in synonyms]
         entries.append(ConfigEntry(

@@ -21,6 +21,15 @@ from configs.errors import InvalidConfigError
 from configs.partition_spec import check_field_path, parse_id_columns, parse_partition_by
 
 
+class Origin(Enum):
+    """Whose name a setting is: Kafka's (Apache Kafka's meaning and type), AutoMQ's (its Table Topic settings) or
+    tabletopic's own."""
+
+    KAFKA = "Kafka"
+    AUTOMQ = "AutoMQ"
+    TABLETOPIC = "tabletopic"
+
+
 class Type(Enum):
     BOOLEAN = "boolean"
     INT = "int"
@@ -43,7 +52,12 @@ LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One declared setting. ``default`` is the parsed value (None = no default / null)."""
+    """One declared setting. ``default`` is the parsed value (None = no default / null).
+
+    ``origin`` says whose name it is; ``applied`` False marks a setting that is accepted (parsed, validated, stored
+    and described) but that nothing in this broker acts on: its ``doc`` says so and why (Kafka's replication,
+    tiered storage and log-compaction knobs, for instance), so that the configuration reference tells both apart.
+    """
 
     name: str
     type: Type
@@ -54,6 +68,8 @@ class Setting:
     sensitive: bool = False
     # the broker-level setting a topic setting falls back to (Kafka's "synonym"), e.g. retention.ms → log.retention.ms
     broker_synonym: str | None = None
+    origin: Origin = Origin.KAFKA
+    applied: bool = True
 
     def parse(self, raw: str | None) -> Value:
         """Parse a string value; raises InvalidConfigError naming the key and value."""
@@ -155,11 +171,72 @@ def one_of(*values: str, case_insensitive: bool = False) -> Validator:
 
 
 def list_of(*values: str) -> Validator:
+    """Each item one of ``values``; an empty list passes (Kafka's ``ValidList.in``)."""
+
     def check(name: str, v: Value) -> None:
         items = _items(name, v)
-        if not items or any(x not in values for x in items):
+        if any(x not in values for x in items):
             raise InvalidConfigError.invalid_value(name, ",".join(items),
                                                    f"each item must be one of: {', '.join(values)}")
+
+    return check
+
+
+def between_or(lo: int, hi: int, special: int) -> Validator:
+    """In [lo, hi] or exactly ``special`` (Kafka's gzip level: 1..9, or -1 for zlib's default)."""
+
+    def check(name: str, v: Value) -> None:
+        n = _number(name, v)
+        if n != special and not lo <= n <= hi:
+            raise InvalidConfigError.invalid_value(name, v, f"Value must be between {lo} and {hi} or equal to "
+                                                            f"{special}")
+
+    return check
+
+
+_REPLICA = re.compile(r"^(?:[0-9]+:[0-9]+)?$")
+
+
+def throttled_replicas_validator(name: str, v: Value) -> None:
+    """Kafka's throttled-replica lists: the literal ``*`` or ``partitionId:brokerId`` items."""
+    items = _items(name, v)
+    if not (all(_REPLICA.match(i) for i in items) or "".join(items) == "*"):
+        raise InvalidConfigError.invalid_value(
+            name, ",".join(items), f"{name} must be the literal '*' or a list of replicas in the following format: "
+                                   "[partitionId]:[brokerId],[partitionId]:[brokerId],...")
+
+
+# Kafka 3.9's MetadataVersion names (message.format.version): release -> how many IVn versions it has (0: none)
+_KAFKA_RELEASES = {
+    "0.8.0": 0, "0.8.1": 0, "0.8.2": 0, "0.9.0": 0, "0.10.0": 2, "0.10.1": 3, "0.10.2": 1, "0.11.0": 3, "1.0": 1,
+    "1.1": 1, "2.0": 2, "2.1": 3, "2.2": 2, "2.3": 2, "2.4": 2, "2.5": 1, "2.6": 1, "2.7": 3, "2.8": 2, "3.0": 2,
+    "3.1": 1, "3.2": 1, "3.3": 4, "3.4": 1, "3.5": 3, "3.6": 3, "3.7": 5, "3.8": 1, "3.9": 1, "4.0": 2,
+}
+
+
+def metadata_version_validator(name: str, v: Value) -> None:
+    """A version Kafka 3.9's ``MetadataVersion.fromVersionString`` knows: ``2.8``, ``3.0-IV1``, ``0.10.2``, ... (a
+    longer one is cut to its release: ``0.10.2.1`` is ``0.10.2``, ``3.0.1`` is ``3.0``)."""
+    text = _text(name, v)
+    parts = text.split(".")
+    keep = 3 if text.startswith("0.") else 2
+    key = text if keep >= len(parts) else ".".join(parts[:keep])
+    release, sep, iv = key.partition("-IV")
+    ivs = _KAFKA_RELEASES.get(release)
+    if sep:
+        known = ivs is not None and re.fullmatch("[0-9]+", iv) is not None and int(iv) < ivs
+    else:  # a bare release names its newest production version; Kafka 3.9 had none of 4.0 yet
+        known = ivs is not None and release != "4.0"
+    if not known:
+        raise InvalidConfigError.invalid_value(name, text, f"Version {text} is not a valid version")
+
+
+def refused_when_true(why: str) -> Validator:
+    """A boolean only ``false`` is accepted for (``why``: what the broker lacks)."""
+
+    def check(name: str, v: Value) -> None:
+        if v is True:
+            raise InvalidConfigError.invalid_value(name, "true", why)
 
     return check
 
@@ -306,7 +383,8 @@ _broker(
     Setting("log.index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0)),
     Setting("log.flush.threads", Type.INT, 4,
             "Threads that fsync partition logs in parallel (group commit within each partition). Not a Kafka "
-            "setting: Kafka relies on replication instead of fsync.", between(1, 64), dynamic=False),
+            "setting: Kafka relies on replication instead of fsync.", between(1, 64), dynamic=False,
+            origin=Origin.TABLETOPIC),
     Setting("log.flush.interval.ms", Type.LONG, None,
             "Unset (default): acks=1/all are answered only after fsync, batched across requests. "
             "Set: answer without waiting for fsync and fsync at least this often (less durable).",
@@ -315,8 +393,10 @@ _broker(
             one_of("CreateTime", "LogAppendTime")),
     Setting("message.max.bytes", Type.INT, 1048588, "Largest record batch accepted.", at_least(0)),
     Setting("socket.request.max.bytes", Type.INT, 104857600, "Largest request frame accepted.", at_least(1)),
-    Setting("socket.send.buffer.bytes", Type.INT, 102400, "SO_SNDBUF (-1: OS default).", at_least(-1)),
-    Setting("socket.receive.buffer.bytes", Type.INT, 102400, "SO_RCVBUF (-1: OS default).", at_least(-1)),
+    Setting("socket.send.buffer.bytes", Type.INT, 102400, "SO_SNDBUF. Accepted; not applied: sockets keep the "
+            "operating system's buffer sizes.", at_least(-1), applied=False),
+    Setting("socket.receive.buffer.bytes", Type.INT, 102400, "SO_RCVBUF. Accepted; not applied: sockets keep the "
+            "operating system's buffer sizes.", at_least(-1), applied=False),
     Setting("connections.max.idle.ms", Type.LONG, 600000, "Idle connections are closed after this.",
             at_least(1)),
     Setting("group.initial.rebalance.delay.ms", Type.INT, 3000, "Delay of the first rebalance of a group.",
@@ -328,40 +408,41 @@ _broker(
     Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
             at_least(1)),
     Setting("shutdown.timeout.ms", Type.LONG, 30000, "Graceful shutdown waits this long for in-flight work.",
-            at_least(0)),
+            at_least(0), origin=Origin.TABLETOPIC),
     # ---- Table Topic (AutoMQ's names). Every automq.table.topic.catalog.<key> not declared here is passed
     # through to the Iceberg catalog (uri, warehouse, credential, token, ...), and every
     # automq.table.topic.schema.registry.config.<key> to the schema registry client.
     Setting("automq.table.topic.catalog.type", Type.STRING, None,
             "Iceberg catalog type: sql (embedded SQLite/PostgreSQL catalog, the shipped default), rest, glue, "
             "nessie, tablebucket, hive. Unset: the table topic feature is off on this broker.",
-            one_of(*CATALOG_TYPES), dynamic=False),
+            one_of(*CATALOG_TYPES), dynamic=False, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.catalog.name", Type.STRING, "tabletopic",
             "Iceberg catalog name; Spark and other engines must use the same name to see the tables.",
-            dynamic=False),
+            dynamic=False, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.namespace", Type.STRING, "default",
             "Default Iceberg namespace of table topics (topic setting of the same name overrides it).",
-            dynamic=False),
+            dynamic=False, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.schema.registry.url", Type.STRING, None,
             "Confluent-compatible schema registry URL; needed by the by_schema_id and by_latest_schema converters.",
-            dynamic=False),
+            dynamic=False, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.metrics.port", Type.INT, None,
             "Port of the Prometheus /metrics HTTP endpoint (table topic delay, fields, busy ratio); "
             "unset: no endpoint; 0: any free port.",
-            between(0, 65535), dynamic=False),
+            between(0, 65535), dynamic=False, origin=Origin.TABLETOPIC),
     # tabletopic's own, the broker-wide default of the topic setting of the same name (tests turn it off)
     Setting("automq.table.topic.compaction.enable", Type.BOOLEAN, True,
             "Default of the topic setting automq.table.topic.compaction.enable: automatic compaction and maintenance "
-            "of table topics' tables. Not an AutoMQ setting: tabletopic's own.", dynamic=False),
+            "of table topics' tables. Not an AutoMQ setting: tabletopic's own.", dynamic=False,
+            origin=Origin.TABLETOPIC),
     # tabletopic's own (not an AutoMQ name: AutoMQ converts inside the broker's JVM)
     Setting("schema.registry.listeners", Type.LIST, None,
             "Where the broker serves its Confluent-compatible schema registry, e.g. http://127.0.0.1:8081 "
             "(schemas kept in the _schemas topic); unset or blank: no registry. Not a Kafka setting: "
-            "tabletopic's own.", http_listeners_validator, dynamic=False),
+            "tabletopic's own.", http_listeners_validator, dynamic=False, origin=Origin.TABLETOPIC),
     Setting("table.topic.conversion.pool.size", Type.INT, os.cpu_count() or 1,
             "Processes that convert table topic records into Parquet files, shared by all table topics "
             "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
-            at_least(1), dynamic=False),
+            at_least(1), dynamic=False, origin=Origin.TABLETOPIC),
     # ---- The Spark side process (tabletopic.spark_service): every broker setting starting with spark. goes to its
     # Spark session (and to `tabletopic sql`'s); the two below are declared for their defaults and checks.
     Setting("spark.master", Type.STRING, "local[4]",
@@ -369,64 +450,117 @@ _broker(
             "it), e.g. local[4] (in-process, the default: four task threads, which keep two cores busy while tasks "
             "wait on files) or spark://host:7077 for a Spark cluster. Every broker "
             "setting starting with spark. is passed to that Spark session unchanged (and to `tabletopic sql`).",
-            non_blank, dynamic=False),
+            non_blank, dynamic=False, origin=Origin.TABLETOPIC),
     Setting("spark.driver.memory", Type.STRING, "1g",
             "Heap of the Spark side process's driver JVM (in local mode the executors run in it too), e.g. 512m "
             "or 2g; its resident size is this plus a few hundred MB of JVM overhead.",
-            jvm_size_validator, dynamic=False),
+            jvm_size_validator, dynamic=False, origin=Origin.TABLETOPIC),
     # tabletopic's own, not passed to Spark (no spark. prefix): the side process's lifetime
     Setting("table.topic.spark.idle.stop.ms", Type.LONG, 600000,
             "Stop the broker's Spark side process (its driver JVM, about spark.driver.memory plus a few hundred MB) "
             "after this long without an operation; the next schema change, upsert merge or maintenance step starts "
             "it again. 0: never stop it. Not an AutoMQ setting: tabletopic's own.",
-            at_least(0), dynamic=False),
+            at_least(0), dynamic=False, origin=Origin.TABLETOPIC),
 )
 
+# ---- Kafka's topic settings: every one of Kafka 3.9 and 4.x, with Kafka's names, types, defaults, ranges and
+# broker synonyms (LogConfig, TopicConfig, QuotaConfig). Those this broker acts on are applied as Kafka does; the
+# others (replication, tiered storage, log compaction, recompression, ...) are accepted, stored and described with
+# applied=False, their doc saying why, so that the clients and tools that set them (Kafka Connect, Debezium,
+# Strimzi, Terraform providers) work unchanged.
+_NOT_APPLIED = "Accepted and stored; not applied: "
+_SINGLE_NODE = _NOT_APPLIED + "one broker holds the only replica of every partition."
+_NO_COMPACTION = _NOT_APPLIED + "log compaction is not built (cleanup.policy=compact keeps every record)."
+_NO_RECOMPRESSION = _NOT_APPLIED + "the broker never recompresses: batches are stored as the producer sent them."
+_NO_TIERED_STORAGE = _NOT_APPLIED + "this broker has no tiered storage (remote.storage.enable is always false)."
+_BROKER_FSYNC = _NOT_APPLIED + "writes are fsynced before they are acknowledged, or as the broker's " \
+                               "log.flush.interval.ms says."
+_ANY_TIMESTAMP = _NOT_APPLIED + "no record is refused for its timestamp, however far from the broker's clock."
 _topic(
     Setting("cleanup.policy", Type.LIST, ("delete",),
-            "delete: time and size retention; compact is accepted but not applied yet (a compact-only topic keeps "
-            "every record: no retention).",
+            "delete: segments past retention.ms or retention.bytes are deleted. compact: accepted, but log "
+            "compaction is not built: a topic whose policy does not include delete (compact alone, or an empty "
+            "list) keeps every record.",
             list_of("delete", "compact"), broker_synonym="log.cleanup.policy"),
-    Setting("retention.ms", Type.LONG, 7 * DAY_MS, "Retention time (-1: forever).", at_least(-1),
-            broker_synonym="log.retention.ms"),
-    Setting("retention.bytes", Type.LONG, -1, "Retention size per partition (-1: unlimited).", at_least(-1),
-            broker_synonym="log.retention.bytes"),
-    Setting("segment.bytes", Type.INT, 1 << 30, "Segment size before a roll.", at_least(14),
-            broker_synonym="log.segment.bytes"),
+    Setting("retention.ms", Type.LONG, 7 * DAY_MS, "Closed segments whose newest record is older than this are "
+            "deleted (-1: no time limit).", at_least(-1), broker_synonym="log.retention.ms"),
+    Setting("retention.bytes", Type.LONG, -1, "Oldest closed segments are deleted while a partition is larger than "
+            "this (negative: no size limit).", broker_synonym="log.retention.bytes"),
+    Setting("segment.bytes", Type.INT, 1 << 30, "Segment size before a roll (at least 14 as in Kafka 3.9; newer Kafka "
+            "asks at least 1 MiB).", at_least(14), broker_synonym="log.segment.bytes"),
     Setting("segment.ms", Type.LONG, 7 * DAY_MS, "Segment age before a roll.", at_least(1),
             broker_synonym="log.roll.ms"),
-    Setting("segment.index.bytes", Type.INT, 10485760, "Offset index size (accepted for compatibility).",
-            at_least(4), broker_synonym="log.index.size.max.bytes"),
+    Setting("segment.jitter.ms", Type.LONG, 0, _NOT_APPLIED + "segments roll exactly at segment.ms.", at_least(0),
+            broker_synonym="log.roll.jitter.ms", applied=False),
+    Setting("segment.index.bytes", Type.INT, 10485760, _NOT_APPLIED + "offset indexes are sparse and sized by "
+            "what they hold, never preallocated.", at_least(4), broker_synonym="log.index.size.max.bytes",
+            applied=False),
     Setting("index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0),
             broker_synonym="log.index.interval.bytes"),
     Setting("max.message.bytes", Type.INT, 1048588, "Largest record batch accepted.", at_least(0),
             broker_synonym="message.max.bytes"),
-    Setting("message.timestamp.type", Type.STRING, "CreateTime", "CreateTime or LogAppendTime.",
+    Setting("message.timestamp.type", Type.STRING, "CreateTime",
+            "CreateTime (the producer's timestamps) or LogAppendTime (the broker's clock at append).",
             one_of("CreateTime", "LogAppendTime"), broker_synonym="log.message.timestamp.type"),
-    Setting("flush.ms", Type.LONG, LONG_MAX, "Accepted for compatibility; durability follows log.flush.interval.ms.",
-            at_least(0), broker_synonym="log.flush.interval.ms"),
-    Setting("flush.messages", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(1),
-            broker_synonym="log.flush.interval.messages"),
-    Setting("compression.type", Type.STRING, "producer", "Only 'producer' (batches are stored as sent).",
-            one_of("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
-            broker_synonym="compression.type"),
-    Setting("min.insync.replicas", Type.INT, 1, "Single node: 1.", at_least(1),
-            broker_synonym="min.insync.replicas"),
-    Setting("unclean.leader.election.enable", Type.BOOLEAN, False, "Single node: ignored.",
-            broker_synonym="unclean.leader.election.enable"),
-    Setting("delete.retention.ms", Type.LONG, DAY_MS, "Accepted for compatibility.", at_least(0),
-            broker_synonym="log.cleaner.delete.retention.ms"),
-    Setting("min.compaction.lag.ms", Type.LONG, 0, "Accepted for compatibility.", at_least(0),
-            broker_synonym="log.cleaner.min.compaction.lag.ms"),
-    Setting("max.compaction.lag.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(1),
-            broker_synonym="log.cleaner.max.compaction.lag.ms"),
-    Setting("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, "Accepted for compatibility.", between(0, 1),
-            broker_synonym="log.cleaner.min.cleanable.ratio"),
-    Setting("message.timestamp.before.max.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(0),
-            broker_synonym="log.message.timestamp.before.max.ms"),
-    Setting("message.timestamp.after.max.ms", Type.LONG, LONG_MAX, "Accepted for compatibility.", at_least(0),
-            broker_synonym="log.message.timestamp.after.max.ms"),
-    Setting("preallocate", Type.BOOLEAN, False, "Accepted for compatibility.", broker_synonym="log.preallocate"),
+    Setting("message.timestamp.before.max.ms", Type.LONG, LONG_MAX, _ANY_TIMESTAMP, at_least(0),
+            broker_synonym="log.message.timestamp.before.max.ms", applied=False),
+    Setting("message.timestamp.after.max.ms", Type.LONG, LONG_MAX, _ANY_TIMESTAMP, at_least(0),
+            broker_synonym="log.message.timestamp.after.max.ms", applied=False),
+    Setting("message.timestamp.difference.max.ms", Type.LONG, LONG_MAX, _ANY_TIMESTAMP + " Kafka 3.x only (removed "
+            "in Kafka 4.0).", at_least(0), broker_synonym="log.message.timestamp.difference.max.ms", applied=False),
+    Setting("message.format.version", Type.STRING, "3.0-IV1", _NOT_APPLIED + "batches are always stored in the "
+            "v2 format. Kafka 3.x only (removed in Kafka 4.0); a version Kafka 3.9 knows, e.g. 2.8 or 3.0-IV1.",
+            metadata_version_validator, broker_synonym="log.message.format.version", applied=False),
+    Setting("message.downconversion.enable", Type.BOOLEAN, True, _NOT_APPLIED + "the broker never converts batches "
+            "to older formats (a no-op in Kafka 4.0 as well).", broker_synonym="log.message.downconversion.enable",
+            applied=False),
+    Setting("flush.ms", Type.LONG, LONG_MAX, _BROKER_FSYNC, at_least(0), broker_synonym="log.flush.interval.ms",
+            applied=False),
+    Setting("flush.messages", Type.LONG, LONG_MAX, _BROKER_FSYNC, at_least(1),
+            broker_synonym="log.flush.interval.messages", applied=False),
+    Setting("file.delete.delay.ms", Type.LONG, 60000, _NOT_APPLIED + "the files of deleted segments are removed at "
+            "once.", at_least(0), broker_synonym="log.segment.delete.delay.ms", applied=False),
+    Setting("preallocate", Type.BOOLEAN, False, _NOT_APPLIED + "segment files grow as they are written.",
+            broker_synonym="log.preallocate", applied=False),
+    Setting("compression.type", Type.STRING, "producer", _NO_RECOMPRESSION + " Every value acts as producer.",
+            one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"), broker_synonym="compression.type",
+            applied=False),
+    Setting("compression.gzip.level", Type.INT, -1, _NO_RECOMPRESSION, between_or(1, 9, -1),
+            broker_synonym="compression.gzip.level", applied=False),
+    Setting("compression.lz4.level", Type.INT, 9, _NO_RECOMPRESSION, between(1, 17),
+            broker_synonym="compression.lz4.level", applied=False),
+    Setting("compression.zstd.level", Type.INT, 3, _NO_RECOMPRESSION, between(-131072, 22),
+            broker_synonym="compression.zstd.level", applied=False),
+    Setting("delete.retention.ms", Type.LONG, DAY_MS, _NO_COMPACTION, at_least(0),
+            broker_synonym="log.cleaner.delete.retention.ms", applied=False),
+    Setting("min.compaction.lag.ms", Type.LONG, 0, _NO_COMPACTION + " At most max.compaction.lag.ms.", at_least(0),
+            broker_synonym="log.cleaner.min.compaction.lag.ms", applied=False),
+    Setting("max.compaction.lag.ms", Type.LONG, LONG_MAX, _NO_COMPACTION, at_least(1),
+            broker_synonym="log.cleaner.max.compaction.lag.ms", applied=False),
+    Setting("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, _NO_COMPACTION, between(0, 1),
+            broker_synonym="log.cleaner.min.cleanable.ratio", applied=False),
+    Setting("min.insync.replicas", Type.INT, 1, _SINGLE_NODE + " acks=all writes succeed whatever the value.",
+            at_least(1), broker_synonym="min.insync.replicas", applied=False),
+    Setting("unclean.leader.election.enable", Type.BOOLEAN, False, _SINGLE_NODE,
+            broker_synonym="unclean.leader.election.enable", applied=False),
+    Setting("leader.replication.throttled.replicas", Type.LIST, (), _SINGLE_NODE + " Kafka's syntax: * or "
+            "partitionId:brokerId,...", throttled_replicas_validator, applied=False),
+    Setting("follower.replication.throttled.replicas", Type.LIST, (), _SINGLE_NODE + " Kafka's syntax: * or "
+            "partitionId:brokerId,...", throttled_replicas_validator, applied=False),
+    Setting("remote.storage.enable", Type.BOOLEAN, False, "Tiered storage: only false, what this broker does (it "
+            "has no tiered storage: true is refused with INVALID_CONFIG rather than stored and ignored).",
+            refused_when_true("this broker has no tiered storage (remote log storage), so a topic cannot be "
+                              "configured with remote log storage")),
+    Setting("local.retention.ms", Type.LONG, -2, _NO_TIERED_STORAGE + " -2: retention.ms.", at_least(-2),
+            broker_synonym="log.local.retention.ms", applied=False),
+    Setting("local.retention.bytes", Type.LONG, -2, _NO_TIERED_STORAGE + " -2: retention.bytes.", at_least(-2),
+            broker_synonym="log.local.retention.bytes", applied=False),
+    Setting("remote.log.copy.disable", Type.BOOLEAN, False, _NO_TIERED_STORAGE, applied=False),
+    Setting("remote.log.delete.on.disable", Type.BOOLEAN, False, _NO_TIERED_STORAGE, applied=False),
+    Setting("remote.copy.lag.ms", Type.LONG, 0, _NO_TIERED_STORAGE + " (Kafka's newest setting.)", at_least(-1),
+            broker_synonym="log.remote.copy.lag.ms", applied=False),
+    Setting("remote.copy.lag.bytes", Type.LONG, 0, _NO_TIERED_STORAGE + " (Kafka's newest setting.)", at_least(-1),
+            broker_synonym="log.remote.copy.lag.bytes", applied=False),
 )
 
 # ---- Table Topic settings: AutoMQ's names, types, defaults and ranges (AutoMQ's documented topic settings).
@@ -434,61 +568,63 @@ _topic(
 _topic(
     Setting("automq.table.topic.enable", Type.BOOLEAN, False,
             "Materialize this topic as an Iceberg table. Turning it on later backfills from the log start offset; "
-            "turning it off stops the workers (the table is never dropped)."),
+            "turning it off stops the workers (the table is never dropped).", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.commit.interval.ms", Type.LONG, 60000,
-            "Interval between Iceberg commits of the table.", between(1, 900000)),
+            "Interval between Iceberg commits of the table.", between(1, 900000), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.namespace", Type.STRING, None,
             "Iceberg namespace of the table (default: the broker's automq.table.topic.namespace). "
             "Blank: the table identifier is just the topic name.",
-            broker_synonym="automq.table.topic.namespace"),
+            broker_synonym="automq.table.topic.namespace", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.schema.type", Type.STRING, "none",
             "[DEPRECATED] none; schemaless (string key, string value, legacy key/value/timestamp columns); "
             "schema (string key, by_schema_id value, flatten). Cannot be combined with the convert/transform "
             "settings.",
-            one_of("none", "schemaless", "schema")),
+            one_of("none", "schemaless", "schema"), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.value.type", Type.STRING, "raw",
             "How record values are parsed: raw, string, json (plain JSON objects, columns inferred from the "
             "records; tabletopic's own), by_schema_id (Confluent-framed Avro, Protobuf, JSON Schema), "
             "by_latest_schema (unframed payloads of the subject's latest schema). The last two need a schema "
             "registry: automq.table.topic.schema.registry.url, or the broker's own (schema.registry.listeners).",
-            one_of(*CONVERT_TYPES)),
+            one_of(*CONVERT_TYPES), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.key.type", Type.STRING, "string",
             "How record keys are parsed: raw, string, json (plain JSON objects, columns inferred from the "
             "records; tabletopic's own), by_schema_id (Confluent-framed Avro, Protobuf, JSON Schema), "
             "by_latest_schema (unframed payloads of the subject's latest schema). The last two need a schema "
             "registry: automq.table.topic.schema.registry.url, or the broker's own (schema.registry.listeners).",
-            one_of(*CONVERT_TYPES)),
+            one_of(*CONVERT_TYPES), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.value.by_latest_schema.subject", Type.STRING, None,
             "Subject of the latest value schema for by_latest_schema (default: <topic>-value). "
-            "Avro, JSON Schema and Protobuf subjects are accepted."),
+            "Avro, JSON Schema and Protobuf subjects are accepted.", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.value.by_latest_schema.message.full.name", Type.STRING, None,
-            "Protobuf only: fully-qualified message name of the value schema (default: the first message)."),
+            "Protobuf only: fully-qualified message name of the value schema (default: the first message).",
+            origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.key.by_latest_schema.subject", Type.STRING, None,
-            "Subject of the latest key schema for by_latest_schema (default: <topic>-key)."),
+            "Subject of the latest key schema for by_latest_schema (default: <topic>-key).", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.convert.key.by_latest_schema.message.full.name", Type.STRING, None,
-            "Protobuf only: fully-qualified message name of the key schema (default: the first message)."),
+            "Protobuf only: fully-qualified message name of the key schema (default: the first message).",
+            origin=Origin.AUTOMQ),
     Setting("automq.table.topic.transform.value.type", Type.STRING, "none",
             "Transform after conversion: none, flatten (top-level value fields become columns; needs a json, "
             "by_schema_id or by_latest_schema value converter), flatten_debezium (Debezium change events: the "
             "row after the change (before it for deletes) as columns plus _cdc struct<op I/U/D, ts ms, offset, "
             "source schema-or-db.table>; tombstones skipped; needs a by_schema_id or by_latest_schema value "
             "converter).",
-            one_of(*TRANSFORM_TYPES)),
+            one_of(*TRANSFORM_TYPES), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.id.columns", Type.STRING, None,
             "Identifier (primary key) columns, e.g. [region, name]; dotted paths allowed. [_from_debezium_key_] "
             "takes the fields of the Debezium key (alone, with convert.key.type=by_schema_id). Needed by upsert "
             "and CDC. Columns of the topic's table: [id] with flatten, [_kafka_value.id] without, [_kafka_key] for "
             "the record key; primitive, not float/double (checked when set, and against an existing table).",
-            id_columns_validator),
+            id_columns_validator, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.partition.by", Type.STRING, None,
             "Partition spec, e.g. [bucket(_kafka_key, 16), _kafka_metadata.partition]: year(c), month(c), day(c), "
             "hour(c), bucket(c, N), truncate(c, W), or a column (identity), over the columns of the topic's table "
             "(checked when set). Changing it evolves the table's partition spec.",
-            partition_by_validator),
+            partition_by_validator, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.upsert.enable", Type.BOOLEAN, False,
             "Upsert mode: a record without a CDC op replaces the row with the same id.columns, or is inserted "
             "(needs automq.table.topic.id.columns). Applied by a MERGE INTO in the broker's Spark side process "
-            "(position deletes, merge-on-read)."),
+            "(position deletes, merge-on-read).", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.cdc.field", Type.STRING, None,
             "Field holding the CDC op I/U/D (first character, case-insensitive; anything else = insert); dotted "
             "paths allowed, e.g. _cdc.op (flatten_debezium's). Needs automq.table.topic.id.columns (deletes need a "
@@ -496,19 +632,19 @@ _topic(
             "insert of a key the table has replaces its row. The field must hold text (a struct, list or map column "
             "is refused; a value that is not text, such as bytes that are not UTF-8, makes the record bad data: "
             "cdc_field_not_text).",
-            field_path_validator),
+            field_path_validator, origin=Origin.AUTOMQ),
     Setting("automq.table.topic.errors.tolerance", Type.STRING, "invalid_data",
             "none: a bad record blocks the partition; invalid_data: skip records whose bytes are unusable; "
             "all: skip every record that fails conversion or transformation.",
-            one_of(*ERRORS_TOLERANCES)),
+            one_of(*ERRORS_TOLERANCES), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.expire.snapshot.enabled", Type.BOOLEAN, True,
             "Expire old snapshots: with automq.table.topic.compaction.enable (tabletopic's default), by the table's "
             "maintenance run, which also deletes the files only expired snapshots referenced; without it, as part "
-            "of each commit (those files then stay on disk)."),
+            "of each commit (those files then stay on disk).", origin=Origin.AUTOMQ),
     Setting("automq.table.topic.expire.snapshot.older.than.hours", Type.INT, 1,
-            "Snapshots older than this many hours are expired.", at_least(1)),
+            "Snapshots older than this many hours are expired.", at_least(1), origin=Origin.AUTOMQ),
     Setting("automq.table.topic.expire.snapshot.retain.last", Type.INT, 1,
-            "Snapshots always kept, however old.", at_least(1)),
+            "Snapshots always kept, however old.", at_least(1), origin=Origin.AUTOMQ),
     # ---- tabletopic's own extensions (not AutoMQ settings): automatic compaction and maintenance of the table,
     # run beside the commits by the broker's Spark side process (coordinator.maintenance)
     Setting("automq.table.topic.compaction.enable", Type.BOOLEAN, True,
@@ -516,44 +652,44 @@ _topic(
             "AutoMQ's): bin-pack small data files, apply position deletes past compaction.delete.ratio (dropping "
             "the delete files), rewrite manifests, expire snapshots (expire.snapshot.*) and remove orphan files "
             "(orphan.files.older.than.hours), in the broker's Spark side process every compaction.interval.ms.",
-            broker_synonym="automq.table.topic.compaction.enable"),
+            broker_synonym="automq.table.topic.compaction.enable", origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.interval.ms", Type.LONG, 60000,
             "How often the table's maintenance runs (tabletopic's own setting); a run that finds nothing to do "
-            "costs no Spark work.", between(1000, 86_400_000)),
+            "costs no Spark work.", between(1000, 86_400_000), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.target.file.size.bytes", Type.LONG, 128 << 20,
             "Size compaction bin-packs data files to; files under 75% of it are compacted (tabletopic's own "
-            "setting).", between(1 << 20, 1 << 40)),
+            "setting).", between(1 << 20, 1 << 40), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.min.input.files", Type.INT, 5,
             "Small data files of one table partition are compacted together once there are at least this many; a "
             "data file with this many position delete files is rewritten without its deleted rows (tabletopic's "
-            "own setting).", between(2, 100_000)),
+            "own setting).", between(2, 100_000), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.delete.ratio", Type.DOUBLE, 0.3,
             "A data file whose position deletes cover at least this share of its rows is rewritten without them, "
             "and the delete files left applying to nothing are dropped (tabletopic's own setting).",
-            between(0.01, 1.0)),
+            between(0.01, 1.0), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.min.input.manifests", Type.INT, 20,
             "The table's manifests are rewritten once its current snapshot has at least this many (each commit "
-            "adds one; tabletopic's own setting).", between(2, 100_000)),
+            "adds one; tabletopic's own setting).", between(2, 100_000), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.compaction.max.rewrite.bytes", Type.LONG, 128 << 20,
             "At most about this many bytes of data files are rewritten by one maintenance run (at least one file): "
             "the run takes as many files as fit when each is as large as the table's largest, and a run that "
             "reached that count runs again a few seconds later. It bounds how long an upsert or CDC table's "
             "rounds wait for a run, since the broker's Spark side process does one operation at a time. 0: no "
-            "limit (tabletopic's own setting).", between(0, 1 << 50)),
+            "limit (tabletopic's own setting).", between(0, 1 << 50), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.orphan.files.older.than.hours", Type.INT, 24,
             "Files under the table's location that no snapshot references are deleted once older than this "
             "(tabletopic's own setting; part of the compaction run). Files of a round in flight are never "
-            "touched, whatever their age.", between(1, 87_600)),
+            "touched, whatever their age.", between(1, 87_600), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.copy.on.write.max.bytes", Type.LONG, 32 << 20,
             "An upsert or CDC table whose files total at most this many bytes takes its changes copy-on-write: a "
             "round writes the whole table again with its changes applied (one data file per table partition, no "
             "delete files), so readers apply no deletes; a larger table's rounds merge (position deletes, or "
             "deletion vectors on format v3) and its maintenance compacts them. 0: always merge (tabletopic's own "
-            "setting).", between(0, 1 << 40)),
+            "setting).", between(0, 1 << 40), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.copy.on.write.max.merged.rounds", Type.INT, 0,
             "On an upsert or CDC table under copy.on.write.max.bytes: how many rounds in a row may merge instead "
             "(cheaper in Spark, leaving delete files for readers) before one writes the table again; 0: every round "
-            "writes it again (tabletopic's own setting).", between(0, 1000)),
+            "writes it again (tabletopic's own setting).", between(0, 1000), origin=Origin.TABLETOPIC),
     Setting("automq.table.topic.iceberg.auto-create.properties", Type.LIST,
             ("write.metadata.delete-after-commit.enabled=true",),
             "key=value table properties given to tables the broker creates (replaces the defaults; applied at "
@@ -564,7 +700,7 @@ _topic(
             "overridden: format versions other than 2 and 3 (and one an "
             "existing table is not), tabletopic.* keys (the broker's own), and on upsert/CDC tables merge modes "
             "other than merge-on-read or write.wap.enabled=false.",
-            key_value_list_validator),
+            key_value_list_validator, origin=Origin.AUTOMQ),
 )
 
 
@@ -901,8 +1037,8 @@ class BrokerConfig:
 def parse_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Value]:
     """Parse a topic's override set, each setting on its own (name, type, range); raises InvalidConfigError.
 
-    The rules between settings are :func:`configs.table_topic.check_table_topic_rules`;
-    :func:`configs.validation.validate_topic_configs` runs both.
+    The rules between settings are :func:`check_kafka_topic_rules` and
+    :func:`configs.table_topic.check_table_topic_rules`; :func:`configs.validation.validate_topic_configs` runs all.
     """
     parsed: dict[str, Value] = {}
     for key, raw in configs.items():
@@ -913,6 +1049,21 @@ def parse_topic_configs(configs: Mapping[str, str | None]) -> dict[str, Value]:
             raise InvalidConfigError(f"Null value not supported for topic config {key}", key=key)
         parsed[key] = setting.parse(raw)
     return parsed
+
+
+def check_kafka_topic_rules(parsed_overrides: Mapping[str, Value], broker: BrokerConfig | None = None) -> None:
+    """Kafka's rule between its topic settings (``LogConfig.validateValues``) on the overrides over the defaults:
+    min.compaction.lag.ms at most max.compaction.lag.ms. Raises InvalidConfigError with Kafka's wording."""
+
+    def effective(key: str) -> int | float:
+        value = parsed_overrides[key] if key in parsed_overrides else (
+            broker.topic_default(key) if broker is not None else TOPIC_SETTINGS[key].default)
+        return _number(key, value)
+
+    low, high = effective("min.compaction.lag.ms"), effective("max.compaction.lag.ms")
+    if low > high:
+        raise InvalidConfigError(f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+                                 f"max.compaction.lag.ms ({high})", key="min.compaction.lag.ms", value=low)
 
 
 def effective_topic_config(overrides: Mapping[str, str], broker: BrokerConfig) -> dict[str, Value]:

@@ -102,7 +102,9 @@ def test_describe_topic_sources(broker: FakeBroker, version: int) -> None:
     assert by_name["retention.bytes"].config_source == ConfigSource.DEFAULT_CONFIG
     assert by_name[P + "commit.interval.ms"].value == "60000"
     assert by_name[P + "namespace"].value == "default"
-    assert by_name[P + "partition.by"].value is None
+    # settings without a value (unset, no default) are left out: a null value could not be written back
+    assert P + "partition.by" not in by_name and P + "cdc.field" not in by_name
+    assert all(c.value is not None for c in r.configs)
     assert not any(c.read_only or c.is_sensitive for c in r.configs)
     syn = [(s.name, s.value, s.source) for s in by_name["retention.ms"].synonyms]
     assert syn == [("log.retention.ms", "3600000", 4), ("log.retention.ms", "604800000", 5)]
@@ -305,3 +307,31 @@ def test_apply_alter_ops_unknown_op(broker: FakeBroker) -> None:
         apply_alter_ops({}, [("retention.ms", 9, "1")], broker.config)
     with pytest.raises(InvalidConfigError, match="Unknown topic config name"):
         apply_alter_ops({}, [("nope", 1, None)], broker.config)
+
+
+@pytest.mark.parametrize("incremental_alter", [False, True])
+def test_read_modify_write_round_trip(broker: FakeBroker, incremental_alter: bool) -> None:
+    """What DescribeConfigs answers, AlterConfigs (or IncrementalAlterConfigs SET) accepts back unchanged: no null
+    value, every value valid (issue 23 item 2)."""
+    broker.topics.topics["t"].configs.update({"cleanup.policy": "compact,delete", P + "enable": "true"})
+    before = {c.name: c.value for c in describe(broker, 4, TOPIC, "t").configs}
+    assert None not in before.values() and P + "cdc.field" not in before
+    if incremental_alter:
+        r = incremental(broker, 1, "t", [(k, AlterOp.SET, v) for k, v in before.items()])
+    else:
+        r = legacy_alter(broker, 1, "t", dict(before))
+    assert (r.error_code, r.error_message) == (0, None)
+    after = describe(broker, 4, TOPIC, "t").configs
+    assert {c.name: c.value for c in after} == before
+    assert {c.config_source for c in after} == {ConfigSource.DYNAMIC_TOPIC_CONFIG}
+
+
+def test_create_topics_echo_is_what_describe_answers(broker: FakeBroker) -> None:
+    from tabletopic.server.handlers.admin import _creatable_configs
+
+    ctx = RequestContext(broker=broker, api_key=ApiKey.CreateTopics, api_version=7,  # type: ignore[arg-type]
+                         correlation_id=1, client_id="test", client_host="127.0.0.1")
+    echo = {c.name: (c.value, c.config_source) for c in _creatable_configs(ctx, {"segment.ms": "1000"})}
+    described = {e.name: (e.value, int(e.source)) for e in describe_topic({"segment.ms": "1000"}, broker.config)}
+    assert echo == described and echo["segment.ms"] == ("1000", ConfigSource.DYNAMIC_TOPIC_CONFIG)
+    assert P + "cdc.field" not in echo and None not in {v for v, _ in echo.values()}

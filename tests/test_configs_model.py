@@ -613,3 +613,116 @@ def test_every_accepted_namespace_keeps_its_tables_in_their_own_folders(tables: 
             for other, elsewhere in locations.items():
                 if other != ident:
                     assert os.path.commonpath([location, elsewhere]) not in (location, elsewhere), (ident, other)
+
+
+# ---- Kafka's topic settings (issue 23 item 1) ----
+
+LONG_MAX = 2**63 - 1
+# every topic setting of Kafka 3.9 and 4.x (its LogConfig and QuotaConfig): name → (type, Kafka's default, a valid
+# value other than the default, a value Kafka refuses)
+KAFKA_TOPIC_CONFIGS: dict[str, tuple[Type, Any, str, str]] = {
+    "cleanup.policy": (Type.LIST, ("delete",), "compact,delete", "forever"),
+    "compression.gzip.level": (Type.INT, -1, "9", "0"),
+    "compression.lz4.level": (Type.INT, 9, "17", "18"),
+    "compression.type": (Type.STRING, "producer", "zstd", "brotli"),
+    "compression.zstd.level": (Type.INT, 3, "-5", "23"),
+    "delete.retention.ms": (Type.LONG, 86400000, "3600000", "-1"),
+    "file.delete.delay.ms": (Type.LONG, 60000, "10000", "-1"),
+    "flush.messages": (Type.LONG, LONG_MAX, "1000", "0"),
+    "flush.ms": (Type.LONG, LONG_MAX, "1000", "-1"),
+    "follower.replication.throttled.replicas": (Type.LIST, (), "0:1,1:1", "0-1"),
+    "index.interval.bytes": (Type.INT, 4096, "8192", "-1"),
+    "leader.replication.throttled.replicas": (Type.LIST, (), "*", "1:x"),
+    "local.retention.bytes": (Type.LONG, -2, "1048576", "-3"),
+    "local.retention.ms": (Type.LONG, -2, "3600000", "-3"),
+    "max.compaction.lag.ms": (Type.LONG, LONG_MAX, "7200000", "0"),
+    "max.message.bytes": (Type.INT, 1048588, "2097152", "-1"),
+    "message.downconversion.enable": (Type.BOOLEAN, True, "false", "maybe"),
+    "message.format.version": (Type.STRING, "3.0-IV1", "2.8", "9.9"),
+    "message.timestamp.after.max.ms": (Type.LONG, LONG_MAX, "3600000", "-1"),
+    "message.timestamp.before.max.ms": (Type.LONG, LONG_MAX, "3600000", "-1"),
+    "message.timestamp.difference.max.ms": (Type.LONG, LONG_MAX, "3600000", "-1"),
+    "message.timestamp.type": (Type.STRING, "CreateTime", "LogAppendTime", "Now"),
+    "min.cleanable.dirty.ratio": (Type.DOUBLE, 0.5, "0.25", "1.5"),
+    "min.compaction.lag.ms": (Type.LONG, 0, "60000", "-1"),
+    "min.insync.replicas": (Type.INT, 1, "2", "0"),
+    "preallocate": (Type.BOOLEAN, False, "true", "yes"),
+    "remote.copy.lag.bytes": (Type.LONG, 0, "1024", "-2"),
+    "remote.copy.lag.ms": (Type.LONG, 0, "60000", "-2"),
+    "remote.log.copy.disable": (Type.BOOLEAN, False, "true", "on"),
+    "remote.log.delete.on.disable": (Type.BOOLEAN, False, "true", "on"),
+    "remote.storage.enable": (Type.BOOLEAN, False, "false", "true"),  # no tiered storage here: true is refused
+    "retention.bytes": (Type.LONG, -1, "1073741824", "1.5"),
+    "retention.ms": (Type.LONG, 7 * 86400000, "86400000", "-2"),
+    "segment.bytes": (Type.INT, 1 << 30, "536870912", "13"),
+    "segment.index.bytes": (Type.INT, 10485760, "1048576", "3"),
+    "segment.jitter.ms": (Type.LONG, 0, "60000", "-1"),
+    "segment.ms": (Type.LONG, 7 * 86400000, "86400000", "0"),
+    "unclean.leader.election.enable": (Type.BOOLEAN, False, "true", "maybe"),
+}
+# the ones this broker acts on; every other one is accepted and stored only
+KAFKA_APPLIED = {"cleanup.policy", "index.interval.bytes", "max.message.bytes", "message.timestamp.type",
+                 "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
+                 "remote.storage.enable"}  # false only: true is refused
+
+
+def test_every_setting_says_whose_it_is_and_whether_it_is_applied() -> None:
+    kafka = {n for n, s in TOPIC_SETTINGS.items() if s.origin is model.Origin.KAFKA}
+    assert kafka == set(KAFKA_TOPIC_CONFIGS)
+    assert {n for n in TOPIC_SETTINGS if n.startswith(P)} == set(TOPIC_SETTINGS) - kafka
+    assert {n for n, s in TOPIC_SETTINGS.items() if s.origin is model.Origin.TABLETOPIC} == EXTENSIONS
+    assert {n for n in kafka if TOPIC_SETTINGS[n].applied} == KAFKA_APPLIED
+    for setting in (*TOPIC_SETTINGS.values(), *BROKER_SETTINGS.values()):
+        # the configuration reference shows the doc: a setting accepted but not acted on says so
+        assert setting.applied or "not applied" in setting.doc, setting.name
+    assert BROKER_SETTINGS["spark.master"].origin is model.Origin.TABLETOPIC
+    assert BROKER_SETTINGS["automq.table.topic.catalog.type"].origin is model.Origin.AUTOMQ
+
+
+@pytest.mark.parametrize("name", sorted(KAFKA_TOPIC_CONFIGS))
+def test_kafka_topic_config(name: str) -> None:
+    typ, default, valid, invalid = KAFKA_TOPIC_CONFIGS[name]
+    setting = TOPIC_SETTINGS[name]
+    assert (setting.type, setting.default, setting.dynamic) == (typ, default, True)
+    assert validate_topic_configs({name: valid}, REGISTRY)[name] == setting.parse(valid)
+    assert effective_topic_config({}, NO_REGISTRY)[name] == default
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs({name: invalid}, REGISTRY)
+    assert ei.value.key == name and name in str(ei.value) and invalid in str(ei.value)
+    assert config_error(ei.value).code is ErrorCode.INVALID_CONFIG
+
+
+def test_every_kafka_topic_config_at_once() -> None:
+    values = {name: spec[2] for name, spec in KAFKA_TOPIC_CONFIGS.items()}
+    assert set(validate_topic_configs(values, REGISTRY)) == set(KAFKA_TOPIC_CONFIGS)
+
+
+@pytest.mark.parametrize(("configs", "needle"), [
+    ({"remote.storage.enable": "true"}, "no tiered storage"),
+    ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"},
+     "conflict topic config setting min.compaction.lag.ms (10) > max.compaction.lag.ms (5)"),
+    ({"min.compaction.lag.ms": str(LONG_MAX), "max.compaction.lag.ms": "5"}, "min.compaction.lag.ms"),
+    ({"leader.replication.throttled.replicas": "*,0:1"}, "the literal '*' or a list of replicas"),
+    ({"message.format.version": "4.0"}, "Version 4.0 is not a valid version"),
+    ({"message.format.version": "3.0-IV2"}, "not a valid version"),
+    ({"message.format.version": "3.0-IV"}, "not a valid version"),
+    ({"compression.gzip.level": "-2"}, "Value must be between 1 and 9 or equal to -1"),
+])
+def test_kafka_rules(configs: dict[str, str], needle: str) -> None:
+    with pytest.raises(InvalidConfigError) as ei:
+        validate_topic_configs(configs)
+    assert needle in str(ei.value)
+
+
+@pytest.mark.parametrize(("name", "value", "parsed"), [
+    ("cleanup.policy", "", ()),  # Kafka's ValidList takes an empty list: no retention, no compaction
+    ("retention.bytes", "-5", -5),  # no range in Kafka: any negative size is no limit
+    ("message.format.version", "0.10.2.1", "0.10.2.1"),
+    ("message.format.version", "0.10.0-IV1", "0.10.0-IV1"),
+    ("message.format.version", "3.0.1", "3.0.1"),
+    ("message.format.version", "4.0-IV1", "4.0-IV1"),
+    ("follower.replication.throttled.replicas", " 0:1 , 12:1 ", ("0:1", "12:1")),
+    ("compression.zstd.level", "-131072", -131072),
+])
+def test_kafka_values_accepted(name: str, value: str, parsed: Any) -> None:
+    assert validate_topic_configs({name: value})[name] == parsed

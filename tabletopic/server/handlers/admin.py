@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from configs.model import TOPIC_SETTINGS
+from configs.admin import describe_topic
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
@@ -14,25 +14,13 @@ from tabletopic.server.handlers.configs import run_topic_config_checks
 log = logging.getLogger(__name__)
 
 ZERO_UUID = uuid.UUID(int=0)
-SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
 
 
 def _creatable_configs(ctx: RequestContext, overrides: dict[str, str]) -> list[Message]:
-    """The v5+ CreateTopics echo of every topic setting with its value and source."""
+    """The v5+ CreateTopics echo of the new topic's settings: what DescribeConfigs would answer for it."""
     C = ctx.response_class.CreatableTopicResult.CreatableTopicConfigs
-    broker_cfg = ctx.broker.config
-    out = []
-    for name, setting in sorted(TOPIC_SETTINGS.items()):
-        if name in overrides:
-            value: str | None = overrides[name]
-            source = SOURCE_DYNAMIC_TOPIC
-        else:
-            value = setting.render(broker_cfg.topic_default(name))
-            source = (SOURCE_STATIC_BROKER if setting.broker_synonym in broker_cfg.explicit else SOURCE_DEFAULT)
-        sensitive = setting.sensitive
-        out.append(C(name=name, value=None if sensitive else value, read_only=False, config_source=source,
-                     is_sensitive=sensitive))
-    return out
+    return [C(name=e.name, value=e.value, read_only=e.read_only, config_source=int(e.source),
+              is_sensitive=e.sensitive) for e in describe_topic(overrides, ctx.broker.config)]
 
 
 @handles(ApiKey.CreateTopics)
