@@ -360,6 +360,122 @@ def test_bad_input_gets_confluent_errors_and_the_broker_keeps_serving(reg: Broke
     assert "Traceback" not in reg.log_text()
 
 
+# ---- Confluent's behaviour word for word (issue 23 item 3) --------------------------------------------------------
+
+def client_error(call: Any) -> tuple[int, int, str]:
+    """(HTTP status, error code, message) of a SchemaRegistryClient call that must fail."""
+    with pytest.raises(SchemaRegistryError) as ei:
+        call()
+    return ei.value.http_status_code, ei.value.error_code, ei.value.error_message
+
+
+def test_compatibility_of_a_new_subject_and_of_missing_versions(reg: BrokerProcess, http: httpx.Client) -> None:
+    client, s = SchemaRegistryClient({"url": url_of(reg)}), name("fresh")
+    # what the Java client's testCompatibility and the Maven plugin send before the first registration
+    assert client.test_compatibility(s, Schema(V1, "AVRO")) is True
+    assert client_error(lambda: client.test_compatibility(s, Schema(V1, "AVRO"), version=1)) == (
+        404, 40402, "Version 1 not found.")
+    client.register_schema(s, Schema(V1, "AVRO"))
+    client.register_schema(s, Schema(V2, "AVRO"))
+    assert client.delete_version(s, 1) == 1
+    assert client_error(lambda: client.test_compatibility(s, Schema(V1, "AVRO"), version=1)) == (
+        404, 40402, "Version 1 not found.")  # soft-deleted
+    assert client.test_compatibility(s, Schema(V1, "AVRO"), version=2) is True
+    client.delete_subject(s)
+    assert client.test_compatibility(s, Schema(BREAKING, "AVRO")) is True  # no live version left to break
+    # a blank or invalid schema: 42201, or with verbose=true incompatible with the reason as the message
+    assert err(http.post(f"/compatibility/subjects/{s}/versions/latest", json={"schema": ""}), 422, 42201) == (
+        "Empty schema")
+    verdict = ok(http.post(f"/compatibility/subjects/{s}/versions/latest?verbose=true", json={"schema": "{"}))
+    assert verdict["is_compatible"] is False
+    assert verdict["messages"][0].startswith("Invalid schema of type AVRO, details: ")
+
+
+def test_list_schemas(http: httpx.Client) -> None:
+    prefix = name("listed")
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    ids = [ok(http.post(f"/subjects/{subj}/versions", json={"schema": sch}))["id"]
+           for subj, sch in ((a, V1), (a, V2), (b, V1))]
+
+    def listed(**params: str) -> list[tuple[str, int]]:
+        got = ok(http.get("/schemas", params={"subjectPrefix": prefix, **params}))
+        return [(x["subject"], x["version"]) for x in got]
+
+    every = ok(http.get("/schemas", params={"subjectPrefix": prefix}))
+    assert [(x["subject"], x["version"], x["id"]) for x in every] == [(a, 1, ids[0]), (a, 2, ids[1]), (b, 1, ids[2])]
+    assert json.loads(every[1]["schema"]) == json.loads(V2)
+    assert listed(latestOnly="true") == [(a, 2), (b, 1)]
+    assert listed(offset="1", limit="1") == [(a, 2)]
+    assert listed(limit="0") == listed() == [(a, 1), (a, 2), (b, 1)]  # a limit that is not positive: the default
+    ok(http.delete(f"/subjects/{a}/versions/2"))
+    assert listed() == [(a, 1), (b, 1)]
+    assert listed(deleted="true") == [(a, 1), (a, 2), (b, 1)]
+    assert listed(latestOnly="true") == [(a, 1), (b, 1)]
+    assert listed(latestOnly="true", deleted="true") == [(a, 2), (b, 1)]
+    assert {(a, 1), (b, 1)} <= {(x["subject"], x["version"]) for x in ok(http.get("/schemas"))}
+    err(http.get("/schemas", params={"limit": "ten"}), 404, 404)  # Jersey's answer to a parameter it cannot read
+
+
+def test_content_negotiation(http: httpx.Client) -> None:
+    for accept, answered in ((None, CONTENT_TYPE), ("*/*", CONTENT_TYPE), ("application/*", CONTENT_TYPE),
+                             ("application/json", "application/json"),
+                             ("application/vnd.schemaregistry+json", "application/vnd.schemaregistry+json"),
+                             ("text/html, application/json;q=0.9, */*;q=0.1", "application/json"),
+                             (f"application/json, {CONTENT_TYPE}", CONTENT_TYPE)):
+        r = http.get("/schemas/types", headers={} if accept is None else {"Accept": accept})
+        assert (r.status_code, r.headers["content-type"], r.json()) == (200, answered, ["AVRO", "JSON", "PROTOBUF"])
+    # errors come in the negotiated type too
+    r = http.get(f"/subjects/{name('none')}/versions", headers={"Accept": "application/json"})
+    assert (r.status_code, r.headers["content-type"], r.json()["error_code"]) == (404, "application/json", 40401)
+    assert err(http.get("/subjects", headers={"Accept": "text/html"}), 406, 406) == "HTTP 406 Not Acceptable"
+    # bodies: Confluent's JSON types and application/octet-stream (what no Content-Type means) are read
+    s, body = name("ctype"), json.dumps({"schema": V1}).encode()
+    for ctype in ("application/x-www-form-urlencoded", "text/plain"):  # curl -d without -H sends the first
+        r = http.post(f"/subjects/{s}/versions", content=body, headers={"Content-Type": ctype})
+        assert err(r, 415, 415) == "HTTP 415 Unsupported Media Type"
+    for headers in ({}, {"Content-Type": "application/json; charset=utf-8"},
+                    {"Content-Type": "application/vnd.schemaregistry+json"}):
+        assert ok(http.post(f"/subjects/{s}/versions", content=body, headers=headers))["version"] == 1
+
+
+def test_error_texts_word_for_word(reg: BrokerProcess, http: httpx.Client) -> None:
+    client, s = SchemaRegistryClient({"url": url_of(reg)}), name("texts")
+    first = client.register_schema(s, Schema(V1, "AVRO"))
+    assert client_error(lambda: client.get_version(s, 15)) == (404, 40402, "Version 15 not found.")
+    missing = name("none")
+    assert client_error(lambda: client.get_version(missing, 1)) == (404, 40401, f"Subject '{missing}' not found.")
+    assert err(http.post(f"/subjects/{name('empty')}/versions", json={"schema": ""}), 422, 42201) == "Empty schema"
+    assert ok(http.post(f"/subjects/{s}/versions", json={"schema": ""})) == {"id": first, "version": 1}
+    assert client_error(lambda: client.set_compatibility(s, "SIDEWAYS")) == (
+        422, 42203, "Invalid compatibility level. Valid values are none, backward, forward, full, "
+                    "backward_transitive, forward_transitive, and full_transitive")
+    assert err(http.put(f"/mode/{s}", json={"mode": "SIDEWAYS"}), 422, 42204) == (
+        "Invalid mode. Valid values are READWRITE, READONLY, IMPORT and FORWARD.")
+    problem = client_error(lambda: client.register_schema(s, Schema(BREAKING, "AVRO")))
+    assert problem[:2] == (409, 40901) and problem[2].startswith(
+        f"Schema being registered is incompatible with an earlier schema for subject \"{s}\", details: [")
+    assert problem[2].endswith(", {validateFields: 'false', compatibility: 'BACKWARD'}]")
+    assert client.delete_version(s, 1) == 1
+    assert client_error(lambda: client.delete_version(s, 1)) == (
+        404, 40406, f"Subject '{s}' Version 1 was soft deleted.Set permanent=true to delete permanently")
+    assert client_error(lambda: client.delete_subject(s)) == (
+        404, 40404, f"Subject '{s}' was soft deleted.Set permanent=true to delete permanently")
+    inner, outer = name("inner"), name("outer")
+    ok(http.post(f"/subjects/{inner}/versions", json={"schema": avro({"name": "x", "type": "int"}, record="In")}))
+    ok(http.post(f"/subjects/{outer}/versions", json={
+        "schema": avro({"name": "i", "type": "shop.In"}, record="Out"),
+        "references": [{"name": "shop.In", "subject": inner, "version": 1}]}))
+    assert client_error(lambda: client.delete_subject(inner)) == (
+        422, 42206, f"One or more references exist to the schema {{magic=1,keytype=SCHEMA,subject={inner},version=1}}.")
+    assert client.update_mode(outer, "readonly") == "readonly"  # the request echoed, as Confluent does
+    assert client_error(lambda: client.delete_version(outer, 1)) == (
+        422, 42205, f"Subject {outer} in context  is in read-only mode")
+    assert client.delete_mode(outer) == "READONLY"
+    assert err(http.get("/schemas/ids/987654321/versions"), 404, 40403) == "Schema not found"
+    assert err(http.delete(f"/config/{outer}"), 404, 40401) == f"Subject '{outer}' not found."
+    assert err(http.delete(f"/mode/{outer}"), 404, 40401) == f"Subject '{outer}' not found."
+
+
 # ---- durability -------------------------------------------------------------------------------------------------
 
 def _ids(c: httpx.Client, subjects: list[str]) -> dict[str, list[int]]:

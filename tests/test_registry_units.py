@@ -273,6 +273,64 @@ def test_references_config_and_modes(tmp_path: Path) -> None:
     run(go)
 
 
+def test_version_segments_read_as_confluents_version_id() -> None:
+    assert [parse_version(s) for s in ("LATEST", " 3 ", "+3", "-1")] == [None, 3, 3, None]
+    for bad, named in (("1_0", "1_0"), ("3.0", "3.0"), ("-0", "0"), ("+0", "0"), ("-05", "-5")):
+        with pytest.raises(RegistryError) as ei:
+            parse_version(bad)
+        assert ei.value.message.startswith(f"The specified version '{named}' is not a valid version id.")
+
+
+def test_accept_headers_rank_as_in_jax_rs() -> None:
+    from tabletopic.registry.api import negotiate
+
+    v1, v0, plain = "application/vnd.schemaregistry.v1+json", "application/vnd.schemaregistry+json", "application/json"
+    for accept, chosen in ((None, v1), ("", v1), ("*/*", v1), ("application/*", v1), (plain, plain), (v0, v0),
+                           (f"{plain}, {v0}", v0), (f"{plain}, {v1};q=0.8", plain), ("text/*, */*;q=0.2", v1),
+                           (f"{plain};q=0, */*", v1), ("text/html", None), (f"{plain};q=0", None)):
+        assert negotiate(accept) == chosen, accept
+
+
+def test_rules_checked_in_confluents_order(tmp_path: Path) -> None:
+    inner = json.dumps({"type": "record", "name": "In", "namespace": "n", "fields": [{"name": "x", "type": "int"}]})
+    outer = record({"name": "i", "type": "n.In"})
+
+    async def go() -> None:
+        async with opened(tmp_path) as svc:
+            await svc.register("in", req(inner))
+            await svc.register("out", req(outer, references=[{"name": "n.In", "subject": "in", "version": 1}]))
+            e = await refused(42206, svc.delete_version("in", "1", permanent=True))  # before 40407
+            assert e.message == ("One or more references exist to the schema "
+                                 "{magic=1,keytype=SCHEMA,subject=in,version=1}.")
+            await svc.delete_subject("out")
+            assert await svc.delete_version("in", "1") == 1  # a soft-deleted referrer lets a soft delete through
+            await refused(42206, svc.delete_version("in", "1", permanent=True))  # ... not a permanent one
+            await refused(42206, svc.delete_subject("in", permanent=True))
+            # references within one subject do not keep it from being deleted
+            await svc.set_config("self", Level.NONE)
+            await svc.register("self", req(inner))
+            await svc.register("self", req(outer, references=[{"name": "n.In", "subject": "self", "version": 1}]))
+            assert await svc.delete_subject("self") == [1, 2]
+            # IMPORT mode takes ids only; a read-only subject still answers a schema it has
+            await svc.set_mode("imp", "IMPORT")
+            e = await refused(42205, svc.register("imp", req(V1)))
+            assert e.message == "Subject imp in context  is not in read-write mode"
+            first = await svc.register("ro", req(V1))
+            await svc.set_mode("ro", "READONLY")
+            assert await svc.register("ro", req(V1)) == first
+            e = await refused(42205, svc.register("ro", req(V_LONG)))
+            assert e.message == "Subject ro in context  is in read-only mode"
+            # a version given outside IMPORT mode must be the next one
+            e = await refused(42201, svc.register("mix", req(V1, version=5)))
+            assert e.message == "Version is not one more than previous version"
+            assert (await svc.register("mix", req(V1, version=1))).version == 1
+            # the level compares with a version of another schema type: incompatible, as in Confluent
+            e = await refused(40901, svc.register("mix", req('{"type": "object"}', schemaType="JSON")))
+            assert "[Incompatible because of different schema type, {validateFields: 'false'" in e.message
+
+    run(go)
+
+
 def test_malformed_records_in_the_topic_are_skipped(tmp_path: Path) -> None:
     async def go() -> None:
         async with opened(tmp_path) as svc:
