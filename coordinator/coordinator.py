@@ -298,9 +298,9 @@ class TableTopicCoordinator:
 
         self._table: Table | None = None
         self._ready = False  # checkpoint resolved and leftovers cleaned up
-        # partition.by last handed to the spec evolution
+        # partition.by last handed to the spec evolution, and the schema id it was checked against
         self._partition_by_seen: tuple[PartitionField, ...] | None = None
-        self._partition_by_schema = -1  # the schema id partition.by was last checked against
+        self._partition_by_schema = -1
         self._checkpoint: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -310,9 +310,7 @@ class TableTopicCoordinator:
         self._waiters: list[asyncio.Future[RoundReport]] = []
         self._quick_next = False
         self._failures = 0
-        self._last_round_end = 0.0
-        self._last_round_start = 0.0
-        self._next_due = 0.0
+        self._last_round_end = self._last_round_start = self._next_due = 0.0
         # (partitions, high watermarks) of the last settled round: while they are unchanged there is nothing to do
         self._settled: tuple[tuple[int, ...], dict[int, int]] | None = None
         self._stuck: dict[int, tuple[str, str]] = {}  # the last round's RoundReport.stuck (IDLE reports repeat it)
