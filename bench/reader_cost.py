@@ -1,7 +1,7 @@
 """What merged rounds cost a reader and the next merge, by how many there were since the table was rewritten.
 
 An upsert table topic's rounds MERGE their changes into the table (position deletes, merge-on-read); every few
-rounds one writes the table again and the delete files go (README "Compaction and maintenance"). This measures
+rounds one writes the table again and the delete files go (docs/operations.md, compaction). This measures
 the cycle in between on a quiet machine, without a broker: a ``--rows``-row upsert table (the bench's columns, a
 tabletopic-style table: zstd, merge-on-read, write-audit-publish) on a local SQLite catalog, then ``--rounds``
 merged rounds of ``--changes`` changes each (70% updates, 15% deletes, 15% inserts) through the broker's own

@@ -1,7 +1,7 @@
 """The columns a table topic's converters produce (its table's Iceberg schema) and ``partition.by`` checked on them.
 
-AutoMQ's fixed columns (their names and types are part of AutoMQ's table topic contract; see the README, "Use it
-with any Kafka client"):
+AutoMQ's fixed columns (their names and types are part of AutoMQ's table topic contract; see docs/table-topics.md,
+"The table and its columns"):
 
 - ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
 - ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``, the

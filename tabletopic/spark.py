@@ -243,7 +243,7 @@ def spark_conf(
         # classes for every round's plans, which the JIT then compiles again, the side process's largest CPU use
         # once its queries ran hot; without it the optimizing JIT (C2) compiles Spark's and Iceberg's own hot code
         # once, and a copy-on-write round of bench/upsert.py's table took ~0.85 s in Spark against ~1.3-1.6 s with
-        # the quick compiler alone (README "Spark side process"); the serial collector suits a 1 GiB heap
+        # the quick compiler alone (docs/benchmarks.md, "Spark side process"); the serial collector suits a 1 GiB heap
         # (Spark puts the default options before spark.driver.extraJavaOptions, which a broker setting may replace)
         "spark.driver.defaultJavaOptions": DRIVER_JVM_OPTIONS,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j2_file().as_uri()}",

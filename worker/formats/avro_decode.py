@@ -1,7 +1,7 @@
 """Avro payloads (Confluent header already taken off) → an Arrow column of the schema's Iceberg type.
 
 :func:`decode` takes the fast path first: :mod:`worker.formats.avro_duckdb` reads the chunk with DuckDB's Avro
-reader straight into Arrow columns (5 to 8 times the records/s of fastavro per core), and hands back every chunk it
+reader straight into Arrow columns (several times fastavro's rate: docs/benchmarks.md), and hands back every chunk it
 cannot vouch for (a bad payload, a value it would not give exactly as fastavro does, a schema it does not handle,
 DuckDB not installed). Those are decoded here, per record: fastavro's ``schemaless_reader`` against the writer
 schema of :func:`worker.formats.avro_schema.avro_columns`, the value turned into what the Arrow column takes (only
