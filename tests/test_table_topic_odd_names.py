@@ -74,12 +74,12 @@ def table_rows(tbl: Table) -> dict[str, Model]:
 
 
 def spark_rows(b: BrokerProcess) -> Model:
-    """The table's rows by key as ``tabletopic sql`` reads them, case-sensitive as its docs say to (Spark's default
-    would take ``dup`` for ``Dup``): each row one JSON object, parsed from the printed table."""
+    """The table's rows by key as ``tabletopic sql`` reads them (case-sensitive by default, as the tables are; Spark's
+    own default would take ``dup`` for ``Dup``): each row one JSON object, parsed from the printed table."""
     columns = ", ".join(f"`{c}`" for c in COLUMNS)
     out = subprocess.run(
-        [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={b.data_dir}", "--override",
-         "spark.sql.caseSensitive=true", f"SELECT to_json(struct({columns})) AS j FROM default.`{TOPIC}`"],
+        [sys.executable, "-m", "tabletopic", "sql", "--override", f"log.dirs={b.data_dir}",
+         f"SELECT to_json(struct({columns})) AS j FROM default.`{TOPIC}`"],
         capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr
     rows: Model = {}
