@@ -1,8 +1,9 @@
 """Protobuf descriptors as the schema registry stores them, shared by the registry (which checks schemas) and the
 workers (which decode payloads): pure, no I/O.
 
-A PROTOBUF schema travels as the base64 of a ``FileDescriptorProto``; its imports are its references, named by the
-path they are imported by. confluent-kafka's ``ProtobufSerializer`` does not send the imports it considers built in
+A PROTOBUF schema travels as the base64 of a ``FileDescriptorProto`` (what confluent-kafka's serializer registers
+and what a registry answers with ``format=serialized``); its imports are its references, named by the path they
+are imported by. confluent-kafka's ``ProtobufSerializer`` does not send the imports it considers built in
 (``google/protobuf/*``, ``google/type/*``, ``confluent/*``; ``skip.known.types``, on by default) as references:
 :func:`build_pool` takes those from the protobuf runtime (the well-known types, always loaded) or, for the others,
 from the packages that ship them when they are installed (googleapis-common-protos, confluent-kafka), loaded only

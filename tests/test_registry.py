@@ -4,6 +4,7 @@ same across a restart and a kill -9."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import socket
@@ -520,3 +521,119 @@ def test_ids_survive_restart_and_kill_9(tmp_path: Path) -> None:
 def _topics(b: BrokerProcess) -> set[str]:
     md = AdminClient({"bootstrap.servers": b.bootstrap}).list_topics(timeout=30)
     return set(md.topics)
+
+
+# ---- schema formats as Confluent's (issue 23 item 3.2, 3.3, 3.4, 3.6, 3.7) -------------------------------------
+
+CART_PROTO = ('syntax = "proto3";\npackage shop;\nmessage Cart {\n  int64 id = 1;\n  map<string, int64> counts = 2;\n'
+              "  Line line = 3;\n  Status status = 4;\n  message Line { int32 n = 1; }\n"
+              "  enum Status { UNKNOWN = 0; OK = 1; }\n}\n")
+# the same schema as the Java serializer sends it: Confluent's rendering of its descriptor (full names, the map as
+# its entry message)
+CART_JAVA = '''syntax = "proto3";
+package shop;
+
+message Cart {
+  int64 id = 1;
+  repeated .shop.Cart.CountsEntry counts = 2;
+  .shop.Cart.Line line = 3;
+  .shop.Cart.Status status = 4;
+
+  message CountsEntry {
+    option map_entry = true;
+
+    string key = 1;
+    int64 value = 2;
+  }
+  message Line {
+    int32 n = 1;
+  }
+  enum Status {
+    UNKNOWN = 0;
+    OK = 1;
+  }
+}
+'''
+
+
+def test_protobuf_from_python_and_java_serializers_is_one_schema(reg: BrokerProcess, http: httpx.Client,
+                                                                  tmp_path: Path) -> None:
+    topic = name("carts")
+    create_topic(reg, topic)
+    cart = proto_class(tmp_path, {"shop/cart.proto": CART_PROTO}, "shop.Cart")
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    message = cart(id=7, status=1)
+    message.counts["apples"] = 3
+    produce_confluent(reg, topic, [ProtobufSerializer(cart, client)(message, ctx)])  # registers the base64 form
+    subject = f"{topic}-value"
+    registered = client.get_latest_version(subject)
+    # the Java serializer's text finds the same id and version, registering and looking up
+    body = {"schema": CART_JAVA, "schemaType": "PROTOBUF"}
+    assert ok(http.post(f"/subjects/{subject}/versions", json=body)) == {"id": registered.schema_id, "version": 1}
+    assert ok(http.post(f"/subjects/{subject}", json=body))["version"] == 1
+    assert client.register_schema(subject, Schema(CART_PROTO, "PROTOBUF")) == registered.schema_id
+    assert client.get_versions(subject) == [1]
+    # answered as .proto text; format=serialized gives the descriptor, which deserializers read
+    text = ok(http.get(f"/schemas/ids/{registered.schema_id}"))["schema"]
+    assert text.startswith('syntax = "proto3";') and "map<string, int64> counts = 2;" in text
+    assert registered.schema.schema_str == text
+    served = client.get_schema(registered.schema_id, fmt="serialized").schema_str
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(served))
+    assert [n.name for n in fdp.message_type[0].nested_type] == ["CountsEntry", "Line"]
+    de = ProtobufDeserializer(cart, {}, SchemaRegistryClient({"url": url_of(reg)}))
+    assert [de(v, ctx) for _, _, v in consume_confluent(reg, topic, 1)] == [message]
+
+
+def test_protobuf_imports_confluent_bundles(http: httpx.Client) -> None:
+    text = ('syntax = "proto3";\npackage shop;\nimport "google/type/date.proto";\nimport "google/type/money.proto";\n'
+            'import "google/type/latlng.proto";\nimport "confluent/meta.proto";\n'
+            'import "confluent/type/decimal.proto";\n'
+            'message Shipment {\n  google.type.Date day = 1 [(confluent.field_meta).doc = "shipping day"];\n'
+            "  google.type.Money price = 2;\n  google.type.LatLng at = 3;\n  confluent.type.Decimal weight = 4;\n}\n")
+    subject = name("bundled")
+    sid = ok(http.post(f"/subjects/{subject}/versions", json={"schema": text, "schemaType": "PROTOBUF"}))["id"]
+    stored = ok(http.get(f"/schemas/ids/{sid}"))["schema"]
+    assert '.google.type.Date day = 1 [(confluent.field_meta) = { doc: "shipping day" }];' in stored
+    served = ok(http.get(f"/subjects/{subject}/versions/1", params={"format": "serialized"}))["schema"]
+    assert descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(served)).dependency[:2] == [
+        "google/type/date.proto", "google/type/money.proto"]
+
+
+def test_avro_spellings_of_one_schema_get_one_id(reg: BrokerProcess, http: httpx.Client) -> None:
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    subject = name("avro-one")
+    record = f"Only_{uuid.uuid4().hex}"
+    first = json.dumps({"type": "record", "name": record, "namespace": "shop",
+                        "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]})
+    sid = client.register_schema(subject, Schema(first, "AVRO"))
+    for spelling in ({"fields": [{"type": "long", "name": "id"}, {"type": "string", "name": "item"}],
+                      "name": record, "type": "record", "namespace": "shop"},
+                     {"type": "record", "name": f"shop.{record}",
+                      "fields": [{"name": "id", "type": {"type": "long", "name": "x"}},
+                                 {"name": "item", "type": {"type": "string"}}]}):
+        assert client.register_schema(subject, Schema(json.dumps(spelling), "AVRO")) == sid
+        assert client.lookup_schema(subject, Schema(json.dumps(spelling), "AVRO")).version == 1
+    assert client.get_versions(subject) == [1]
+    assert json.loads(ok(http.get(f"/schemas/ids/{sid}"))["schema"]) == json.loads(first)
+
+
+@pytest.mark.parametrize(
+    ("schema_type", "old", "new", "compatible"),
+    [
+        ("PROTOBUF", "message M { int32 kind = 1; }", "message M { Kind kind = 1; enum Kind { A = 0; B = 1; } }", True),
+        ("JSON", {"type": "array", "items": {"type": "integer"}}, {"type": "array", "items": [{"type": "integer"}]},
+         False),
+        ("JSON", {"type": "array", "items": [{"type": "integer"}]},
+         {"type": "array", "items": [{"type": "integer"}, {"type": "integer"}], "additionalItems": False}, False),
+        ("JSON", True, {"not": {}}, False),
+        ("JSON", {"oneOf": [{"type": "string"}]}, {"type": "string"}, True),
+    ],
+)
+def test_compatibility_as_confluents(reg: BrokerProcess, schema_type: str, old: Any, new: Any,
+                                     compatible: bool) -> None:
+    client = SchemaRegistryClient({"url": url_of(reg)})
+    subject = name("compat")
+    text = (lambda s: f'syntax = "proto3";\npackage shop;\n{s}\n') if schema_type == "PROTOBUF" else json.dumps
+    client.register_schema(subject, Schema(text(old), schema_type))
+    assert client.test_compatibility(subject, Schema(text(new), schema_type)) is compatible

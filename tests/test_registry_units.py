@@ -102,8 +102,9 @@ def test_avro_parse_refuses_bad_schemas_and_checks_defaults() -> None:
 
 
 def test_text_and_normalize() -> None:
+    # Confluent's canonical form (Java Avro's Schema.toString): Avro's own attributes in its order, whitespace gone
     spaced = '{ "name": "R", "type": "record",\n "fields": [ {"type": "int", "name": "a"} ] }'
-    assert AVRO.parse(spaced, ()).text(False) == '{"name":"R","type":"record","fields":[{"type":"int","name":"a"}]}'
+    assert AVRO.parse(spaced, ()).text(False) == '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
     assert AVRO.parse(spaced, ()).text(True) == AVRO.parse(V1, ()).text(True)
 
 
@@ -327,6 +328,12 @@ def test_rules_checked_in_confluents_order(tmp_path: Path) -> None:
             # the level compares with a version of another schema type: incompatible, as in Confluent
             e = await refused(40901, svc.register("mix", req('{"type": "object"}', schemaType="JSON")))
             assert "[Incompatible because of different schema type, {validateFields: 'false'" in e.message
+            # a mode set to nothing (PUT {}) is unset; references are resolved as part of parsing
+            assert await svc.set_mode("ro", None) is None
+            await refused(40409, _raise(lambda: svc.mode("ro")))
+            e = await refused(42201, svc.register("x", req(outer, references=[
+                {"name": "n.In", "subject": "in", "version": 9}])))
+            assert e.message.startswith("Invalid schema of type AVRO, details: ")
 
     run(go)
 
@@ -498,3 +505,212 @@ def test_the_listeners_setting() -> None:
     for bad in ("https://127.0.0.1:8081", "http://127.0.0.1", "127.0.0.1:8081", "http://h:70000", "http://h:1/x"):
         with pytest.raises(InvalidConfigError, match=r"schema\.registry\.listeners"):
             parse(bad)
+
+
+# ---- schema formats as Confluent's (issue 23 item 3.2, 3.3, 3.4, 3.6, 3.7) -------------------------------------
+
+def test_avro_text_is_confluents_canonical_form() -> None:
+    canonical = '{"type":"record","name":"R","namespace":"n","fields":[{"name":"a","type":"int"}]}'
+    for spelling in ({"fields": [{"type": "int", "name": "a"}], "namespace": "n", "type": "record", "name": "R"},
+                     {"type": "record", "name": "n.R", "fields": [{"name": "a", "type": {"type": "int", "name": "x"}}]},
+                     {"type": "record", "name": "R", "namespace": "n", "doc": None,
+                      "fields": [{"name": "a", "type": {"type": "int"}, "order": "ascending"}]}):
+        assert AVRO.parse(json.dumps(spelling), ()).text(False) == canonical, spelling
+    # namespaces only where they change, named types by name once written, other attributes kept (in their order),
+    # sorted when normalized
+    nested = {"type": "record", "name": "R", "namespace": "n", "b": 1, "a": 2, "aliases": ["n.Old", "o.P"],
+              "fields": [{"name": "e", "type": {"type": "enum", "name": "E", "namespace": "n", "symbols": ["X"]}},
+                         {"name": "f", "type": "n.E", "doc": "again"},
+                         {"name": "g", "type": {"type": "fixed", "name": "F", "namespace": "o", "size": 2}}]}
+    parsed = AVRO.parse(json.dumps(nested), ())
+    assert json.loads(parsed.text(False)) == {
+        "type": "record", "name": "R", "namespace": "n",
+        "fields": [{"name": "e", "type": {"type": "enum", "name": "E", "symbols": ["X"]}},
+                   {"name": "f", "type": "E", "doc": "again"},
+                   {"name": "g", "type": {"type": "fixed", "name": "F", "namespace": "o", "size": 2}}],
+        "b": 1, "a": 2, "aliases": ["Old", "o.P"]}
+    assert parsed.text(False).index('"b"') < parsed.text(False).index('"a"')
+    assert parsed.text(True).index('"a"') < parsed.text(True).index('"b"')
+    # a referenced type stays a name; format=resolved writes it inline
+    dep = json.dumps({"type": "record", "name": "Inner", "namespace": "n", "fields": [{"name": "x", "type": "int"}]})
+    outer = AVRO.parse(record({"name": "i", "type": "n.Inner"}, {"name": "j", "type": "n.Inner"}), (("n.Inner", dep),))
+    assert json.loads(outer.text(False))["fields"][0]["type"] == "n.Inner"
+    assert json.loads(outer.formatted("resolved"))["fields"] == [
+        {"name": "i", "type": json.loads(dep)}, {"name": "j", "type": "n.Inner"}]
+
+
+PROTO_MAPS = '''syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Order {
+  int64 id = 1;
+  message Early { string s = 1; }
+  map<string, Early> by_name = 2;
+  oneof pay { string card = 3; Line line = 4; }
+  optional string note = 5;
+  message Line { int32 n = 1; repeated double w = 2 [packed = false]; }
+  map<int64, Line> lines = 6;
+  google.protobuf.Timestamp at = 7 [json_name = "when"];
+  Status status = 8;
+  enum Status { UNKNOWN = 0; OK = 1; }
+}
+enum Top { T0 = 0; T1 = 1 [deprecated = true]; }
+service Orders { rpc Get (Order) returns (stream Order); }
+'''
+PROTO2_GROUPS = '''syntax = "proto2";
+package legacy;
+import "google/protobuf/descriptor.proto";
+extend google.protobuf.FieldOptions { repeated int32 tags = 51236; optional Sub agg = 51237; }
+message Sub { optional int32 a = 1; repeated string b = 2; extensions 100 to max; }
+extend Sub { optional int64 ext_a = 100; }
+message All {
+  option deprecated = true;
+  reserved 50, 60 to 70;
+  reserved "gone";
+  optional string s = 1 [default = "q\\"u\\\\o\\tt\\u00e8"];
+  optional bytes b = 2 [default = "\\001\\377ab"];
+  optional double d = 3 [default = inf];
+  required uint64 u = 4 [(tags) = 1, (tags) = 2, (agg) = { a: 5 b: "x" [legacy.ext_a]: 9 }];
+  optional group Grp = 5 { optional int32 gx = 1; repeated group Inner = 2 { optional string y = 1; } }
+  extensions 1000 to 1999;
+}
+'''
+
+
+def _descriptor_of(text: str, name: str) -> Any:
+    """``text`` compiled by protoc as ``name``, without the default json_names, as a ``_pb2``'s descriptor comes."""
+    from tabletopic.registry.protobuf_format import _compile
+    from tabletopic.registry.protobuf_text import default_json_name
+
+    fdp = _compile(name, text, ())
+    for m in fdp.message_type:
+        for f in m.field:
+            if f.json_name == default_json_name(f.name):
+                f.ClearField("json_name")
+    return fdp
+
+
+def test_protobuf_text_and_descriptor_are_one_text() -> None:
+    import base64
+
+    from google.protobuf import descriptor_pb2
+
+    for text in (PROTO_MAPS, PROTO2_GROUPS):
+        parsed = PROTO.parse(text, ())
+        stored = parsed.text(False)
+        assert stored.startswith("syntax = ") and "\nmessage " in stored  # .proto text, not base64
+        fdp = _descriptor_of(text, "shop/order.proto")
+        assert PROTO.parse(base64.b64encode(fdp.SerializeToString()).decode(), ()).text(False) == stored
+        assert PROTO.parse(stored, ()).text(False) == stored
+        # format=serialized: the descriptor compiled from the stored text, messages (map entries too) in order
+        served = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(parsed.formatted("serialized")))
+        assert [(m.name, [n.name for n in m.nested_type]) for m in served.message_type] == [
+            (m.name, [n.name for n in m.nested_type]) for m in fdp.message_type]
+    assert "map<string, .shop.Order.Early> by_name = 2;" in PROTO.parse(PROTO_MAPS, ()).text(False)
+    # the Java serializer's text writes map fields as their entry messages (option map_entry, which protoc refuses)
+    java = PROTO.parse(PROTO_MAPS, ()).text(False).replace(
+        "map<string, .shop.Order.Early> by_name = 2;", "repeated .shop.Order.ByNameEntry by_name = 2;").replace(
+        "message Line {", "message ByNameEntry {\n    option map_entry = true;\n  \n    string key = 1;\n"
+                          "    .shop.Order.Early value = 2;\n  }\n  message Line {")
+    assert PROTO.parse(java, ()).text(False) == PROTO.parse(PROTO_MAPS, ()).text(False)
+
+
+def test_protobuf_bundled_imports_in_proto_text() -> None:
+    text = proto('import "google/type/date.proto";\nimport "google/type/money.proto";\n'
+                 'import "google/type/latlng.proto";\nimport "confluent/meta.proto";\n'
+                 'import "confluent/type/decimal.proto";\nimport "google/type/datetime.proto";\n'
+                 "message Shipment {\n  google.type.Date day = 1 [(confluent.field_meta).doc = \"the day\"];\n"
+                 "  google.type.Money price = 2;\n  google.type.LatLng at = 3;\n"
+                 "  confluent.type.Decimal weight = 4;\n  google.type.DateTime sent = 5;\n}")
+    parsed = PROTO.parse(text, ())
+    assert '.google.type.Date day = 1 [(confluent.field_meta) = { doc: "the day" }];' in parsed.text(False)
+    assert PROTO.parse(parsed.formatted("serialized"), ()).text(False) == parsed.text(False)
+
+
+@pytest.mark.parametrize(
+    ("reader_field", "writer_field", "compatible"),
+    [
+        ("E id = 1;", "int32 id = 1;", True),  # an enum is a general number in Confluent
+        ("int32 id = 1;", "E id = 1;", True),
+        ("int64 id = 1;", "E id = 1;", True),
+        ("F id = 1;", "E id = 1;", True),
+        ("string id = 1;", "E id = 1;", False),
+        ("sint32 id = 1;", "E id = 1;", False),
+        ("Msg id = 1;", "E id = 1;", False),
+    ],
+)
+def test_protobuf_enum_is_a_general_number(reader_field: str, writer_field: str, compatible: bool) -> None:
+    body = "message Order {{ {} enum E {{ A = 0; }} enum F {{ B = 0; }} message Msg {{ int32 x = 1; }} }}"
+    reader, writer = (PROTO.parse(proto(body.format(f)), ()) for f in (reader_field, writer_field))
+    found = reader.can_read(writer)
+    assert (not found) == compatible, found
+
+
+ARR = {"type": "array"}
+
+
+@pytest.mark.parametrize(
+    ("reader", "writer", "readable"),
+    [
+        # tuples (items as a list) and additionalItems, as Confluent's ArraySchemaDiff
+        ({**ARR, "items": [INT]}, {**ARR, "items": INT}, False),
+        ({**ARR, "items": [INT, INT], "additionalItems": False}, {**ARR, "items": [INT]}, False),
+        ({**ARR, "items": [INT, INT]}, {**ARR, "items": [INT, INT]}, True),
+        ({**ARR, "items": [NUM, STR]}, {**ARR, "items": [INT, STR]}, True),
+        ({**ARR, "items": [INT]}, {**ARR, "items": [INT, STR]}, True),  # the open reader takes the extra item
+        ({**ARR, "items": [INT], "additionalItems": False}, {**ARR, "items": [INT, STR]}, False),
+        ({**ARR, "items": [INT, STR]}, {**ARR, "items": [INT], "additionalItems": False}, True),
+        ({**ARR, "items": [INT]}, {**ARR, "items": [INT], "additionalItems": False}, True),
+        ({**ARR, "items": [INT], "additionalItems": NUM}, {**ARR, "items": [INT], "additionalItems": INT}, True),
+        ({**ARR, "items": [INT], "additionalItems": INT}, {**ARR, "items": [INT], "additionalItems": NUM}, False),
+        # not
+        ({"not": {}}, True, False),
+        ({"not": STR}, {"not": STR}, True),
+        ({"not": STR}, {"not": {"type": ["string", "integer"]}}, True),
+        ({"not": {"type": ["string", "integer"]}}, {"not": STR}, False),
+        ({"type": "string", "not": {"const": "x"}}, STR, False),
+        (STR, {"type": "string", "not": {"const": "x"}}, True),
+        # a one-branch combination stands for its branch
+        (STR, {"oneOf": [STR]}, True),
+        ({"oneOf": [STR]}, STR, True),
+        ({"anyOf": [STR]}, {"allOf": [STR]}, True),
+        ({"anyOf": [STR, INT]}, {"anyOf": [STR]}, True),
+        ({"oneOf": [STR]}, {"oneOf": [STR, INT]}, False),
+        ({"allOf": [STR, {"maxLength": 3}]}, {"allOf": [STR]}, False),
+        ({"oneOf": [STR, INT]}, {"allOf": [STR, INT]}, False),
+    ],
+)
+def test_json_schema_tuples_not_and_combinations(reader: Any, writer: Any, readable: bool) -> None:
+    assert json_reads(reader, writer) == readable
+
+
+def test_schemas_stored_by_older_versions_keep_their_ids(tmp_path: Path) -> None:
+    """Older versions stored PROTOBUF as base64 descriptors and AVRO as the JSON given: after a replay they are the
+    canonical texts, under the same ids, and registering the schema in any spelling finds them."""
+    import base64
+
+    from tabletopic.registry.store import Content, Version, schema_record
+
+    old_b64 = base64.b64encode(_descriptor_of(PROTO_MAPS, "shop/order.proto").SerializeToString()).decode()
+    old_avro = json.dumps({"name": "R", "type": "record", "fields": [{"type": "int", "name": "a"}]}, indent=1)
+    spelled_again = json.dumps({"fields": [{"name": "a", "type": "int"}], "type": "record", "name": "R"})
+
+    async def older() -> None:
+        async with opened(tmp_path) as svc:
+            await svc.store.write([schema_record(Version("p", 1, 1, Content("PROTOBUF", old_b64))),
+                                   schema_record(Version("a", 1, 2, Content("AVRO", old_avro))),
+                                   schema_record(Version("a2", 1, 3, Content("AVRO", spelled_again)))])
+
+    async def now() -> None:
+        async with opened(tmp_path) as svc:
+            assert svc.schema(1).schema == PROTO.parse(PROTO_MAPS, ()).text(False)
+            assert svc.schema(2).schema == svc.schema(3).schema == AVRO.parse(old_avro, ()).text(False)
+            for schema, schema_type in ((old_b64, "PROTOBUF"), (PROTO_MAPS, "PROTOBUF")):
+                v = await svc.register("p", req(schema, schemaType=schema_type))
+                assert (v.id, v.version) == (1, 1)
+            v = await svc.register("a", req(spelled_again))
+            assert (v.id, v.version) == (2, 1)
+            assert (await svc.register("new", req(old_avro))).id == 2  # two ids became one text: the lower one
+
+    run(older)
+    run(now)

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -191,9 +192,16 @@ async def list_schemas(request: web.Request) -> web.Response:
     return reply([_version_json(v) for v in _page(found, request, SCHEMA_LIMIT)])
 
 
+async def _as_asked(request: web.Request, content: Content) -> Content:
+    """``content`` with its text in the ``format`` the request asks for (PROTOBUF ``serialized``: the base64
+    descriptor; AVRO ``resolved``); the stored text for other formats."""
+    fmt = request.query.get("format", "")
+    return replace(content, schema=await _service(request).formatted(content, fmt)) if fmt else content
+
+
 async def get_schema(request: web.Request) -> web.Response:
-    # `subject` and `format` are accepted: one context holds every id, and AVRO has a single format
-    return reply(_content_json(_service(request).schema(_id(request))))
+    # `subject` is accepted: one context holds every id
+    return reply(_content_json(await _as_asked(request, _service(request).schema(_id(request)))))
 
 
 def _raw(content: Content) -> web.Response:
@@ -202,7 +210,7 @@ def _raw(content: Content) -> web.Response:
 
 
 async def get_schema_text(request: web.Request) -> web.Response:
-    return _raw(_service(request).schema(_id(request)))
+    return _raw(await _as_asked(request, _service(request).schema(_id(request))))
 
 
 async def get_schema_versions(request: web.Request) -> web.Response:
@@ -237,12 +245,12 @@ async def list_versions(request: web.Request) -> web.Response:
 
 async def get_version(request: web.Request) -> web.Response:
     v = _service(request).version(_subject(request), request.match_info["version"], _flag(request, "deleted"))
-    return reply(_version_json(v))
+    return reply(_version_json(replace(v, content=await _as_asked(request, v.content))))
 
 
 async def get_version_schema(request: web.Request) -> web.Response:
     v = _service(request).version(_subject(request), request.match_info["version"], _flag(request, "deleted"))
-    return _raw(v.content)
+    return _raw(await _as_asked(request, v.content))
 
 
 async def referenced_by(request: web.Request) -> web.Response:
@@ -261,7 +269,7 @@ async def lookup(request: web.Request) -> web.Response:
     req = schema_request(await _body(request))
     v = await _service(request).lookup(_subject(request), req, _flag(request, "normalize"),
                                        _flag(request, "deleted"))
-    return reply(_version_json(v))
+    return reply(_version_json(replace(v, content=await _as_asked(request, v.content))))
 
 
 async def delete_subject(request: web.Request) -> web.Response:
@@ -321,7 +329,7 @@ async def get_mode(request: web.Request) -> web.Response:
 async def put_mode(request: web.Request) -> web.Response:
     mode = (await _object(request)).get("mode")
     await _service(request).set_mode(_optional_subject(request), mode, _flag(request, "force"))
-    return reply({"mode": mode})  # the request echoed, as Confluent answers
+    return reply({} if mode is None else {"mode": mode})  # the request echoed, as Confluent answers
 
 
 async def delete_mode(request: web.Request) -> web.Response:

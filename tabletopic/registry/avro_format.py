@@ -6,8 +6,12 @@
 - Default values: ``avro`` does not check that a field's default fits its type; ``fastavro.parse_schema`` does,
   so every schema goes through both.
 - References: the referenced schemas are parsed first into the same name table, so their named types resolve.
-- Stored text: the JSON re-serialized compactly (whitespace never matters); ``normalize`` also sorts the keys of
-  every JSON object (their order means nothing in Avro).
+- Stored text: Confluent's canonical form, what Java Avro's ``Schema.toString`` writes: the attributes Avro defines
+  in its own order (``type``, ``name``, ``namespace``, ``doc``, ``fields`` ...), other attributes after them as
+  given, attributes Avro ignores dropped (``{"type": "int", "name": "x"}`` is ``"int"``), namespaces written only
+  where they change, types of referenced schemas by name. Spellings of one schema that differ in key order or
+  in ignored attributes get one text, hence one id. ``normalize`` sorts the other attributes and the aliases too;
+  ``format=resolved`` writes the referenced types inline.
 """
 
 from __future__ import annotations
@@ -24,16 +28,131 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from tabletopic.registry.compat import Dependency, ParsedSchema
 from tabletopic.registry.errors import invalid_schema
 
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+_NAMED = {"record", "error", "enum", "fixed"}
+_RESERVED = {"type", "name", "namespace", "doc", "fields", "items", "values", "symbols", "size", "aliases"}
+_FIELD_RESERVED = {"name", "type", "doc", "default", "order", "aliases"}
+
+
+class _Canonical:
+    """Writes schema documents (already checked by the parsers) as Java Avro's ``Schema.toString`` does.
+
+    ``defined``: every named type seen so far by full name (its document and namespace); ``known``: the names
+    written already, which later uses give by name."""
+
+    def __init__(self, normalize: bool) -> None:
+        self.normalize = normalize
+        self.defined: dict[str, tuple[dict[str, Any], str | None]] = {}
+        self.known: set[str] = set()
+
+    def schema(self, node: Any, space: str | None) -> Any:
+        if isinstance(node, list):
+            return [self.schema(branch, space) for branch in node]
+        if isinstance(node, str):
+            return node if node in _PRIMITIVES else self.reference(node, space)
+        kind = node["type"]
+        if not isinstance(kind, str):
+            return self.schema(kind, space)
+        if kind in _NAMED:
+            return self.named(node, space, space)
+        extra = self.props(node, _RESERVED)
+        if kind == "array":
+            return {"type": "array", "items": self.schema(node["items"], space), **extra}
+        if kind == "map":
+            return {"type": "map", "values": self.schema(node["values"], space), **extra}
+        if kind in _PRIMITIVES:
+            return {"type": kind, **extra} if extra else kind
+        return self.reference(kind, space)
+
+    def reference(self, name: str, space: str | None) -> Any:
+        candidates = [name] if "." in name else [f"{space}.{name}" if space else name, name]
+        full = next((c for c in candidates if c in self.defined), candidates[0])
+        if full not in self.known and full in self.defined:  # a referenced schema's type, written inline
+            node, own_space = self.defined[full]
+            return self.named(node, space, own_space)
+        return _qualified(full, space)
+
+    def named(self, node: dict[str, Any], space: str | None, enclosing: str | None) -> Any:
+        """A named type used where the namespace is ``space``; ``enclosing``: the namespace it was defined in."""
+        name = str(node["name"])
+        ns: str | None = node.get("namespace", enclosing) if "." not in name else name.rpartition(".")[0]
+        short, ns = name.rpartition(".")[2], ns or None
+        full = f"{ns}.{short}" if ns else short
+        self.defined.setdefault(full, (node, enclosing))
+        if full in self.known:
+            return _qualified(full, space)
+        self.known.add(full)
+        kind = node["type"]
+        out: dict[str, Any] = {"type": kind, "name": short}
+        if ns != space:
+            out["namespace"] = ns or ""
+        if isinstance(node.get("doc"), str):
+            out["doc"] = node["doc"]
+        if kind in ("record", "error"):
+            out["fields"] = [self.field(f, ns) for f in node["fields"]]
+        elif kind == "enum":
+            out["symbols"] = node["symbols"]
+            if "default" in node:
+                out["default"] = node["default"]
+        else:
+            out["size"] = node["size"]
+        out.update(self.props(node, (_RESERVED | {"default"}) if kind == "enum" else _RESERVED))
+        aliases = [_qualified(a if "." in a or not ns else f"{ns}.{a}", ns) for a in node.get("aliases") or ()]
+        if aliases:
+            out["aliases"] = self.ordered(aliases)
+        return out
+
+    def field(self, f: dict[str, Any], space: str | None) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": f["name"], "type": self.schema(f["type"], space)}
+        if isinstance(f.get("doc"), str):
+            out["doc"] = f["doc"]
+        if "default" in f:
+            out["default"] = f["default"]
+        order = str(f.get("order") or "ascending").lower()
+        if order != "ascending":
+            out["order"] = order
+        if f.get("aliases"):
+            out["aliases"] = self.ordered([str(a) for a in f["aliases"]])
+        out.update(self.props(f, _FIELD_RESERVED))
+        return out
+
+    def props(self, node: dict[str, Any], reserved: set[str]) -> dict[str, Any]:
+        keys = [k for k in node if k not in reserved]
+        return {k: node[k] for k in (sorted(keys) if self.normalize else keys)}
+
+    def ordered(self, items: list[str]) -> list[str]:
+        unique = list(dict.fromkeys(items))
+        return sorted(unique) if self.normalize else unique
+
+
+def _qualified(full: str, space: str | None) -> str:
+    """A type's name as written where the namespace is ``space``: short when its own namespace is that one (or
+    none), else full."""
+    ns, _, short = full.rpartition(".")
+    return short if not ns or ns == space else full
+
 
 class AvroSchema:
     """A parsed AVRO schema (see :class:`tabletopic.registry.compat.ParsedSchema`)."""
 
-    def __init__(self, document: Any, schema: avro.schema.Schema) -> None:
+    def __init__(self, document: Any, schema: avro.schema.Schema, dependencies: Sequence[Any] = ()) -> None:
         self.document = document
         self.schema = schema
+        self.dependencies = list(dependencies)  # the referenced documents, each after the ones it references
+
+    def _write(self, normalize: bool, inline_references: bool) -> str:
+        writer = _Canonical(normalize)
+        for dep in self.dependencies:
+            writer.schema(dep, None)
+        if inline_references:
+            writer.known.clear()
+        return json.dumps(writer.schema(self.document, None), separators=(",", ":"), ensure_ascii=False)
 
     def text(self, normalize: bool) -> str:
-        return json.dumps(self.document, separators=(",", ":"), sort_keys=normalize, ensure_ascii=False)
+        return self._write(normalize, inline_references=False)
+
+    def formatted(self, fmt: str) -> str:
+        return self._write(False, inline_references=fmt == "resolved")
 
     def can_read(self, writer: ParsedSchema) -> list[str]:
         if not isinstance(writer, AvroSchema):
@@ -52,16 +171,20 @@ class AvroFormat:
     def parse(self, text: str, dependencies: Sequence[Dependency]) -> AvroSchema:
         names = avro.name.Names(validate_names=True)
         named: dict[str, Any] = {}  # fastavro's table of named types, filled by the references
+        dep_docs: list[Any] = []
         try:
             # Avro references by type name, defined in the referenced text: each text once
             for dep in dict.fromkeys(text for _, text in dependencies):
                 dep_doc = json.loads(dep)
                 avro.schema.make_avsc_object(dep_doc, names)
                 fastavro.parse_schema(dep_doc, named_schemas=named)
+                dep_docs.append(dep_doc)
             document = json.loads(text)
             schema = avro.schema.make_avsc_object(document, names)
             fastavro.parse_schema(document, named_schemas=named)
+            parsed = AvroSchema(document, schema, dep_docs)
+            parsed.text(False)  # the canonical writer walks the document as well
         # Any failure of the third-party parsers on user input means an invalid schema (RecursionError included).
         except Exception as exc:
             raise invalid_schema(f"{type(exc).__name__}: {exc}") from None
-        return AvroSchema(document, schema)
+        return parsed

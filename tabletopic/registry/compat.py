@@ -65,6 +65,12 @@ class ParsedSchema(Protocol):
         gives a form in which equivalent spellings of one schema coincide."""
         ...
 
+    def formatted(self, fmt: str) -> str:
+        """The text Confluent's ``format`` query parameter asks for (``serialized`` for PROTOBUF: the base64
+        descriptor; ``resolved`` for AVRO: referenced types inline); a format the type does not have gives the
+        stored text."""
+        ...
+
     def can_read(self, writer: ParsedSchema) -> list[str]:
         """Why this schema, as the reader, cannot read data written with ``writer`` (empty: it can)."""
         ...

@@ -132,6 +132,10 @@ def _parse_text(req: SchemaRequest, deps: tuple[Dependency, ...], normalize: boo
         raise errors.invalid_schema(f"Invalid schema of type {req.schema_type}, details: {exc.message}") from None
 
 
+def _formatted(schema_type: str, text: str, deps: tuple[Dependency, ...], fmt: str) -> str:
+    return _parse(schema_type, text, deps).formatted(fmt)
+
+
 def _check(level: Level, schema_type: str, text: str, deps: tuple[Dependency, ...],
            previous: Sequence[tuple[int, str, tuple[Dependency, ...]]]) -> list[str]:
     """The incompatibilities of a schema with earlier versions (thread side). A stored version that no longer
@@ -301,31 +305,28 @@ class RegistryService:
     # ---- schemas --------------------------------------------------------------------------------------------
 
     def _dependencies(self, refs: Sequence[Reference]) -> tuple[tuple[Dependency, ...], tuple[Reference, ...]]:
-        """The (name, text) of the schemas ``refs`` reach (each after its own references) and ``refs`` with ``-1``
-        versions made concrete. 42201 for a reference to a version that does not exist, or a cycle."""
-        out: dict[Dependency, None] = {}
+        """The (name, text) of the schemas ``refs`` reach and ``refs`` made concrete (42201: missing, a cycle)."""
+        return self.state.dependencies(refs)
 
-        def visit(ref: Reference, path: tuple[tuple[str, int], ...]) -> Reference:
-            found = self.state.subjects.get(ref.subject, {})
-            number = max((n for n, v in found.items() if not v.deleted), default=0) if ref.version == -1 \
-                else ref.version
-            v = found.get(number)
-            if v is None:
-                raise errors.invalid_schema(f"reference {ref.name!r} to subject '{ref.subject}' version "
-                                            f"{ref.version} not found")
-            key = (v.subject, v.version)
-            if key in path:
-                raise errors.invalid_schema(f"circular reference through subject '{v.subject}' version {v.version}")
-            for inner in v.content.references:
-                visit(inner, (*path, key))
-            out[(ref.name, v.content.schema)] = None
-            return replace(ref, version=number)
-
-        resolved = tuple(visit(r, ()) for r in refs)
-        return tuple(out), resolved
+    async def formatted(self, content: Content, fmt: str) -> str:
+        """The schema text as Confluent's ``format`` parameter asks for it: PROTOBUF ``serialized`` (the base64
+        descriptor the workers and confluent-kafka's deserializers read), AVRO ``resolved``; the stored text for
+        any other format, and (logged) when the stored schema no longer parses."""
+        if (content.schema_type, fmt) not in (("PROTOBUF", "serialized"), ("AVRO", "resolved")):
+            return content.schema
+        try:
+            deps = self._dependencies(content.references)[0]
+            return await self._in_thread(_formatted, content.schema_type, content.schema, deps, fmt)
+        except RegistryError as exc:
+            log.warning("schema registry: a stored %s schema does not parse, answered as stored: %s",
+                        content.schema_type, exc.message)
+            return content.schema
 
     async def _content(self, req: SchemaRequest, normalize: bool) -> tuple[Content, tuple[Dependency, ...]]:
-        deps, refs = self._dependencies(req.references)
+        try:
+            deps, refs = self._dependencies(req.references)
+        except RegistryError as exc:  # worded as Confluent's, where resolving references is part of parsing
+            raise errors.invalid_schema(f"Invalid schema of type {req.schema_type}, details: {exc.message}") from None
         text = await self._in_thread(_parse_text, req, deps, normalize)
         return Content(req.schema_type, text, refs), deps
 
@@ -535,11 +536,14 @@ class RegistryService:
         await self._write_one(config_record(subject, None))
         return previous
 
-    async def set_mode(self, subject: str | None, mode: object, force: bool = False) -> str:
+    async def set_mode(self, subject: str | None, mode: object, force: bool = False) -> str | None:
         """Set the subject's (None: the global) mode (any case); IMPORT only where no live subject is in the way
-        unless ``force`` or already IMPORT."""
+        unless ``force`` or already IMPORT. No mode (a body without one) unsets it, as in Confluent."""
         if subject is not None:
             _check_subject(subject)
+        if mode is None:
+            await self._write_one(mode_record(subject, None))
+            return None
         if not isinstance(mode, str) or mode.upper() not in MODES:
             raise errors.invalid_mode(mode)
         mode = mode.upper()

@@ -19,6 +19,11 @@ Records (keys carry ``keytype``; the last record of a key wins, so compaction ke
 
 Schema ids are global: the same (type, text, references) always gets the same id, in every subject.
 A record that is not one of these (anyone may produce to the topic) is skipped on replay with a warning.
+
+Texts are stored canonical (see the schema types' modules). Records written by older versions are brought to
+that form after the replay, as Confluent canonicalizes records it consumes: AVRO JSON as given, PROTOBUF base64
+descriptors. Their ids stay; two ids whose texts become one keep answering, the lower one is what registering
+the schema again finds.
 """
 
 from __future__ import annotations
@@ -38,8 +43,11 @@ from tabletopic.errors import KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.manager import LogManager
 from tabletopic.protocol.records import validate_produce_records
-from tabletopic.registry.compat import Level
+from tabletopic.registry import errors
+from tabletopic.registry.avro_format import AvroFormat
+from tabletopic.registry.compat import Dependency, Level
 from tabletopic.registry.errors import STORE_ERROR, RegistryError
+from tabletopic.registry.protobuf_format import stored_text
 from tabletopic.topics import TopicManager
 
 log = logging.getLogger(__name__)
@@ -221,10 +229,71 @@ class RegistryState:
         out = [self.subjects[s][n] for s, n in sorted(self.users.get(schema_id, ()))]
         return [v for v in out if deleted or not v.deleted]
 
+    def dependencies(self, refs: Iterable[Reference]) -> tuple[tuple[Dependency, ...], tuple[Reference, ...]]:
+        """The (name, text) of the schemas ``refs`` reach (each after its own references) and ``refs`` with ``-1``
+        versions made concrete. 42201 for a reference to a version that does not exist, or a cycle."""
+        out: dict[Dependency, None] = {}
+
+        def visit(ref: Reference, path: tuple[tuple[str, int], ...]) -> Reference:
+            found = self.subjects.get(ref.subject, {})
+            number = max((n for n, v in found.items() if not v.deleted), default=0) if ref.version == -1 \
+                else ref.version
+            v = found.get(number)
+            if v is None:
+                raise errors.invalid_schema(f"reference {ref.name!r} to subject '{ref.subject}' version "
+                                            f"{ref.version} not found")
+            key = (v.subject, v.version)
+            if key in path:
+                raise errors.invalid_schema(f"circular reference through subject '{v.subject}' version {v.version}")
+            for inner in v.content.references:
+                visit(inner, (*path, key))
+            out[(ref.name, v.content.schema)] = None
+            return replace(ref, version=number)
+
+        resolved = tuple(visit(r, ()) for r in refs)
+        return tuple(out), resolved
+
+    def canonicalize(self) -> int:
+        """Bring every stored text to its canonical form (after a replay; see the module doc); how many
+        contents changed. Ids stay; a content two ids now share is found under the lower one."""
+        mapping: dict[Content, Content] = {}
+        for content in sorted({*self.ids, *self.contents.values()}, key=lambda c: self.ids.get(c, 0)):
+            try:
+                deps = self.dependencies(content.references)[0]
+            except RegistryError:
+                deps = ()  # its references were permanently deleted: taken as it is
+            mapping[content] = replace(content, schema=canonical_text(content, deps))
+        changed = sum(1 for old, new in mapping.items() if old != new)
+        if changed:
+            ids: dict[Content, int] = {}
+            for content, schema_id in sorted(self.ids.items(), key=lambda kv: kv[1]):
+                ids.setdefault(mapping[content], schema_id)
+            self.ids = ids
+            self.contents = {i: mapping[c] for i, c in self.contents.items()}
+            for versions in self.subjects.values():
+                for number, v in versions.items():
+                    versions[number] = replace(v, content=mapping[v.content])
+        return changed
+
     def referrers(self, subject: str, version: int) -> list[Version]:
         """Live versions whose schema references ``subject`` ``version``."""
         return [v for vs in self.subjects.values() for v in vs.values()
                 if not v.deleted and any(r.subject == subject and r.version == version for r in v.content.references)]
+
+
+_AVRO = AvroFormat()
+
+
+def canonical_text(content: Content, deps: tuple[Dependency, ...]) -> str:
+    """The canonical text of a stored schema (the text itself when it does not parse)."""
+    try:
+        if content.schema_type == "AVRO":
+            return _AVRO.parse(content.schema, deps).text(False)
+    except RegistryError:
+        return content.schema
+    if content.schema_type == "PROTOBUF":
+        return stored_text(content.schema, deps)
+    return content.schema  # JSON is stored as given, compact (Confluent's canonical form too)
 
 
 def _set_or_unset(table: dict[str | None, str], subject: object, value: str | None) -> None:
@@ -309,6 +378,10 @@ class SchemaStore:
             offset = offset_after
         if skipped:
             log.warning("%s: skipped %d malformed record(s) on replay", TOPIC, skipped)
+        changed = await asyncio.to_thread(self.state.canonicalize)
+        if changed:
+            log.info("schema registry: %d schema text(s) written by an older version brought to canonical form",
+                     changed)
         s = self.state
         log.info("schema registry: replayed %s up to offset %d in %.0f ms: %d subject(s), %d schema id(s), "
                  "highest id %d", TOPIC, offset, (time.monotonic() - t0) * 1000, len(s.subjects), len(s.users),
