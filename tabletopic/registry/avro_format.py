@@ -132,6 +132,24 @@ def _qualified(full: str, space: str | None) -> str:
     return short if not ns or ns == space else full
 
 
+def _canonical(document: Any, dependencies: Sequence[Any], normalize: bool, inline_references: bool = False) -> str:
+    writer = _Canonical(normalize)
+    for dep in dependencies:
+        writer.schema(dep, None)
+    if inline_references:
+        writer.known.clear()
+    return json.dumps(writer.schema(document, None), separators=(",", ":"), ensure_ascii=False)
+
+
+def stored_text(text: str, dependencies: Sequence[Dependency]) -> str:
+    """The canonical text of a schema an older version stored as given (it was checked then: only rewritten, not
+    parsed again); the text itself when it cannot be."""
+    try:
+        return _canonical(json.loads(text), [json.loads(t) for t in dict.fromkeys(t for _, t in dependencies)], False)
+    except Exception:  # not a schema document after all: kept as it is
+        return text
+
+
 class AvroSchema:
     """A parsed AVRO schema (see :class:`tabletopic.registry.compat.ParsedSchema`)."""
 
@@ -140,19 +158,11 @@ class AvroSchema:
         self.schema = schema
         self.dependencies = list(dependencies)  # the referenced documents, each after the ones it references
 
-    def _write(self, normalize: bool, inline_references: bool) -> str:
-        writer = _Canonical(normalize)
-        for dep in self.dependencies:
-            writer.schema(dep, None)
-        if inline_references:
-            writer.known.clear()
-        return json.dumps(writer.schema(self.document, None), separators=(",", ":"), ensure_ascii=False)
-
     def text(self, normalize: bool) -> str:
-        return self._write(normalize, inline_references=False)
+        return _canonical(self.document, self.dependencies, normalize)
 
     def formatted(self, fmt: str) -> str:
-        return self._write(False, inline_references=fmt == "resolved")
+        return _canonical(self.document, self.dependencies, False, inline_references=fmt == "resolved")
 
     def can_read(self, writer: ParsedSchema) -> list[str]:
         if not isinstance(writer, AvroSchema):

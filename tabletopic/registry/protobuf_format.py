@@ -192,7 +192,7 @@ class ProtobufSchema:
         self._pool = pool
 
     def text(self, normalize: bool) -> str:
-        # normalized as Confluent does: fields in number order, imports and enum values sorted
+        # normalized as Confluent does: fields and enum values in number order, imports sorted
         return render(self.fdp, self._pool, normalize=True) if normalize else self._text
 
     def formatted(self, fmt: str) -> str:

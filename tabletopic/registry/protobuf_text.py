@@ -219,7 +219,8 @@ class _Renderer:
     def enum(self, e: descriptor_pb2.EnumDescriptorProto) -> list[str]:
         reserved = [f"reserved {_range(r.start, r.end, _MAX_ENUM_NUMBER)};" for r in e.reserved_range]
         reserved += [f"reserved {_quote(n)};" for n in e.reserved_name]
-        values = sorted(e.value, key=lambda v: (v.number, v.name)) if self.normalize else list(e.value)
+        # aliases keep their order: the first one names the number in option values
+        values = sorted(e.value, key=lambda v: v.number) if self.normalize else list(e.value)
         body = [f"{v.name} = {v.number}{self.bracketed(v.options)};" for v in values]
         return _block(f"enum {e.name} {{", [reserved, [f"option {o};" for o in self.options(e.options)], body])
 
@@ -274,6 +275,6 @@ class _Renderer:
 
 def render(fdp: FDP, pool: descriptor_pool.DescriptorPool | None = None, normalize: bool = False) -> str:
     """The ``.proto`` text of ``fdp``; ``pool`` (holding the file and its imports) reads its custom options.
-    ``normalize``: fields in number order, imports and enum values sorted. Raises ValueError for an option it
+    ``normalize``: fields and enum values in number order, imports sorted. Raises ValueError for an option it
     cannot read."""
     return _Renderer(fdp, pool, normalize).file()

@@ -44,10 +44,10 @@ from tabletopic.log.log import PartitionLog
 from tabletopic.log.manager import LogManager
 from tabletopic.protocol.records import validate_produce_records
 from tabletopic.registry import errors
-from tabletopic.registry.avro_format import AvroFormat
+from tabletopic.registry.avro_format import stored_text as avro_stored_text
 from tabletopic.registry.compat import Dependency, Level
 from tabletopic.registry.errors import STORE_ERROR, RegistryError
-from tabletopic.registry.protobuf_format import stored_text
+from tabletopic.registry.protobuf_format import stored_text as protobuf_stored_text
 from tabletopic.topics import TopicManager
 
 log = logging.getLogger(__name__)
@@ -281,18 +281,12 @@ class RegistryState:
                 if not v.deleted and any(r.subject == subject and r.version == version for r in v.content.references)]
 
 
-_AVRO = AvroFormat()
-
-
 def canonical_text(content: Content, deps: tuple[Dependency, ...]) -> str:
-    """The canonical text of a stored schema (the text itself when it does not parse)."""
-    try:
-        if content.schema_type == "AVRO":
-            return _AVRO.parse(content.schema, deps).text(False)
-    except RegistryError:
-        return content.schema
+    """The canonical text of a stored schema (the text itself when it cannot be rewritten)."""
+    if content.schema_type == "AVRO":
+        return avro_stored_text(content.schema, deps)
     if content.schema_type == "PROTOBUF":
-        return stored_text(content.schema, deps)
+        return protobuf_stored_text(content.schema, deps)
     return content.schema  # JSON is stored as given, compact (Confluent's canonical form too)
 
 
