@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import pyarrow as pa
@@ -22,7 +23,9 @@ def _fails() -> pa.Array:
 def test_error_text_drops_values_and_says_where() -> None:
     with pytest.raises(pa.ArrowInvalid) as local:
         _fails()
-    with ProcessPoolExecutor(1) as pool, pytest.raises(pa.ArrowInvalid) as remote:
+    # the broker's own kind of pool (worker.pool: forkserver), not a fork of this (large) test process
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver")) as pool, \
+            pytest.raises(pa.ArrowInvalid) as remote:
         pool.submit(_fails).result()
     for caught in (local.value, remote.value):
         text = error_text(caught)
