@@ -333,7 +333,8 @@ def test_rules_checked_in_confluents_order(tmp_path: Path) -> None:
             await refused(40409, _raise(lambda: svc.mode("ro")))
             e = await refused(42201, svc.register("x", req(outer, references=[
                 {"name": "n.In", "subject": "in", "version": 9}])))
-            assert e.message.startswith("Invalid schema of type AVRO, details: ")
+            assert e.message == ("Invalid schema of type AVRO, details: No schema reference found for subject \"in\" "
+                                 "and version 9")
 
     run(go)
 

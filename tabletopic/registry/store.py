@@ -240,8 +240,8 @@ class RegistryState:
                 else ref.version
             v = found.get(number)
             if v is None:
-                raise errors.invalid_schema(f"reference {ref.name!r} to subject '{ref.subject}' version "
-                                            f"{ref.version} not found")
+                raise errors.invalid_schema(f"No schema reference found for subject \"{ref.subject}\" and version "
+                                            f"{ref.version}")  # Confluent's words
             key = (v.subject, v.version)
             if key in path:
                 raise errors.invalid_schema(f"circular reference through subject '{v.subject}' version {v.version}")
