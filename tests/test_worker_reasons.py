@@ -40,7 +40,12 @@ def test_error_text_drops_values_and_says_where() -> None:
 def test_outages_are_what_a_retry_may_cure() -> None:
     from concurrent.futures.process import BrokenProcessPool
 
-    assert all(is_outage(e) for e in (OSError("disk"), MemoryError(), TimeoutError(), BrokenProcessPool()))
+    from pyiceberg.exceptions import ServiceUnavailableError
+    from sqlalchemy.exc import OperationalError
+
+    assert all(is_outage(e) for e in (OSError("disk"), MemoryError(), TimeoutError(), BrokenProcessPool(),
+                                      OperationalError("SELECT", None, Exception("database is locked")),
+                                      ServiceUnavailableError("catalog down")))
     assert not any(is_outage(e) for e in (ValueError(), pa.ArrowInvalid("x"), KeyError("k"), TypeError()))
 
 

@@ -103,6 +103,10 @@ class _Chunk:
     submitted: float = field(default_factory=time.monotonic)
 
 
+class _ConversionFailedError(Exception):
+    """A pool task's conversion raised what is not an outage (its ``__cause__``): the partition is blocked."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Flushed:
     """The chunks a round takes, in offset order, and why it stopped taking more."""
@@ -365,7 +369,12 @@ class PartitionWorker:
                 if not self._chunks or (taken and time.monotonic() >= answer_by):
                     return _Flushed(taken)
                 chunk = self._chunks[0]
-                result = await asyncio.shield(chunk.future)
+                try:
+                    result = await asyncio.shield(chunk.future)
+                except Exception as e:  # the conversion itself: the same records would fail the same way again
+                    if is_outage(e):
+                        raise
+                    raise _ConversionFailedError(e) from e
                 taken.append(self._chunks.pop(0))
                 round_bytes += chunk.input_bytes
                 if result.stats.blocked_offset is not None:
@@ -390,8 +399,8 @@ class PartitionWorker:
         except Exception as e:
             # hand nothing over, start the range again: next round after an outage (storage, the pool), else (the
             # same records fail the same way every time) once new records or a settings change come
-            error = error_text(e)
-            outage = is_outage(e)
+            outage = not isinstance(e, _ConversionFailedError)  # the rest (the log, the registry, ...): retried
+            error = error_text(e.__cause__ if not outage and e.__cause__ is not None else e)
             self._conditions.log("write-failed", logging.ERROR, "%s: writing offsets %d.. for commit %s failed%s: %s",
                                  self.name, x, req.commit_id, "" if outage else " (not an outage: blocked)", error,
                                  state=(x, error), exc_info=e if outage else None)  # tracebacks hold values

@@ -107,7 +107,15 @@ def _raised_at(exc: BaseException) -> str:
     return f"at {where}:{line} in {func}"
 
 
+# the libraries through which storage, catalogs and registries answer: their errors are outages
+_OUTAGE_MODULES = ("botocore", "aiobotocore", "s3fs", "fsspec", "requests", "urllib3", "aiohttp", "sqlalchemy",
+                   "pyiceberg.exceptions", "google", "azure")
+
+
 def is_outage(exc: BaseException) -> bool:
-    """True for what a retry may cure (storage I/O, memory, a broken or timed-out conversion pool); anything else
-    a conversion raises fails the same way on the same records."""
-    return isinstance(exc, (OSError, MemoryError, TimeoutError, BrokenExecutor))
+    """True for what a retry may cure (storage I/O, memory, a broken or timed-out conversion pool, the errors of
+    storage, catalog and HTTP clients); anything else a conversion raises fails the same way on the same
+    records."""
+    if isinstance(exc, (OSError, MemoryError, TimeoutError, BrokenExecutor)):
+        return True
+    return any(type(exc).__module__ == m or type(exc).__module__.startswith(m + ".") for m in _OUTAGE_MODULES)
