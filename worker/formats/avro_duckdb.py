@@ -1,37 +1,15 @@
 """The fast path of :func:`worker.formats.avro_decode.decode`: a chunk's Avro payloads read by DuckDB's Avro
 reader straight into Arrow columns, with exactly the values and Arrow type of the fastavro path.
 
-How: the payloads (header already taken off, one writer schema) are wrapped into an Avro object container file
-(``Obj\\x01``, the metadata map with ``avro.schema`` and ``avro.codec=null``, a sync marker, then the blocks) and
-read with ``read_avro`` on this process' DuckDB connection (one per process, ``threads=1``: the pool has a process
-per core). The file is a ``memfd`` (in memory, gone with its descriptor), else a file in ``/dev/shm`` removed
-after the read; DuckDB's file cache is off (the path is reused). What DuckDB gives in another form than the table
-column (enum, decimal, dates, times, timestamps, uuid, maps, unions, required fields under a null parent) is
-converted column-wise with Arrow compute.
+Seam: :func:`decode` (the column, or None: decode this chunk with fastavro), :func:`plan` (made once per schema
+and process; None: that schema always takes fastavro) and :func:`available`. The payloads of one writer schema
+become an in-memory Avro container file (:func:`_container`) read with ``read_avro`` on this process' one DuckDB
+connection; :class:`_Planner` makes the file's schema and the conversions of what DuckDB reads.
 
-The file's schema is not the writer schema but one of the same encoding (:class:`_Planner`): named types inlined
-under fresh names, fields renamed ``f0``, ``f1``... (DuckDB folds case), logical types dropped (read as their
-physical type and converted here: DuckDB does not know all of them), an enum read as its ``int`` index, a map as
-an array of ``{k: string, v: V}`` records (DuckDB reads map keys as C strings, so a key with a NUL byte would lose
-its tail, and it merges duplicate keys silently), a multi-type union's branches as the one-field records of the
-decode schema. A record's fields are the file's top-level columns (DuckDB cannot map a union inside a top-level
-struct column: "Can't remap type UNION").
-
-Corrupt payloads never give wrong rows. DuckDB's reader takes a record that does not decode for the end of the
-file (the rows after it are silently missing), and reading on could start in the middle of a broken block. So
-every payload is a block of its own (count 1, its byte size), between two copies of a random 64-bit marker
-(``{m: long, ...fields, n: long}``; the marker is new for every chunk, no producer can know it): a row is taken
-only when both markers read back, i.e. its payload decoded from its first byte to exactly its last, and the chunk
-only when DuckDB returned every row. A payload with extra trailing bytes fails that check too (the second marker is
-read from them): the fastavro path then names that row ``trailing_bytes``.
-
-Whatever is in doubt makes :func:`decode` return None and the caller decodes that chunk with fastavro, which names
-the bad rows: a DuckDB error, a row or a marker missing, a value that fastavro reads differently or that
-``pa.array`` refuses (a date, time or timestamp outside Python's range, a decimal wider than its precision or 16
-bytes, a uuid string not in the 8-4-4-4-12 form, an enum index out of range, a map with a key twice), DuckDB not
-installed. A schema this path does not read (a ``null`` outside a union, an empty record, a ``fixed`` of size 0, a
-decimal ``fixed`` wider than 16 bytes, a union of more than 255 branches or inside a record field of a top-level
-record field, ...) gets no plan, once per schema and process, and always takes fastavro.
+Rules: a corrupt payload never gives a wrong row, and no value differs from what fastavro gives. Every payload is
+a block of its own between two copies of a random marker, and a chunk is taken only when every row and both of
+its markers read back; whatever is in doubt returns None, never a guess. Why DuckDB at all:
+docs/design-notes.md#duckdb-decodes-avro.
 """
 
 from __future__ import annotations
@@ -108,7 +86,15 @@ def _container_header(schema: dict[str, Any], sync: bytes) -> bytes:
 
 
 def _container(plan: Plan, payloads: list[bytes], marker: int) -> bytes:
-    """The container file: one block per payload, the payload between two markers (see the module doc)."""
+    """The container file (``Obj\\x01``, the metadata map with ``avro.schema`` and ``avro.codec=null``, the sync
+    marker, then the blocks): one block per payload (count 1, its byte size), the payload between two copies of
+    ``marker`` (the plan's schema is ``{m: long, ...fields, n: long}``).
+
+    Why: DuckDB's reader takes a record that does not decode for the end of the file (the rows after it are
+    silently missing), and reading on could start in the middle of a broken block. The marker is new for every
+    chunk, so no producer can know it: both markers read back only when the payload decoded from its first byte to
+    exactly its last. A payload with trailing bytes fails that too (the second marker is read from them), and the
+    fastavro path then names that row ``trailing_bytes``."""
     framing = _long(marker)
     after = framing + plan.sync
     heads: dict[int, bytes] = {}  # by payload size
@@ -127,7 +113,7 @@ def _container(plan: Plan, payloads: list[bytes], marker: int) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """How one writer schema's payloads are read through DuckDB (see the module doc)."""
+    """How one writer schema's payloads are read through DuckDB (:func:`_container`, :class:`_Planner`)."""
 
     header: bytes  # the container's header, its sync marker last
     sync: bytes
@@ -367,7 +353,16 @@ def _union_of(members: list[Convert], typ: pa.StructType) -> Convert:
 
 class _Planner:
     """The DuckDB-side schema of a decode schema, and the conversion of what DuckDB reads to the table column's
-    storage type, walked together with that type."""
+    storage type, walked together with that type.
+
+    The file's schema has the writer schema's encoding, not its form: named types inlined under fresh names,
+    fields renamed ``f0``, ``f1``... (DuckDB folds case), logical types dropped (read as their physical type and
+    converted here: DuckDB does not know all of them), an enum read as its ``int`` index, a map as an array of
+    ``{k: string, v: V}`` records (DuckDB reads map keys as C strings, so a key with a NUL byte would lose its
+    tail, and it merges duplicate keys silently), a multi-type union's branches as the one-field records of the
+    decode schema. What DuckDB gives in another form than the table column (enum, decimal, dates, times,
+    timestamps, uuid, maps, unions, required fields under a null parent) is converted column-wise with Arrow
+    compute."""
 
     def __init__(self, named: dict[str, Any]) -> None:
         self.named = named
@@ -540,7 +535,12 @@ _plans_lock = threading.Lock()
 
 def plan(columns: AvroColumns) -> Plan | None:
     """The plan of ``columns`` (None: fastavro only), made once per schema and process (cached by identity: the
-    decoders are cached per process)."""
+    decoders are cached per process).
+
+    No plan for a schema this path does not read: a ``null`` outside a union, an empty record, a ``fixed`` of size
+    0, a decimal ``fixed`` wider than 16 bytes, a union of more than 255 branches or inside a record field of a
+    top-level record field (a record's fields are the file's top-level columns: DuckDB cannot map a union inside a
+    top-level struct column, "Can't remap type UNION"), ..."""
     with _plans_lock:
         hit = _plans.get(id(columns))
         if hit is not None and hit[0] is columns:
@@ -646,7 +646,12 @@ def available() -> bool:
 def decode(payloads: pa.Array, columns: AvroColumns) -> ConvertedColumn | None:
     """The payloads (binary, null for rows already bad) decoded through DuckDB, exactly as the fastavro path
     would (no bad rows: a chunk with one is not decoded here); None when this path cannot vouch for the chunk, or
-    has no plan for the schema: decode it with fastavro."""
+    has no plan for the schema: decode it with fastavro, which names the bad rows.
+
+    In doubt are: a DuckDB error, a row or a marker missing, a value that fastavro reads differently or that
+    ``pa.array`` refuses (a date, time or timestamp outside Python's range, a decimal wider than its precision or
+    16 bytes, a uuid string not in the 8-4-4-4-12 form, an enum index out of range, a map with a key twice), DuckDB
+    not installed."""
     made = plan(columns)
     if made is None or len(payloads) == payloads.null_count:
         return None
