@@ -1,67 +1,18 @@
-"""A topic's Table Topic settings, parsed once into a frozen typed object, and their cross-field rules.
+"""A topic's Table Topic settings, parsed once into a frozen :class:`TableTopicConfig`, and the rules between them.
 
 Names, types, defaults and ranges are declared with the other topic settings in :mod:`configs.model`; this module
-adds what involves several settings at once (AutoMQ's rules between its table topic settings, and ours):
+owns what involves several settings at once (AutoMQ's rules between its settings, and ours: upserts and CDC need
+``id.columns``; ``iceberg.auto-create.properties`` the broker would not apply as given are refused) and which
+namespaces are allowed (:func:`namespace_problem`: each table in its own folder two levels below the warehouse,
+outside every other table's; docs/design-notes.md, "A namespace is one folder below the warehouse").
 
-- ``by_schema_id`` / ``by_latest_schema`` (key or value) need ``automq.table.topic.schema.registry.url`` on the
-  broker;
-- ``flatten_debezium`` needs a schema-based value converter;
-- ``[_from_debezium_key_]`` stands alone (checked by the parser) and needs ``convert.key.type=by_schema_id``;
-- ``upsert.enable`` and ``cdc.field`` need ``id.columns``. AutoMQ does not check this up front (its delta writer
-  then fails at run time); a table cannot apply an update or a delete without a key, so we refuse it here;
-- ``iceberg.auto-create.properties`` that would not apply as given are refused (never overridden): a
-  ``format-version`` other than 2 or 3, the broker's own ``tabletopic.*`` properties, and for upsert/CDC tables merge
-  modes other than merge-on-read or ``write.wap.enabled`` other than true;
-- the deprecated ``schema.type`` (``schemaless`` / ``schema``) cannot be combined with the ``convert.*`` /
-  ``transform.*`` settings it stands for (AutoMQ's rule); ``schema`` implies ``by_schema_id`` and so needs a
-  schema registry too;
-- (checked by :func:`configs.validation.validate_topic_configs`, as it needs the table's columns) every
-  ``partition.by`` column exists among the columns the converters produce, and its transform applies to the
-  column's Iceberg type (:func:`configs.table_schema.check_partition_by`; AutoMQ only finds out when it creates
-  the table).
+Seam: :meth:`TableTopicConfig.from_topic`, :func:`check_table_topic_rules`,
+:meth:`TableTopicConfig.table_identifier`. The checks that need more than the settings live elsewhere:
+``partition.by`` against the columns in :func:`configs.validation.validate_topic_configs`, changes an existing
+table cannot follow in :meth:`tabletopic.plugin_host.TableTopicHost.check_config_change` (it reads the catalog).
 
-Values this broker does not implement yet (:data:`NOT_BUILT_YET`: none at the moment) are refused after the rules
-above, so a combination the rules refuse is still named as such.
-
-A ``partition.by`` column outside ``id.columns`` is allowed: upserts are applied with a merge that finds a key's
-row in whichever table partition it is (AutoMQ's equality deletes only reach rows of the same table partition).
-
-Every violation is an :class:`InvalidConfigError` naming the key and the value.
-
-**Table names and locations.** A table topic's table is ``<namespace>.<topic>`` (:meth:`TableTopicConfig.
-table_identifier`): the namespace is split on its dots into levels (``a.b`` is the nested namespace ``a`` → ``b``),
-which is what Spark SQL means by ``a.b.topic`` and how the SQL catalogs (pyiceberg's and Iceberg-Java's JDBC
-catalog) store a namespace anyway (its levels joined by dots). AutoMQ passes the whole value as one level; with the
-SQL catalog the two are the same namespace. The table's location is the catalog's default, ``<warehouse>/<namespace
-levels joined by dots>/<topic>`` (pyiceberg's layout, which the broker also gives the format v3 tables it creates
-through Spark: Iceberg-Java's JDBC catalog would put ``a.b``'s tables at ``<warehouse>/a/b/<topic>``, inside the
-location of table ``a.b``). :func:`namespace_problem` keeps every table of every namespace in its own folder,
-two levels below the warehouse, so that no location escapes the warehouse or lies inside another table's:
-
-- a namespace level holds only the characters a Kafka topic name may hold, the dot aside (which separates levels):
-  letters, digits, ``_`` and ``-``. Path separators (``/``, ``\\``), ``..`` and empty levels (a leading, trailing or
-  doubled dot), whitespace (pyiceberg strips it from levels), control characters and the characters a location URL
-  gives a meaning (``%``, ``?``, ``#``, ``:``) are refused: each could move the table's folder out of the warehouse
-  or into another table's, or give two values the same namespace;
-- at most 255 characters: the SQL catalog's namespace column, and the one folder name the namespace becomes;
-- the topic name (the table's name) is a Kafka topic name: ``[a-zA-Z0-9._-]``, never ``.`` or ``..``, and its
-  dots are part of the name (never levels): topic ``a.b`` in namespace ``x`` is the table ``a.b`` of namespace
-  ``x``, at ``<warehouse>/x/a.b``, another table in another folder than topic ``b`` in namespace ``x.a``
-  (``<warehouse>/x.a/b``). Both print as ``x.a.b``; Spark SQL reads that as the second, the first is
-  ``x.`a.b```.
-
-**Changes an existing table cannot follow** are refused by the broker's table checks (they read the catalog:
-:meth:`tabletopic.plugin_host.TableTopicHost.check_config_change`), with INVALID_CONFIG saying why: converters
-that would give a column another type, a ``transform.value.type`` that would lay the values out otherwise (``none``
-keeps them in ``_kafka_value``, ``flatten`` in top-level columns, ``flatten_debezium`` in top-level columns beside
-``_cdc``) once the table has value columns, and ``upsert.enable`` / ``cdc.field`` turned on for a table that holds
-rows written as appends (a key may have several rows there, and the broker does not rewrite a table to one row per
-key). Turning upserts and CDC off is accepted: the table becomes an append table (later records are added as rows,
-so a key may get several), and upserts cannot be turned on for it again.
-
-The broker's orphan-file removal never relies on these rules alone (tables created by other tools can be
-anywhere): it only looks inside a table's own ``data/`` and ``metadata/`` folders and leaves out the location of
-every other table of the catalog (:func:`coordinator.maintenance.orphan_candidates`).
+Rules: every violation is an :class:`InvalidConfigError` naming the key and the value; a value is refused, never
+overridden. Values nothing implements yet are listed in :data:`NOT_BUILT_YET` and nowhere else.
 """
 
 from __future__ import annotations
@@ -156,8 +107,11 @@ _LEVEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01
 
 
 def namespace_problem(namespace: str) -> str | None:
-    """Why ``namespace`` (non-blank; dots separate its levels) cannot name a table topic's namespace, or None
-    (the rules and why: the module doc)."""
+    """Why ``namespace`` (non-blank; dots separate its levels) cannot name a table topic's namespace, or None.
+
+    A level holds only the characters of a Kafka topic name but the dot: path separators, ``..``, empty levels,
+    whitespace (pyiceberg strips it), control characters and ``%?#:`` (meaningful in a location URL) could each move
+    the table's folder out of the warehouse or into another table's, or give two values the same namespace."""
     if len(namespace) > MAX_NAMESPACE_LENGTH:
         return f"a namespace has at most {MAX_NAMESPACE_LENGTH} characters, this one {len(namespace)}"
     bad = next((c for c in namespace if c != "." and c not in _LEVEL_CHARS), None)
@@ -194,7 +148,9 @@ def _shown(value: Value) -> str:
 
 
 def check_built(values: Mapping[str, Value]) -> None:
-    """Refuse any effective value listed in :data:`NOT_BUILT_YET` (InvalidConfigError naming key and value)."""
+    """Refuse any effective value listed in :data:`NOT_BUILT_YET` (InvalidConfigError naming key and value).
+
+    Called after the rules between settings, so a combination they refuse is still named as such."""
     for entry in NOT_BUILT_YET:
         value = values.get(entry.key)
         if value is None:
@@ -236,9 +192,16 @@ def _converters(values: Mapping[str, Value]) -> tuple[ConvertType, ConvertType, 
 
 def check_table_topic_rules(parsed_overrides: Mapping[str, Value], broker: BrokerConfig | None = None
                             ) -> dict[str, Value]:
-    """Check the rules between settings (module doc; not ``partition.by`` against the columns) on a topic's parsed
-    overrides over the defaults; returns the effective ``automq.table.topic.*`` values checked.
+    """Check the rules between settings (not ``partition.by`` against the columns) on a topic's parsed overrides
+    over the defaults; returns the effective ``automq.table.topic.*`` values checked.
 
+    The rules (their words are in docs/configuration.md): schema-based converters need a schema registry on the
+    broker; ``flatten`` needs a converter that gives value fields, ``flatten_debezium`` a schema-based one;
+    ``[_from_debezium_key_]`` needs ``convert.key.type=by_schema_id``; the deprecated ``schema.type`` cannot be
+    combined with the settings it stands for (``schema`` implies ``by_schema_id``, so it needs a registry too);
+    ``upsert.enable`` and ``cdc.field`` need ``id.columns`` (AutoMQ does not check this up front and its delta
+    writer fails at run time; without a key no update or delete can apply); the namespace
+    (:func:`namespace_problem`); ``iceberg.auto-create.properties`` (:func:`_check_auto_create_properties`).
     Broker-dependent rules are skipped when ``broker`` is None. Raises InvalidConfigError naming key and value.
     """
     values = _effective(parsed_overrides, broker)
@@ -465,6 +428,7 @@ class TableTopicConfig:
         return self.key_subject_override or f"{topic}-key"
 
     def table_identifier(self, topic: str) -> tuple[str, ...]:
-        """``(namespace, topic)``; just ``(topic,)`` when the namespace is blank."""
+        """``(*namespace levels, topic)``: the namespace split on its dots, the topic's dots part of the table's
+        name (topic ``a.b`` of namespace ``x`` is ``("x", "a.b")``); just ``(topic,)`` when the namespace is blank."""
         ns = (self.namespace or "").strip()
         return (*ns.split("."), topic) if ns else (topic,)
