@@ -1,61 +1,20 @@
-"""Automatic compaction and maintenance of a table topic's table, beside its commit rounds.
+"""Automatic compaction and maintenance of a table topic's table, beside its commit rounds (what each
+``compaction.*`` setting does, for users: docs/operations.md, "Compaction and maintenance").
 
-One :class:`TableMaintenance` per table topic (the plugin host starts it next to the coordinator). Every
-``automq.table.topic.compaction.interval.ms`` (tabletopic's own settings, ``compaction.*``, read at every run) it
-looks at the table with pyiceberg and runs the steps that have work, each one call to the broker's Spark side
-process (Iceberg's Spark actions, :mod:`tabletopic.spark`). A run comes sooner (at most every
-:data:`EARLY_GAP_S`) once the rounds report ``compaction.min.input.files`` more delete files than the last run left
-(:meth:`TableMaintenance.note_delete_files`): an upsert table's merges slow down with every delete file. When the
-rounds go idle leaving delete files, the next run rewrites every data file that has any
-(:meth:`TableMaintenance.note_idle`).
+One :class:`TableMaintenance` per table topic, started by the plugin host next to the coordinator. Every
+``compaction.interval.ms`` a run reads the settings, looks at the table with pyiceberg and calls the Spark side
+process (:mod:`tabletopic.spark`) once per step that has work: rewrite data files (in two bounded passes,
+:meth:`MaintenancePolicy.bounded_pass`), expire snapshots, rewrite manifests, remove orphan files
+(:func:`orphan_candidates`). The coordinator calls on the event loop: :meth:`TableMaintenance.note_delete_files`
+and :meth:`TableMaintenance.note_idle` bring a run forward, :meth:`TableMaintenance.take_round_rewrite` says which
+upsert rounds write the whole table again (:mod:`coordinator.merge`). A run that did something logs one
+``[MAINTENANCE]`` line, reports to ``on_run`` (metrics) and records itself for ``tabletopic tables``
+(:func:`read_last_runs`). Blocking work runs in a worker thread.
 
-1. bin-pack data files smaller than 75% of ``compaction.target.file.size.bytes`` once a table partition has
-   ``compaction.min.input.files`` of them, rewriting too any data file whose position deletes cover
-   ``compaction.delete.ratio`` of its rows or come in ``compaction.min.input.files`` delete files: the deletes are
-   applied (the rows are gone from the new file) and the delete files left applying to nothing are dropped
-   (Iceberg's position-delete compaction cannot run on these tables: :func:`tabletopic.spark.rewrite_data_files`).
-   With ``compaction.max.rewrite.bytes`` a run rewrites about that much at most, in two passes
-   (:meth:`MaintenancePolicy.bounded_pass`), and comes again after :data:`EARLY_GAP_S` when a pass used all of it:
-   an upsert table's rounds wait for the run, since the Spark side process does one operation at a time.
-   On an upsert/CDC table of at most one target file the run leaves that rewrite to the table's next round, which
-   applies its changes by writing the whole table again (:meth:`TableMaintenance.take_round_rewrite`,
-   :mod:`coordinator.merge`): the rounds' merges would otherwise wait for the rewrite;
-2. expire snapshots per ``expire.snapshot.*`` (AutoMQ's settings), deleting the files only they referenced; the
-   rounds' own expiry is then only a backstop (:meth:`coordinator.committer.ExpirePolicy.from_config`);
-3. rewrite manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds one);
-4. at the first run and then hourly, delete orphan files older than ``orphan.files.older.than.hours``: only files
-   under the table's own ``data/`` and ``metadata/`` folders, never under the location of another table of the
-   catalog (a table created inside this one's folder, by another tool or under another namespace layout, keeps
-   its files; when a table of the catalog cannot be read, its location is unknown and no file is removed).
-
-An upsert/CDC table no larger than ``copy.on.write.max.bytes`` seldom gets that far: every
-``copy.on.write.max.merged.rounds`` + 1-th round writes it again with its changes applied
-(:meth:`TableMaintenance.take_round_rewrite`), so it never has many delete files for a run to apply.
-
-Step 1 runs only when the table changed since it last ran, 2 to 4 only when there is something to expire, rewrite
-or delete, so an idle table never starts Spark. Step 1 also waits while a staged write (an upsert round's merge,
-write-audit-publish) waits to be published on top of the current snapshot.
-
-Beside the rounds, never against them:
-
-- a rewrite commits like any other committer: Iceberg validates it against the rounds' appends (no conflict: a
-  rewrite only replaces files it read) and retries a commit that lost the race; a round that loses to a rewrite
-  retries on the refreshed table (:func:`coordinator.committer.commit_round`). A step whose commit still fails is
-  tried once more, then given up until the next run: nothing is committed by a failed step, so no row is lost or
-  doubled, and no round ever waits for one (the rounds commit through pyiceberg, not Spark);
-- Spark operations are one at a time in the side process, so a schema change or an upsert's merge waits for one
-  step at most, and never runs concurrently with a rewrite of the same table;
-- the committed offsets (``tabletopic.offsets``) and the dead-letter properties are table properties, which no
-  rewrite or expiry touches; every run checks that the offsets it found are still there (or further on);
-- orphan removal never sees the files of a round in flight: worker files (data ``tt-p<partition>-<start>-...``,
-  dead-letter ``tt-dlq-p...`` and an upsert round's change files ``tt-chg-p...``, see :mod:`coordinator.contract`)
-  starting at or past the table's committed offset, read *before* Spark reads the table, are left out of what it
-  is given (the coordinator's start-up clean-up owns them), as are files younger than the age; Spark then keeps
-  whatever any snapshot references.
-
-Each run that did something logs one ``[MAINTENANCE]`` line (files and bytes before/after, rewrites, deletes applied,
-expiry, orphans, duration, failures), reports to the ``on_run`` observer (metrics) and records itself in
-``<state dir>/maintenance.json`` for ``tabletopic tables``. Blocking work runs in a worker thread.
+Rules: beside the rounds, never against them. A step commits like any committer (Iceberg validates a rewrite
+against the rounds' appends; a lost race is tried once more, then left to the next run) and never touches the
+committed offsets or dead-letter properties (checked by :meth:`TableMaintenance._check_kept`); orphan removal never
+sees a round's files in flight or another table's files; a step without work never starts Spark.
 """
 
 from __future__ import annotations
@@ -588,6 +547,10 @@ class TableMaintenance:
         return snapshot is not None and self._rewritten_at.get(step, -1) != snapshot.snapshot_id
 
     def _rewrite_data(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        """Bin-pack small data files and apply deletes (Iceberg's position-delete compaction cannot run on these
+        tables: :func:`tabletopic.spark.rewrite_data_files`, which also waits for a staged merge to be published).
+        Only when the table changed since this step last ran, or to settle; left to the next round on a small
+        upsert table (:meth:`_leave_to_round`)."""
         totals = _Totals.of(tbl)
         due = totals.data_files >= policy.min_input_files or totals.delete_files > 0
         # a run at this snapshot with the thresholds may have left deletes a settling run applies
@@ -660,6 +623,8 @@ class TableMaintenance:
         return True
 
     def _expire(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        """Expire snapshots per ``expire.snapshot.*`` (AutoMQ's settings), deleting the files only they referenced;
+        the rounds' own expiry is then only a backstop (:meth:`coordinator.committer.ExpirePolicy.from_config`)."""
         now_ms = int(self._clock() * 1000)
         if not snapshots_to_expire(tbl.metadata, policy.expire, now_ms):
             return tbl
@@ -674,6 +639,8 @@ class TableMaintenance:
         return self._reload(tbl)
 
     def _rewrite_manifests(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        """Rewrite the manifests once the current snapshot has ``compaction.min.input.manifests`` (each commit adds
+        one)."""
         if _Totals.of(tbl).manifests < policy.min_input_manifests:
             return tbl
         assert self._spark is not None
@@ -682,6 +649,8 @@ class TableMaintenance:
         return self._reload(tbl)
 
     def _remove_orphans(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
+        """At the first run, then every :data:`ORPHAN_PERIOD_S`: delete what :func:`orphan_candidates` offers and
+        Spark finds no snapshot referencing; nothing in a warehouse that is not ``file://``."""
         if time.monotonic() < self._orphans_due:
             return tbl
         self._orphans_due = time.monotonic() + ORPHAN_PERIOD_S
