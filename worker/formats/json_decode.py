@@ -4,33 +4,13 @@
 A column's shape is a small tree (:data:`JType`): leaves by :class:`Kind`, objects (:class:`Obj` → struct),
 arrays (:class:`Arr` → list), objects with free keys (:class:`StrMap` → map<string, V>) and unions
 (:class:`Union` → a struct of optional members, the member a value lands in picked in declaration order). Both
-formats build one and compile it with :meth:`JsonColumns.build`; :func:`decode` then reads a chunk.
+formats build one and compile it once with :meth:`JsonColumns.build`; :func:`decode` then reads each chunk,
+column-wise where Arrow can (one bulk ``pyarrow.json`` read) and row by row where it must.
 
-Decoding, column-wise where Arrow can do it:
-
-1. The payloads are checked as UTF-8 with one cast (``pyarrow.json`` would silently replace bad bytes).
-2. Bulk: an object type without maps or unions (what ``pyarrow.json`` can read) is read for the whole chunk at
-   once: the payloads joined by newlines, one ``read_json`` call with the column's struct as the explicit schema
-   (fields the type does not know ignored), one block, on the calling thread. The row count must come back equal
-   (a payload holding two objects or none makes it differ). When that read fails, slices of
-   :data:`PROBE_ROWS` rows are read the same way, and only the rows of a failing slice are parsed one by one, to
-   name the bad ones. The reader is strict about JSON kinds (a number is not a string, 1.0 not a long), which
-   is what the one-by-one parse then decides per row.
-3. Otherwise (maps, unions, a top level that is not an object): every payload goes through ``json.loads`` and a
-   compiled check-and-shape function per type, then one ``pa.array`` call: about 25,000 rows/s of a 13-field
-   object against about 200,000 for the bulk read (dev machine, one process; ``json.loads`` alone is 60,000).
-4. Finish, column-wise: date-time, date, time and uuid strings become timestamps, dates, times and uuids (Arrow
-   casts; a uuid through one ``bytes.fromhex`` over the column); required fields, list elements and map values
-   are checked; the result has Iceberg's Arrow types with the field ids. A value that fails here makes its row bad.
-
-Values: a ``json`` leaf (a JSON Schema ``{}``, a plain-JSON column whose rows disagree) holds a string as itself
-and any other value as its compact JSON text. date-time strings may carry an offset (converted to UTC), ``Z`` or
-none (read as UTC); digits beyond microseconds are cut. time strings likewise (an offset converts to the UTC
-time of day). Integral floats (``3.0``) fit a long column when Arrow's reader refuses them for the chunk.
-
-Reasons (``_<suffix>`` appended): ``invalid_json`` (not UTF-8 / not JSON), ``json_type_mismatch`` (valid JSON
-that does not fit: wrong kind, missing required field, unparsable date), and a top-level reason of the caller's
-choice for a document of the wrong kind (plain JSON says ``not_a_json_object``).
+Rules: a row gets the same value or the same reason whether its chunk was read in bulk or row by row (the
+per-value checks accept at least what the finish step's Arrow casts do). A payload that does not decode is a null
+with a reason (``invalid_json_<suffix>``, ``json_type_mismatch_<suffix>`` or the caller's top-level reason), never
+an exception, and never shifts another row.
 """
 
 from __future__ import annotations
@@ -75,7 +55,7 @@ from worker.formats.base import SchemaMappingError
 REASON_INVALID = "invalid_json"
 REASON_MISMATCH = "json_type_mismatch"
 
-PROBE_ROWS = 1024  # rows per slice when a whole-chunk bulk read fails (see the module doc)
+PROBE_ROWS = 1024  # rows per slice when a whole-chunk bulk read fails (see _read)
 _LOCATE_ROWS = 256  # values per slice when a column-wise conversion fails
 
 _L = pa.large_string()
@@ -186,7 +166,7 @@ def iceberg_type(t: JType) -> IcebergType:
 
 
 def from_iceberg(t: IcebergType) -> JType:
-    """The shape a table's column type asks of JSON values (a string column takes any value, see the doc).
+    """The shape a table's column type asks of JSON values (a string column takes any value, see :func:`_any_json`).
     Raises SchemaMappingError for a type JSON values cannot fill (binary, fixed, decimal, non-string map keys)."""
     if isinstance(t, StructType):
         if not t.fields:
@@ -244,6 +224,7 @@ def _string(v: Any) -> str:
 
 
 def _any_json(v: Any) -> str:
+    """A ``json`` leaf's value: a string as itself, any other value as its compact JSON text."""
     return v if type(v) is str else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -508,7 +489,9 @@ def _build(values: list[Any], typ: pa.DataType, bad: dict[int, str], reason: str
 
 def _parse_rows(texts: list[str | None], cols: JsonColumns, reasons: _Reasons, bad: dict[int, str],
                 first: int = 0) -> pa.Array:
-    """Rows one by one: json.loads and the shape function; ``first`` is the row number of ``texts[0]``."""
+    """Rows one by one: json.loads and the shape function, then one ``pa.array`` call; ``first`` is the row number
+    of ``texts[0]``. Several times slower than the bulk read (docs/benchmarks.md#decoding): for maps, unions, a top
+    level that is not an object, and the rows of a slice the bulk read refused."""
     values: list[Any] = []
     top_object = isinstance(cols.jtype, Obj)
     for i, text in enumerate(texts, start=first):
@@ -533,7 +516,14 @@ def _parse_rows(texts: list[str | None], cols: JsonColumns, reasons: _Reasons, b
 
 
 def _read(texts: pa.Array, cols: JsonColumns, reasons: _Reasons, bad: dict[int, str]) -> pa.Array:
-    """Every row in the reader type: bulk where it can, row by row where it must."""
+    """Every row in the reader type: bulk where it can, row by row where it must.
+
+    Bulk (``cols.bulk``): the payloads joined by newlines, one ``read_json`` call with the column's struct as the
+    explicit schema (fields the type does not know ignored), one block, on the calling thread; the row count must
+    come back equal (a payload holding two objects or none makes it differ). When that read fails, slices of
+    :data:`PROBE_ROWS` rows are read the same way, and only the rows of a failing slice are parsed one by one, to
+    name the bad ones. The reader is strict about JSON kinds (a number is not a string, 1.0 not a long), which the
+    one-by-one parse then decides per row (an integral ``3.0`` fits a long there)."""
     if not cols.bulk or not len(texts):
         return _parse_rows(texts.to_pylist(), cols, reasons, bad)
     schema = pa.schema(list(cols.reader))
@@ -567,7 +557,8 @@ def _null_rows(arr: pa.Array, rows: Iterable[int]) -> pa.Array:
 
 def _zoned(s: pa.Array) -> pa.Array:
     """ISO date-time / time strings made castable to ``timestamp[us, UTC]``: upper case (``t``/``z``), digits
-    beyond microseconds cut, ``Z`` added when there is no offset."""
+    beyond microseconds cut, ``Z`` added when there is no offset (read as UTC; an offset converts to UTC, a time's
+    to the UTC time of day)."""
     s = pc.replace_substring_regex(pc.utf8_upper(s), r"(\.\d{6})\d+", r"\1")
     has_zone = pc.match_substring_regex(s, r"(Z|[+-]\d\d(:?\d\d)?)$")
     return pc.binary_join_element_wise(s, pc.if_else(has_zone, "", "Z"), "")
@@ -654,8 +645,11 @@ def _placeholder(typ: pa.DataType) -> pa.Scalar:
 
 
 class _Finish:
-    """Reader-typed arrays → the column's Arrow type (see the module doc). ``rows`` maps each value to its chunk row
-    (None: the values are the rows); the rows of values that fail are collected in ``bad``."""
+    """Reader-typed arrays → the column's Arrow type: date-time, date, time and uuid strings become timestamps,
+    dates, times and uuids (Arrow casts; a uuid through one ``bytes.fromhex`` over the column); required fields,
+    list elements and map values are checked; the result has Iceberg's Arrow types with the field ids. ``rows``
+    maps each value to its chunk row (None: the values are the rows); the rows of values that fail are collected
+    in ``bad``."""
 
     def __init__(self) -> None:
         self.bad: set[int] = set()
@@ -745,14 +739,26 @@ def _offsets(arr: pa.Array) -> pa.Array:
 
 
 def texts_of(payloads: pa.Array) -> tuple[pa.Array, list[int]]:
-    """``payloads`` (binary / large_binary / string) as large_string; (the texts, the rows not UTF-8, null)."""
+    """``payloads`` (binary / large_binary / string) as large_string; (the texts, the rows not UTF-8, null).
+    Checked with one cast before any read: ``pyarrow.json`` would silently replace bad bytes."""
     out = utf8_column(payloads, RecordPart.VALUE)
     return out.values, sorted(out.bad)
 
 
 def decode(payloads: pa.Array, cols: JsonColumns, suffix: str) -> ConvertedColumn:
     """Every payload of ``payloads`` as a value of ``cols.arrow_type``; null payloads stay null without a reason,
-    a payload that does not decode is null with a reason ending in ``_<suffix>`` (never an exception)."""
+    a payload that does not decode is null with a reason ending in ``_<suffix>`` (never an exception).
+
+    1. The payloads are checked as UTF-8 (:func:`texts_of`).
+    2. Every row is read in the reader type (:func:`_read`): in bulk for an object type without maps or unions,
+       else row by row with ``json.loads`` and the compiled shape function (:func:`_parse_rows`).
+    3. Finish, column-wise (:class:`_Finish`): strings become the column's dates, times, timestamps and uuids,
+       required values are checked; a value refused here makes its row bad, and the step runs again without it.
+
+    Reasons: ``invalid_json`` (not UTF-8, not JSON), ``json_type_mismatch`` (valid JSON that does not fit: a wrong
+    kind, a missing required field, an unparsable date) and ``cols.top_reason`` for a document of the wrong kind
+    (plain JSON says ``not_a_json_object``), each with ``_<suffix>`` appended.
+    """
     reasons = _Reasons(f"{REASON_INVALID}_{suffix}", f"{REASON_MISMATCH}_{suffix}", f"{cols.top_reason}_{suffix}")
     texts, not_utf8 = texts_of(payloads)
     bad: dict[int, str] = dict.fromkeys(not_utf8, reasons.invalid)
