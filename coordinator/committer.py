@@ -1,53 +1,17 @@
 """Every write to a table topic's Iceberg tables: creation, partition-spec evolution and the round's commits.
 
 The rest of the coordinator only reads the tables (:mod:`coordinator.table`). Table creation
-(:func:`load_or_create_table`, :func:`load_or_create_dead_letter_table`) and spec evolution
-(:func:`evolve_partition_spec`) are their own small transactions; a round's commit is one transaction that
-carries data files and offsets, retried and resolved exactly once, followed, when the round skipped records, by
-one transaction adding their dead-letter files to the dead-letter table (:func:`commit_dead_letters`).
+(:func:`load_or_create_table`, :func:`load_or_create_dead_letter_table`) and :func:`evolve_partition_spec` are
+small transactions of their own. :func:`commit_round` commits a round exactly once as one transaction, all or
+nothing: its data files (or its staged merge published), the ``tabletopic.offsets`` / ``tabletopic.commit-id``
+properties, its pending dead letters and the snapshot expiry; :func:`commit_dead_letters` then adds those dead
+letters to the dead-letter table, once; :func:`resolve_round` decides a round whose outcome was unknown. A format v3
+table gets the same writes as a :class:`~coordinator.table_writer.TableUpdate` through the injected TableWriter.
 
-The transaction of a round (:func:`commit_round`) holds, all or nothing:
-
-- a fast append of the round's data files (possibly none: an offsets-only round still makes a snapshot, so
-  every commit of ours moves ``main`` and a concurrent committer is always detected by Iceberg's
-  ``AssertRefSnapshotId``); its summary carries ``tabletopic.commit-id`` and ``tabletopic.watermark``;
-- the table properties ``tabletopic.offsets`` / ``tabletopic.commit-id`` (:mod:`coordinator.table`);
-- snapshot expiry per ``expire.snapshot.*`` (:meth:`ExpirePolicy.from_config`: only a backstop when the
-  maintenance run of :mod:`coordinator.maintenance` expires them);
-- when the round has dead letters, their file paths and the round's offsets in ``tabletopic.dead-letters.pending``
-  (replacing the previous round's, which the coordinator has seen in the dead-letter table first).
-
-Dead letters, exactly once across the two tables (pyiceberg has no multi-table transaction): the main table's
-commit decides which records are dead letters and names their files; :func:`commit_dead_letters` then appends
-exactly those files to the dead-letter table in a transaction that records the round's commit id, and does
-nothing when the dead-letter table already names it. The coordinator runs it after every commit with dead letters
-and again before each round (and at start-up), so a crash or a failure between the two commits is completed
-later: a skipped record is never in both tables, never in neither, and in the dead-letter table once. Its files
-are never deleted by this path: the main table references them until they are appended.
-
-Failure handling (the exactly-once part):
-
-- ``CommitFailedException`` (or ``ValidationException``) guarantees nothing landed: reload the table,
-  re-validate that its offsets are still the round's base offsets and its spec still the files' spec, and try
-  again up to ``max_retries`` times. If someone else moved the offsets, or retries run out, the round is
-  aborted and its files deleted.
-- Any other exception leaves the outcome unknown: the table is re-read; our commit id in it means committed,
-  otherwise the round is aborted and its files deleted (never a file any snapshot references). When the
-  table cannot even be read, :class:`CommitOutcomeUnknownError` is raised and the files are kept: the caller
-  keeps its PRE_COMMIT checkpoint and resolves later with :func:`resolve_round`.
-
-pyiceberg's own commit retry (``commit.retry.num-retries``, default 4) re-applies the staged property update
-on top of whatever is current without asking us, which would silently move offsets someone else has moved
-(duplicates). It is therefore switched off for our transactions only (an in-memory overlay, never written to
-the table: Spark's commits keep their retries).
-
-Format v3 tables (``format-version=3`` among the auto-create properties), whose metadata pyiceberg 0.12 cannot
-write: every write above (creation, properties, spec evolution, a round's commit) is the same
-:class:`~coordinator.table_writer.TableUpdate` handed to the injected TableWriter (the Spark side process, Iceberg
-Java API), which commits it once on the exact metadata the checks saw; the checks, retries and resolution stay
-here (:mod:`coordinator.table_writer`). Dead-letter tables are always format v2.
-
-Blocking I/O: call from a worker thread.
+Rules: a clean conflict (``CommitFailedException``, ``ValidationException``: nothing landed) is retried only after
+checking again that the table's offsets are the round's base; any other failure is resolved by reading the table
+back, never retried blindly; a file a snapshot references is never deleted; pyiceberg's own commit retry stays off
+for these transactions. Blocking I/O: call from a worker thread.
 """
 
 from __future__ import annotations
@@ -431,6 +395,9 @@ class CommitResult:
 
 
 def _without_pyiceberg_retries(tbl: Table) -> Table:
+    """``tbl`` with pyiceberg's commit retry off. That retry (``commit.retry.num-retries``, default 4) re-applies the
+    staged property update on whatever is current without asking us, which would silently move offsets someone
+    else has moved (duplicates). Spark's commits keep their retries: this is never written to the table."""
     # An in-memory copy whose properties say "no retries"; commit_transaction reads the retry settings from
     # the base metadata only, and catalogs apply our updates (never this overlay) to the current metadata.
     props = {**tbl.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
@@ -454,7 +421,9 @@ def snapshots_to_expire(meta: TableMetadata, policy: ExpirePolicy, now_ms: int) 
 
 
 def _round_properties(tbl: Table, rc: RoundCommit) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The table properties the round sets and removes."""
+    """The table properties the round sets and removes. A round with dead letters names their files and its offsets
+    in ``tabletopic.dead-letters.pending``, replacing the previous round's (which the coordinator has seen in the
+    dead-letter table first); a round without clears it."""
     stored_topic = tbl.properties.get(TOPIC_ID_PROPERTY)
     other_incarnation = rc.topic_id is not None and stored_topic not in (None, rc.topic_id)
     offsets = {**({} if other_incarnation else committed_offsets(tbl)), **rc.new_offsets}
@@ -490,7 +459,10 @@ def round_update(tbl: Table, rc: RoundCommit, now_ms: int) -> TableUpdate:
 
 
 def build_transaction(tbl: Table, rc: RoundCommit, now_ms: int) -> Transaction:
-    """The round's single transaction over ``tbl`` (not committed)."""
+    """The round's single transaction over ``tbl`` (not committed): the properties, then a fast append of the
+    round's data files, possibly none (an offsets-only round still makes a snapshot, so every commit of ours moves
+    ``main`` and Iceberg's ``AssertRefSnapshotId`` detects a concurrent committer; its summary carries
+    ``tabletopic.commit-id`` and ``tabletopic.watermark``) or the staged merge made current, and the expiry."""
     txn = _without_pyiceberg_retries(tbl).transaction()
     props, removed = _round_properties(tbl, rc)
     if removed:
@@ -580,8 +552,14 @@ def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, writer: TableWriter | Non
 def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  writer: TableWriter | None = None) -> CommitResult:
-    """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once; see the module doc. A format v3
-    table is committed through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries."""
+    """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once. A format v3 table is committed
+    through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries.
+
+    A clean conflict guarantees nothing landed: reload, check that the offsets are still the round's base offsets
+    and the spec still the files' spec, try again up to ``max_retries`` times; if someone else moved the offsets or
+    the retries run out, ABORTED and the files deleted. Any other exception leaves the outcome unknown: the table is
+    read back (:func:`resolve_round`); when it cannot be read, :class:`CommitOutcomeUnknownError` is raised and the
+    files kept (the caller keeps its PRE_COMMIT checkpoint and resolves later)."""
     commit_s = 0.0
     for attempt in range(1, max_retries + 2):
         if attempt > 1 or (attempt == 1 and rc.merge is not None):  # a merge's snapshot is newer than ``tbl``
@@ -665,6 +643,12 @@ def commit_dead_letters(catalog: Catalog, main: Table, cfg: TableTopicConfig, *,
                         clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
                         ) -> Table | None:
     """Append the dead letters ``main`` names (``tabletopic.dead-letters.pending``) to its dead-letter table, once.
+
+    Exactly once across the two tables without a multi-table transaction: the main table's commit decides which
+    records are dead letters and names their files; this appends exactly those in a transaction recording the
+    round's commit id. The coordinator calls it after every commit with dead letters and again before each round
+    and at start-up, so a crash in between is completed later: a skipped record is in the dead-letter table once,
+    never also in the main table. The main table references the files until they are appended.
 
     ``main`` must be freshly loaded. Nothing to do (returns the dead-letter table, or None when ``main`` never had
     dead letters) when the dead-letter table already names the pending round. ``known``: the entries the workers
