@@ -1,34 +1,17 @@
 """The worker of one table-topic partition: answers commit rounds with data files (runs on the broker's loop).
 
-The handshake (:mod:`coordinator.contract`), per :class:`~coordinator.contract.CommitRequest` that names this
-partition:
+Seam: :class:`PartitionWorker`: ``start``/``stop``, :meth:`~PartitionWorker.handle_request` for each
+:class:`~coordinator.contract.CommitRequest` naming its partition (the answers it gives are listed there),
+:meth:`~PartitionWorker.prewrite`, and metrics as plain attributes. A round writes every record from the
+requested offset up to the high watermark as it was when the request arrived, and answers with the files, the
+next offset and the dead letters; between rounds the worker writes ahead what is pending, so a round only
+flushes the tail.
 
-- older than 30 s (``sent_ms``) → dropped; another leader epoch → ``EPOCH_MISMATCH``, nothing written;
-- the requested offset X is where the table stands. If X is not the worker's position (the coordinator's last
-  commit failed, or this is the first round), files written ahead are deleted and the worker restarts at X.
-  X below the log start offset (retention) → it starts at the log start offset and logs the gap;
-- the worker writes every record from X up to the high watermark *as it was when the request arrived* (only
-  fsynced data: nothing a crash could take back) and answers ``NONE`` with the files, the next offset, counts and
-  the max record timestamp as watermark, and the records ``errors.tolerance`` skipped as files of the topic's
-  dead-letter table (leaving out those below the request's ``dead_letter_offset``). After answering, its
-  position is that next offset (optimistic: a failed commit shows up as a request for the old offset, which
-  resets the worker);
-- one answer covers at most ``max_response_bytes`` of log data: beyond that it answers ``MORE_DATA``;
-- ``errors.tolerance=none`` and a record that cannot be converted → ``BLOCKED``: the files up to that record,
-  ``next_offset`` = its offset and an error naming topic, partition, offset and reason. Every later round retries
-  from there (so changing the tolerance unblocks it).
-
-Between rounds the worker **pre-writes**: once about ``prewrite_bytes`` of log data are pending past what it has
-written, it converts and writes them ahead, so a round only flushes the tail. Work is split in chunks of up to
-``prewrite_bytes``; up to ``max_inflight`` chunks run in the executor at once (a single busy partition uses every
-core), each producing its own files. Decoding and Parquet encoding never run on the loop: the loop only asks the
-log which file ranges hold the next whole batches (:class:`~coordinator.contract.LogReader`, the broker's
-``PartitionLog``); the pool task reads them itself. Each round builds one :class:`~worker.plan.ConversionPlan`
-(converters, transform, the table's columns, errors.tolerance) and one :class:`~worker.writer.WriteTarget` and
-hands them to every chunk it submits.
-
-Metrics are plain attributes (``records_written``, ``files_written``, ``bytes_written``, ``skipped_by_reason``,
-``rounds``, ``last_round_ms``); they count what was handed to the coordinator, not discarded pre-writes.
+Rules: the requested offset is where the table stands and wins: when it is not the worker's position, what was
+written ahead is deleted and the worker restarts there. Only fsynced data below the high watermark is handed
+over (nothing a crash could take back). Decoding and Parquet encoding never run on the loop: the loop only asks
+the log (:class:`~coordinator.contract.LogReader`) which file ranges hold the next whole batches, and the pool
+task reads them itself.
 """
 
 from __future__ import annotations
@@ -120,7 +103,11 @@ class _Flushed:
 
 
 class PartitionWorker:
-    """Materializes one partition of a table topic into data files, driven by the coordinator's commit rounds."""
+    """Materializes one partition of a table topic into data files, driven by the coordinator's commit rounds.
+
+    Metrics are plain attributes (``records_written``, ``files_written``, ``bytes_written``, ``skipped_by_reason``,
+    ``rounds``, ``last_round_ms``); they count what was handed to the coordinator, not discarded pre-writes.
+    """
 
     def __init__(
         self,
@@ -255,7 +242,24 @@ class PartitionWorker:
                 log.exception("%s: commit request %s failed", self.name, req.commit_id)
 
     async def handle_request(self, req: CommitRequest, high_watermark: int | None = None) -> CommitResponse | None:
-        """Answer one request (the request loop calls this; public for tests). Returns what was sent, if any."""
+        """Answer one request (the request loop calls this; public for tests). Returns what was sent, if any.
+
+        - older than ``request_timeout_ms`` (30 s, by ``sent_ms``) → dropped; another leader epoch →
+          ``EPOCH_MISMATCH``, nothing written;
+        - the requested offset X is where the table stands. If X is not the worker's position (the coordinator's
+          last commit failed, or this is the first round), files written ahead are deleted and the worker restarts
+          at X. X below the log start offset (retention) → it starts at the log start offset and logs the gap;
+        - the worker writes every record from X up to the high watermark *as it was when the request arrived*
+          (only fsynced data) and answers ``NONE`` with the files, the next offset, counts and the max record
+          timestamp as watermark, and the records ``errors.tolerance`` skipped as files of the topic's dead-letter
+          table (leaving out those below the request's ``dead_letter_offset``). After answering, its position is
+          that next offset (optimistic: a failed commit shows up as a request for the old offset, which resets
+          the worker);
+        - one answer covers at most ``max_response_bytes`` of log data: beyond that it answers ``MORE_DATA``;
+        - ``errors.tolerance=none`` and a record that cannot be converted → ``BLOCKED``: the files up to that
+          record, ``next_offset`` = its offset and an error naming topic, partition, offset and reason. Every later
+          round retries from there (so changing the tolerance unblocks it).
+        """
         mine = next((po for po in req.offsets if po.partition == self.partition), None)
         if mine is None:
             return None
@@ -276,7 +280,9 @@ class PartitionWorker:
             return await self._round(req, mine, hw)
 
     async def _round(self, req: CommitRequest, mine: PartitionOffset, hw: int) -> CommitResponse:
-        """One answer: reset to the requested offset if needed, write up to ``hw``, answer with the files."""
+        """One answer: reset to the requested offset if needed, write up to ``hw``, answer with the files. The
+        round builds one :class:`~worker.plan.ConversionPlan` (converters, transform, the table's columns,
+        errors.tolerance) and one :class:`~worker.writer.WriteTarget` and hands them to every chunk it submits."""
         t0 = time.monotonic()
         deadline = t0 + REGISTRY_WAIT_S
         self._change_mode = req.change_mode
@@ -652,7 +658,10 @@ class PartitionWorker:
                 await asyncio.sleep(0.01)
 
     async def prewrite(self) -> int:
-        """Submit chunks while at least ``prewrite_bytes`` are pending; returns how many were submitted."""
+        """Submit chunks while at least ``prewrite_bytes`` are pending; returns how many were submitted.
+
+        Chunks are up to ``prewrite_bytes`` of log data each (:meth:`_chunk_bytes`), up to ``max_inflight`` of them
+        in the executor at once (a single busy partition uses every core), each producing its own files."""
         if self._lock.locked() or self._position is None or self._stopping:
             return 0
         n = 0
