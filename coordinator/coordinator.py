@@ -1,39 +1,17 @@
 """The table-topic coordinator: one per table topic, one exactly-once Iceberg commit per interval.
 
-A round (every ``automq.table.topic.commit.interval.ms``):
+:class:`TableTopicCoordinator` runs the rounds (:meth:`TableTopicCoordinator._round`): each partition's committed
+offset read from the table, one :class:`~coordinator.contract.CommitRequest` broadcast, the workers'
+:class:`~coordinator.contract.CommitResponse` collected until every partition answered or the round timed out, and
+what arrived committed in one transaction (:func:`coordinator.committer.commit_round`; an upsert/CDC round merged
+first, :mod:`coordinator.merge`), every phase checkpointed (:mod:`coordinator.state`). The plugin host calls
+:meth:`~TableTopicCoordinator.config_changed`, :meth:`~TableTopicCoordinator.partitions_changed` and
+:meth:`~TableTopicCoordinator.trigger_round`; the ``on_round`` observer gets every :class:`RoundReport`.
 
-1. resolve a round left in PRE_COMMIT (unknown outcome) by re-reading the table;
-2. reload the table, evolve its partition spec if ``partition.by`` changed;
-3. take every partition's committed offset **from the table** (``tabletopic.offsets``; a partition not in it
-   starts at its log start offset: history is backfilled), checkpoint REQUEST_COMMIT, broadcast one
-   :class:`~coordinator.contract.CommitRequest`;
-4. collect the workers' :class:`~coordinator.contract.CommitResponse` for this commit id from every partition,
-   or until the round time-out (then commit what arrived and run the next round at once, as for MORE_DATA);
-5. checkpoint PRE_COMMIT (commit id, offsets, file paths), then one Iceberg transaction for the whole topic
-   (:func:`coordinator.committer.commit_round`), then, when records were skipped, one adding their dead-letter
-   files to the dead-letter table (:func:`coordinator.committer.commit_dead_letters`; created before the first
-   commit that needs it), then checkpoint COMMITTED (or ABORTED). An upsert/CDC table's round (``upsert.enable`` /
-   ``cdc.field``: the request carries a :class:`~coordinator.contract.ChangeMode`, the workers answer with change
-   files) is merged first, staged, and the round's transaction publishes the merge with the offsets
-   (:mod:`coordinator.merge`).
-
-Dead letters that the main table names but the dead-letter table does not have yet (a crash or a failure between
-the two commits) are added at start-up and before the next round, which does not start until they are in.
-
-Nothing new (no files, no offset moved) ⇒ no snapshot. Partitions answering EPOCH_MISMATCH keep their
-offsets; BLOCKED ones commit what precedes the bad record and stop at it; responses of other rounds are dropped
-and their files deleted (never files a committed round included). A failing round never escapes the loop: it is
-logged and retried after an exponential back-off that starts at the commit interval. Repeated conditions (blocked
-partitions, failing rounds, time-outs) are logged when they start or change, then rate-limited
-(:class:`tabletopic.logs.ConditionLog`).
-
-Idle topics cost next to nothing at any interval: once a round has brought every partition up to the high
-watermark it saw (a *settled* round), no round runs until a high watermark moves, a round is triggered or the
-settings or partitions change; the coordinator sleeps on the logs' high-watermark waiters instead (no catalog
-access, no request to the workers, no thread). Rounds start at least ``MIN_ROUND_PAUSE_S`` after the previous
-one ended, so ``commit.interval.ms=1`` cannot spin; while idle the round observer still hears an IDLE report
-(the table is as fresh as the log) every interval, at most once per ``IDLE_REPORT_S``.
-
+Rules: offsets come from the table, never from local state alone; a round left in PRE_COMMIT is resolved by reading
+the table, and the last round's dead letters are in the dead-letter table, before a round starts; answers of other
+rounds are dropped and their files deleted, never a file a committed round included; a failing round never escapes
+the loop. An idle topic costs no catalog access, no request and no thread (:meth:`TableTopicCoordinator._idle`).
 Blocking work (catalog, Parquet metadata, file deletes, checkpoint fsyncs) runs in worker threads.
 """
 
@@ -424,6 +402,8 @@ class TableTopicCoordinator:
         self._next_due = max(due, self._last_round_end + MIN_ROUND_PAUSE_S)
 
     async def _run(self) -> None:
+        """The loop: a failing round is logged and retried after an exponential back-off starting at the commit
+        interval; a round that timed out, answered MORE_DATA or was aborted is followed by the next at once."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
             while not self._stopping and not self._triggered:
@@ -470,8 +450,9 @@ class TableTopicCoordinator:
                 log.exception("table topic %s: round observer failed", self.topic)
 
     def _nothing_new(self) -> bool:
-        """True when the last round settled and no partition's high watermark (nor the partition set) changed
-        since: a round would find nothing to write. Reads only in-memory state (no catalog, no thread)."""
+        """True when the last round settled (brought every partition up to the high watermark it saw) and no
+        partition's high watermark (nor the partition set) changed since: a round would find nothing to write.
+        Reads only in-memory state (no catalog, no thread)."""
         settled, partition_log = self._settled, self._partition_log
         if settled is None or partition_log is None or self._force_round or not self._ready:
             return False
@@ -486,7 +467,9 @@ class TableTopicCoordinator:
 
     async def _idle(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait for a high watermark to move, a wake-up (trigger, settings, partitions, stop) or the next IDLE
-        report, whichever comes first; report IDLE when it is due."""
+        report, whichever comes first; report IDLE when it is due (every interval, at most once per
+        :data:`IDLE_REPORT_S`: the table is as fresh as the log). No catalog access, no request, no thread: it
+        sleeps on the logs' high-watermark waiters."""
         period = max(self._interval_s(), IDLE_REPORT_S)
         now = loop.time()
         if now - self._last_report_at >= period:
@@ -654,7 +637,14 @@ class TableTopicCoordinator:
         self._checkpoint = cp
 
     async def _round(self) -> RoundReport:
-        """One round, a step per checkpoint phase: REQUEST_COMMIT → (answers) → PRE_COMMIT → COMMITTED/ABORTED."""
+        """One round, a step per checkpoint phase: REQUEST_COMMIT → (answers) → PRE_COMMIT → COMMITTED/ABORTED.
+
+        Resolve a round left in PRE_COMMIT (unknown outcome) by reading the table; reload the table and evolve its
+        partition spec if ``partition.by`` changed; add dead letters the table names but the dead-letter table
+        lacks; take the offsets from ``tabletopic.offsets`` (a partition not in it starts at its log start offset:
+        history is backfilled) and broadcast the request; collect; checkpoint PRE_COMMIT (commit id, offsets,
+        files), commit, add the round's dead letters (the dead-letter table is created before the first commit that
+        needs it), checkpoint COMMITTED or ABORTED. Nothing new (no files, no offset moved): no snapshot."""
         t0 = time.perf_counter()
         cfg = self._config_provider()
         self.rounds += 1
@@ -985,7 +975,8 @@ class TableTopicCoordinator:
     def _classify(self, request: CommitRequest, base: dict[int, int], responses: dict[int, CommitResponse]
                   ) -> tuple[dict[int, CommitResponse], list[str], tuple[int, ...], tuple[int, ...]]:
         """Split answers into accepted (NONE/MORE_DATA, consistent) and the rest; returns
-        (accepted, paths to delete, blocked partitions, MORE_DATA partitions)."""
+        (accepted, paths to delete, blocked partitions, MORE_DATA partitions). EPOCH_MISMATCH partitions keep their
+        offsets; a BLOCKED one commits what precedes the bad record and stops at it."""
         accepted: dict[int, CommitResponse] = {}
         rejected: list[str] = []
         blocked: list[tuple[int, str]] = []
