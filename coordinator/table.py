@@ -1,36 +1,16 @@
 """A table topic's Iceberg table, read side: its name, the offsets stored in it, its files, its columns.
 
-Every write to the catalog (table creation, partition-spec evolution, the round's transaction) is in
-:mod:`coordinator.committer`; this module only reads.
+Every write to the catalog is in :mod:`coordinator.committer`; this module only reads. It owns the broker's
+bookkeeping in the table, ``tabletopic.*`` table properties set in the same transaction as each round's rows, so
+exactly as durable and atomic as the data (what each holds: the constants below; for readers: docs/querying.md,
+"What the broker keeps in a table"): the committed offsets (:func:`committed_offsets`, :func:`commit_landed`), the
+dead letters a round named (:func:`pending_dead_letters`; the dead-letter table, :func:`dead_letter_identifier`),
+the ``partition.by`` applied (:func:`partition_by_problem`) and whether rows were appended (:func:`appends_conflict`).
 
-The committed Kafka offsets live **in the table**, as table properties set in the same transaction as each
-append (see :mod:`coordinator.committer`), so they are exactly as durable and as atomic as the data:
-
-- ``tabletopic.offsets``: JSON ``{"<partition>": <next offset>}`` — the first offset of each partition that is
-  *not* in the table;
-- ``tabletopic.commit-id``: the commit id of the round that last changed them.
-
-``tabletopic.partition-by`` records the ``partition.by`` last applied to the spec (see
-:func:`coordinator.committer.evolve_partition_spec`); ``tabletopic.partition-by.problem`` says why the current
-``partition.by`` is not applied, while it is not (a value stored before the config checks refused it), for
-``tabletopic tables`` and anyone reading the table.
-
-``tabletopic.rows-appended`` says that a round appended rows (an append table topic's round; an upsert/CDC round
-merges instead), so that a key may have several rows: upserts are not turned on for such a table
-(:func:`appends_conflict`).
-
-Dead letters (records ``errors.tolerance`` skipped) go to the topic's dead-letter table ``<table>_dlq``
-(:func:`dead_letter_identifier`), marked by ``tabletopic.dead-letters-of`` (the main table's name). The main
-table's commit decides which records are dead letters: it names the round's dead-letter files in
-``tabletopic.dead-letters.pending`` (:class:`PendingDeadLetters`), and the committer adds exactly those to the
-dead-letter table afterwards, once (its ``tabletopic.commit-id`` then names that round; its ``tabletopic.offsets``
-say up to where the dead letters are in it).
-
-Snapshot summaries carry ``tabletopic.commit-id`` and ``tabletopic.watermark`` too (for humans and for resolving
-an unknown commit outcome while the snapshot is still in the metadata), but unlike table properties they do not
-survive Spark compaction followed by snapshot expiry.
-
-Blocking catalog and file I/O throughout: the coordinator calls these from a worker thread.
+Rule: the state that decides exactly once lives in table properties, never only in snapshot summaries, which carry
+``tabletopic.commit-id`` and ``tabletopic.watermark`` too (for humans, and to resolve an unknown commit outcome) but
+do not survive Spark compaction followed by snapshot expiry. Blocking catalog and file I/O throughout: call from a
+worker thread.
 """
 
 from __future__ import annotations
@@ -61,19 +41,27 @@ from configs.table_topic import FORMAT_VERSION, TableTopicConfig, TransformType
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
+"""JSON ``{"<partition>": <next offset>}``: the first offset of each partition that is *not* in the table."""
 COMMIT_ID_PROPERTY = "tabletopic.commit-id"
+"""The commit id of the round that last changed the offsets (on a dead-letter table: whose dead letters it took)."""
 # the id of the topic the offsets belong to: a topic deleted and created again under the same name (the table is
 # kept) is another incarnation whose offsets restart at 0, so the old offsets must not apply to it
 TOPIC_ID_PROPERTY = "tabletopic.topic-id"
 SUMMARY_COMMIT_ID = "tabletopic.commit-id"
 SUMMARY_WATERMARK = "tabletopic.watermark"
 PARTITION_BY_PROPERTY = "tabletopic.partition-by"
+"""The ``partition.by`` last applied to the spec (:func:`coordinator.committer.evolve_partition_spec`)."""
 PARTITION_BY_PROBLEM_PROPERTY = "tabletopic.partition-by.problem"
+"""Why the current ``partition.by`` is not applied, while it is not (a value stored before the config checks refused
+it), for ``tabletopic tables`` and anyone reading the table."""
 # set by every round that appended rows (an append table's round; never an upsert/CDC round's merge): a key may
 # have several rows in the table, so upserts cannot be turned on for it (appends_conflict)
 APPENDED_PROPERTY = "tabletopic.rows-appended"
 DEAD_LETTERS_OF_PROPERTY = "tabletopic.dead-letters-of"  # on a dead-letter table: the main table's dotted name
-PENDING_DEAD_LETTERS_PROPERTY = "tabletopic.dead-letters.pending"  # on the main table
+PENDING_DEAD_LETTERS_PROPERTY = "tabletopic.dead-letters.pending"
+"""On the main table: the round's dead-letter files and offsets (:class:`PendingDeadLetters`), which the committer
+then adds to the dead-letter table once (its ``tabletopic.commit-id`` then names that round, its
+``tabletopic.offsets`` say up to where the dead letters are in it)."""
 
 DEFAULT_NAMESPACE = "default"
 """Used when ``automq.table.topic.namespace`` is blank: pyiceberg catalogs refuse namespace-less tables."""
