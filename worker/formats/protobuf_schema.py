@@ -1,32 +1,16 @@
 """A PROTOBUF registry schema (and a message of it) → the Iceberg type of its column, and the shape decoding needs.
 
-The schema arrives as the registry serves it: the base64 ``FileDescriptorProto`` of the file and its imports as
-references named by their import path (each itself with references); imports confluent-kafka never sends as
-references (the well-known types, ``google/type/*``, ``confluent/*``) come from the installed runtime
-(:mod:`tabletopic.protobuf_descriptors`). The message is chosen by the Confluent message indexes (``(0,)`` the
-file's first message, ``(1, 0)`` the first message nested in the second), by full name, or is the first one.
+Seam: :func:`protobuf_columns` (the type mapping is listed there) gives the :class:`ProtobufColumns` that
+:class:`worker.formats.protobuf_decode.ProtobufDecoder` decodes by; :func:`message_descriptor` picks the message
+by Confluent message indexes (``(0,)`` the file's first message, ``(1, 0)`` the first message nested in the
+second), by full name, or takes the file's first. The schema is taken as the registry serves it with
+``format=serialized``: the base64 ``FileDescriptorProto`` and its imports as references named by import path
+(:func:`_files`).
 
-The mapping (:func:`protobuf_columns`; fresh Iceberg ids from 1, top-level fields first, deterministic):
-
-- bool → boolean; int32, sint32, sfixed32 → int; int64, sint64, sfixed64 → long; uint32, fixed32 → long and
-  uint64, fixed64 → decimal(20, 0) (unsigned values never read negative); float, double; string; bytes → binary;
-  enum → string (the value's name; a number the enum does not name → the number as text);
-- message → struct of its fields (groups too); repeated → list; map fields → map<K, V>; lists, list elements,
-  maps and map values are required (protobuf has no null element; an absent repeated field is an empty list);
-- ``google.protobuf.Timestamp`` → timestamptz (microseconds; nanoseconds below a microsecond are cut);
-  the wrapper types (``google.protobuf.Int32Value``, ``StringValue``, ...) → their primitive, optional as a field;
-  ``google.protobuf.Struct``, ``Value``, ``ListValue`` (recursive, schemaless by design) → string holding their
-  JSON; the other well-known types (``Duration``, ``Any``, ...) → plain structs;
-- presence decides optional vs required: a field with presence (a message, a oneof member — each member its own
-  column —, proto3 ``optional``, proto2 ``optional``) is optional and null when not set; a field without presence
-  (a proto3 scalar or enum, proto2 ``required``) is required: it always has a value, its default when the writer
-  left it out, so null never means anything for it. Schema evolution does not need it optional up front: a field
-  added by a later version is added to the table as an optional column, and a field a later version drops becomes
-  optional (required → optional), as the evolution rules do for any format;
-- a message with no fields (``google.protobuf.Empty``) holds no data and gets no column (Parquet cannot store an
-  empty group); a top-level message without any column is refused;
-- a recursive message (one that contains itself, directly or through others) is refused with
-  :class:`~worker.formats.base.SchemaMappingError` naming it: a table column cannot nest without end.
+Rules: each schema gets a descriptor pool of its own (versions of one file must never meet); the mapping is
+deterministic (fresh Iceberg ids from 1, top-level fields first); a schema that cannot become a column (it does
+not load, a recursive message, no field that holds data) raises :class:`~worker.formats.base.SchemaMappingError`
+naming why.
 """
 
 from __future__ import annotations
@@ -140,7 +124,7 @@ Node = Scalar | Enum | Timestamp | Wrapper | Json | Struct | Repeated | Map
 
 @dataclass(frozen=True, slots=True)
 class ProtobufColumns:
-    """What one message of a PROTOBUF schema gives a table column (see the module doc)."""
+    """What one message of a PROTOBUF schema gives a table column (see :func:`protobuf_columns`)."""
 
     iceberg_type: StructType  # fresh ids from 1
     root: Struct  # the decode shape, field for field in the order of iceberg_type; root.message_class parses
@@ -153,7 +137,10 @@ class ProtobufColumns:
 
 
 def _files(schema: RegistrySchema) -> list[FDP]:
-    """The schema's file and its references' files, each after the files it imports (named by import path)."""
+    """The schema's file and its references' files, each after the files it imports (named by import path; each
+    reference with references of its own). Imports confluent-kafka never sends as references (the well-known
+    types, ``google/type/*``, ``confluent/*``) come from the installed runtime
+    (:mod:`tabletopic.protobuf_descriptors`)."""
     ordered: dict[str, FDP] = {}
     open_names: list[str] = []
 
@@ -294,7 +281,27 @@ class _Walker:
 
 
 def protobuf_columns(schema: RegistrySchema, message: tuple[int, ...] | str | None = None) -> ProtobufColumns:
-    """The Iceberg type of ``message`` of ``schema`` and how to decode its payloads (see the module doc).
+    """The Iceberg type of ``message`` of ``schema`` and how to decode its payloads.
+
+    - bool → boolean; int32, sint32, sfixed32 → int; int64, sint64, sfixed64 → long; uint32, fixed32 → long and
+      uint64, fixed64 → decimal(20, 0) (unsigned values never read negative); float, double; string; bytes →
+      binary; enum → string (the value's name; a number the enum does not name → the number as text);
+    - message → struct of its fields (groups too); repeated → list; map fields → map<K, V>; lists, list elements,
+      maps and map values are required (protobuf has no null element; an absent repeated field is an empty list);
+    - ``google.protobuf.Timestamp`` → timestamptz (microseconds; nanoseconds below a microsecond are cut);
+      the wrapper types (``google.protobuf.Int32Value``, ``StringValue``, ...) → their primitive, optional as a
+      field; ``google.protobuf.Struct``, ``Value``, ``ListValue`` (recursive, schemaless by design) → string
+      holding their JSON; the other well-known types (``Duration``, ``Any``, ...) → plain structs;
+    - presence decides optional vs required: a field with presence (a message, a oneof member — each member its
+      own column —, proto3 ``optional``, proto2 ``optional``) is optional and null when not set; a field without
+      presence (a proto3 scalar or enum, proto2 ``required``) is required: it always has a value, its default when
+      the writer left it out, so null never means anything for it. Schema evolution does not need it optional up
+      front: a field added by a later version is added to the table as an optional column, and a field a later
+      version drops becomes optional (required → optional), as the evolution rules do for any format;
+    - a message with no fields (``google.protobuf.Empty``) holds no data and gets no column (Parquet cannot store
+      an empty group); a top-level message without any column is refused;
+    - a recursive message (one that contains itself, directly or through others) is refused naming it: a table
+      column cannot nest without end.
 
     Raises SchemaMappingError for a schema that does not load, a message it does not have, a recursive message or
     a message without any column.
