@@ -1,34 +1,18 @@
 """Upsert/CDC rounds: the workers' change files applied to the table by a merge, published with the offsets.
 
-For a table topic with ``upsert.enable`` or ``cdc.field`` the round's request carries a
-:class:`~coordinator.contract.ChangeMode` (the ``id.columns`` resolved on the table's schema, the op field) and the
-workers answer with change files (:mod:`worker.changes`). After the PRE_COMMIT checkpoint the coordinator hands
-them to the injected :data:`Merger` (the broker's Spark side process: ``MERGE INTO``, merge-on-read, so replaced and
-deleted rows become position deletes), which **stages** the result: a snapshot in the table's metadata that
-``main`` does not point to (Iceberg's write-audit-publish, ``write.wap.enabled``, staged under the round's commit
-id). The round's own transaction (:func:`coordinator.committer.commit_round`) then moves ``main`` to that snapshot
-and writes the committed offsets (and the pending dead letters) in the same catalog commit, asserting that ``main``
-is still the snapshot the merge started from. So the merge and the offsets land together or not at all:
+For a topic with ``upsert.enable`` or ``cdc.field`` the round's request carries a
+:class:`~coordinator.contract.ChangeMode` and the workers answer with change files (:mod:`worker.changes`). After the
+PRE_COMMIT checkpoint the coordinator hands them to the injected :data:`Merger` (the Spark side process: ``MERGE
+INTO``, merge-on-read, or with :attr:`MergeRequest.rewrite` the whole table written again), which **stages** the
+result: a snapshot ``main`` does not point to (write-audit-publish, :data:`MERGE_TABLE_PROPERTIES`). The round's
+transaction (:func:`coordinator.committer.commit_round`) then moves ``main`` to it and writes the offsets in the
+same catalog commit, asserting that ``main`` is still the snapshot the merge started from.
 
-- a crash or failure before the merge, during it, or between it and the round's commit leaves ``main`` and the
-  offsets as they were; the round is written and merged again (a staged snapshot nobody published is expired with
-  the others; its files are removed by the maintenance's expiry or orphan removal);
-- a commit on the table between the merge and the publication (a compaction) makes the publication fail its
-  assertion: the round is aborted and written again on the new ``main``.
-
-A round can also **rewrite** the table (``MergeRequest.rewrite``,
-:meth:`coordinator.maintenance.TableMaintenance.take_round_rewrite`: every round of a table no larger than
-``copy.on.write.max.bytes``, copy-on-write, or a round the table's maintenance handed its compaction to): the
-changes are applied by writing the whole table again (a file per table partition), which replaces every data and
-delete file. On a small table that costs about what the MERGE does (the MERGE reads the whole table too), where
-delete files would cost its readers more than the whole table, and a MERGE then a compaction cost both. It is
-staged and published exactly like a MERGE, so everything below holds for it too.
-
-Replaying a round is harmless in any case: per key the merge applies the last change, which on a table that has
-it already changes nothing (a delete of a missing key is a no-op; an insert of a present key replaces the row).
-
-Change files are never part of the table: they are deleted once the round is over, whatever its outcome, and any
-left by a crash are deleted at start-up (nothing is in flight then).
+Rules: the merge and the offsets land together or not at all (a crash or failure before the publication leaves
+``main`` and the offsets as they were, a commit in between such as a compaction fails the assertion: either way the
+round is done again); so replaying a round must stay harmless: per key the last change applies (a delete of a
+missing key is a no-op, an insert of a present key replaces its row). Change files are never part of the table:
+they are deleted once the round is over, whatever its outcome, and any a crash left at start-up.
 """
 
 from __future__ import annotations
@@ -54,7 +38,9 @@ MERGE_TABLE_PROPERTIES = {
 @dataclass(frozen=True, slots=True)
 class MergeRequest:
     """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id);
-    ``rewrite``: by writing the table again whole (see the module doc).
+    ``rewrite``: by writing the table again whole, a file per table partition replacing every data and delete file
+    (copy-on-write, or a compaction the maintenance handed to the round:
+    :meth:`coordinator.maintenance.TableMaintenance.take_round_rewrite`), staged and published like a MERGE.
 
     ``keys`` are the id columns' Iceberg full names (``id``, ``_kafka_value.id``, a top-level ``a.b``): plain text,
     no quoting, unambiguous because Iceberg refuses two columns of one full name; the merge resolves them on the
@@ -68,7 +54,8 @@ class MergeRequest:
 
 @dataclass(frozen=True, slots=True)
 class StagedMerge:
-    """The snapshot a merge staged and the snapshot it was computed on (``main`` then)."""
+    """The snapshot a merge staged and the snapshot it was computed on (``main`` then). One nobody published is
+    expired with the other snapshots; its files go with the maintenance's expiry or orphan removal."""
 
     snapshot_id: int
     parent_id: int | None
