@@ -1,31 +1,13 @@
 """The JSON Schema payload format ("JSON"): a JSON Schema → the Iceberg type of its column, and its payloads (UTF-8
 JSON text, as confluent-kafka's ``JSONSerializer`` writes it after the Confluent header) → Arrow values.
 
-The mapping (fresh Iceberg ids from 1, top-level fields first; deterministic for one schema):
+Seam: :data:`JSON_SCHEMA` (registered with :mod:`worker.formats.base`), whose decoder maps the schema with
+:func:`json_type` (the mapping is listed there) and decodes with :mod:`worker.formats.json_decode`.
+References resolve by the name the registry's reference gives or by a referenced schema's ``$id``.
 
-- ``string`` → string; with ``format`` ``date-time`` → timestamptz, ``date`` → date, ``time`` → time (UTC time of
-  day when the value has an offset), ``uuid`` → uuid (hyphenated form); other formats stay strings.
-- ``integer`` → long, ``number`` → double, ``boolean`` → boolean; ``["integer", "number"]`` → double.
-- ``array`` → list of its ``items`` (elements required unless the items allow null); no ``items``, or a tuple
-  (``items`` as a list, ``prefixItems``) → list of JSON text.
-- ``object`` with ``properties`` → struct: a property listed in ``required`` is required unless its schema
-  allows null, the others are optional; ``description`` becomes the field's doc. An object with no properties
-  and an ``additionalProperties`` schema → map<string, V>; any other object → its JSON text.
-- Nullable: ``"type": [T, "null"]``, or ``oneOf`` / ``anyOf`` with a ``{"type": "null"}`` branch → optional T.
-- ``oneOf`` / ``anyOf`` (and ``type`` lists) of several non-null types → a struct of optional members, one per
-  branch, named by the ``$ref`` definition, the ``title`` or the JSON type (``string``, ``integer``, ``object``,
-  ...; ``_2``... on a clash); a value lands in the first member it fits. Branches that only add constraints to
-  the schema beside them (``required`` sets, bounds) are ignored.
-- ``allOf``: the objects' properties merged (required in any branch → required); branches of different types
-  are refused.
-- ``$ref``: ``#/definitions/...``, ``#/$defs/...`` and any other pointer into the document; a reference by the
-  name the registry's reference gives (``"address.json"``, ``"address.json#/definitions/X"``) or by a
-  referenced schema's ``$id``. A schema that contains itself through ``$ref`` (a tree, a linked list) is refused
-  with :class:`SchemaMappingError` naming the reference.
-- ``{}`` / ``true`` / no type (and no keyword implying one) → string holding the JSON text (a string value as
-  itself); ``enum`` / ``const`` without a type → the type of their values.
-
-Decoding: :mod:`worker.formats.json_decode` (bulk ``pyarrow.json`` reads for objects without maps and unions).
+Rules: the mapping is deterministic for one schema (fresh Iceberg ids from 1, top-level fields first); a schema
+that cannot become a column (not JSON, a recursive or unknown ``$ref``, an ``allOf`` of different types) raises
+:class:`~worker.formats.base.SchemaMappingError` naming why.
 """
 
 from __future__ import annotations
@@ -269,7 +251,30 @@ def _merge_objects(objects: list[Obj]) -> Obj:
 
 def json_type(schema: RegistrySchema) -> tuple[JType, bool]:
     """The column shape of a JSON schema and whether a JSON ``null`` document is allowed.
-    Raises SchemaMappingError (not JSON, a recursive ``$ref``, an unknown reference, ...)."""
+    Raises SchemaMappingError (not JSON, a recursive ``$ref``, an unknown reference, ...).
+
+    - ``string`` → string; with ``format`` ``date-time`` → timestamptz, ``date`` → date, ``time`` → time (UTC time
+      of day when the value has an offset), ``uuid`` → uuid (hyphenated form); other formats stay strings.
+    - ``integer`` → long, ``number`` → double, ``boolean`` → boolean; ``["integer", "number"]`` → double.
+    - ``array`` → list of its ``items`` (elements required unless the items allow null); no ``items``, or a tuple
+      (``items`` as a list, ``prefixItems``) → list of JSON text.
+    - ``object`` with ``properties`` → struct: a property listed in ``required`` is required unless its schema
+      allows null, the others are optional; ``description`` becomes the field's doc. An object with no properties
+      and an ``additionalProperties`` schema → map<string, V>; any other object → its JSON text.
+    - Nullable: ``"type": [T, "null"]``, or ``oneOf`` / ``anyOf`` with a ``{"type": "null"}`` branch → optional T.
+    - ``oneOf`` / ``anyOf`` (and ``type`` lists) of several non-null types → a struct of optional members, one per
+      branch, named by the ``$ref`` definition, the ``title`` or the JSON type (``string``, ``integer``,
+      ``object``, ...; ``_2``... on a clash); a value lands in the first member it fits. Branches that only add
+      constraints to the schema beside them (``required`` sets, bounds) are ignored.
+    - ``allOf``: the objects' properties merged (required in any branch → required); branches of different types
+      are refused.
+    - ``$ref``: ``#/definitions/...``, ``#/$defs/...`` and any other pointer into the document; a reference by the
+      name the registry's reference gives (``"address.json"``, ``"address.json#/definitions/X"``) or by a
+      referenced schema's ``$id``. A schema that contains itself through ``$ref`` (a tree, a linked list) is
+      refused naming the reference.
+    - ``{}`` / ``true`` / no type (and no keyword implying one) → string holding the JSON text (a string value as
+      itself); ``enum`` / ``const`` without a type → the type of their values.
+    """
     try:
         document = json.loads(schema.schema)
     except ValueError as e:
