@@ -1,30 +1,12 @@
 """The coordinator's checkpointed round state machine (AutoMQ's REQUEST_COMMIT → PRE_COMMIT → COMMITTED).
 
-One small JSON document per table topic (``<state dir>/coordinator.json``), replaced atomically and durably
-(write temp, fsync, rename, fsync dir) **before** each irreversible step of a round:
+One small JSON document per table topic (``<state dir>/coordinator.json``, :class:`Checkpoint`), kept by
+:class:`CheckpointStore`. It says which round may be in flight and which files it wrote, so that a restart can
+resolve that round by reading the table (our commit id there: committed; else its files are deleted).
 
-- ``REQUEST_COMMIT`` before the CommitRequest goes out (workers start writing files for ``commit_id``);
-- ``PRE_COMMIT`` before the Iceberg commit: it lists the round's data files, dead-letter files and offsets, so a
-  restart can resolve the round by re-reading the table (our commit id there ⇒ committed, else delete the files);
-- ``COMMITTED`` after the commit landed (or when the round had nothing to commit); ``ABORTED`` after a round
-  that did not land was cleaned up.
-
-A restart in REQUEST_COMMIT has nothing to resolve (no commit was attempted); the files workers wrote for it
-are removed by name at start-up (:meth:`coordinator.coordinator.TableTopicCoordinator.start`).
-
-The checkpoint is never the source of truth for offsets: those live in the table (see
-:mod:`coordinator.table`). It only says which round may be in flight and which files it wrote.
-
-Format (version 1)::
-
-    {"version": 1, "phase": "PRE_COMMIT", "commit_id": "<uuid>", "table": ["ns", "topic"],
-     "base_offsets": {"0": 120, "1": 98}, "new_offsets": {"0": 170, "1": 98},
-     "data_files": ["file:///.../tt-p0-120-<uuid>.parquet"], "delete_files": [],
-     "dead_letter_files": ["file:///..._dlq/data/tt-dlq-p0-120-<uuid>.parquet"],
-     "change_files": ["file:///.../data/tt-chg-p0-120-<uuid>.parquet"], "updated_ms": 1700000000000}
-
-(``dead_letter_files`` / ``change_files`` may be missing: none. Change files are an upsert/CDC round's, read by its
-merge and never part of the table: whatever the outcome, they are deleted.)
+Rules: the checkpoint is written, atomically and durably (write temp, fsync, rename, fsync dir), **before** each
+irreversible step of a round (:class:`Phase`); it is never the source of truth for offsets, which live in the table
+(:mod:`coordinator.table`), so losing it costs only the fast path of resolving a round in flight.
 """
 
 from __future__ import annotations
@@ -46,6 +28,10 @@ FORMAT_VERSION = 1
 
 
 class Phase(StrEnum):
+    """A round's phase, checkpointed before the step it names. A restart in REQUEST_COMMIT has nothing to resolve
+    (no commit was tried): the files workers wrote for it are removed by name at start-up
+    (:meth:`coordinator.coordinator.TableTopicCoordinator.start`); one in PRE_COMMIT resolves the round."""
+
     REQUEST_COMMIT = "REQUEST_COMMIT"  # request sent (or about to be): workers may be writing files
     PRE_COMMIT = "PRE_COMMIT"  # Iceberg commit about to run (or ran with an unknown outcome)
     COMMITTED = "COMMITTED"  # the round's commit is in the table (or it had nothing to commit)
@@ -89,6 +75,16 @@ class Checkpoint:
         return (*self.data_files, *self.delete_files, *self.dead_letter_files, *self.change_files)
 
     def to_json(self) -> dict[str, object]:
+        """The stored form (version 1)::
+
+            {"version": 1, "phase": "PRE_COMMIT", "commit_id": "<uuid>", "table": ["ns", "topic"],
+             "base_offsets": {"0": 120, "1": 98}, "new_offsets": {"0": 170, "1": 98},
+             "data_files": ["file:///.../tt-p0-120-<uuid>.parquet"], "delete_files": [],
+             "dead_letter_files": ["file:///..._dlq/data/tt-dlq-p0-120-<uuid>.parquet"],
+             "change_files": ["file:///.../data/tt-chg-p0-120-<uuid>.parquet"], "updated_ms": 1700000000000}
+
+        ``dead_letter_files`` / ``change_files`` may be missing when there are none (change files are an
+        upsert/CDC round's, read by its merge, never part of the table, deleted whatever the outcome)."""
         return {
             "version": FORMAT_VERSION,
             "phase": self.phase.value,
