@@ -1,30 +1,15 @@
 """``transform.value.type=flatten_debezium``: Debezium change events → the changed row's columns plus ``_cdc``.
 
-A Debezium value is an envelope: a record with ``op`` (``c`` create, ``r`` snapshot read, ``u`` update, ``d``
-delete), the row ``before`` and ``after`` the change (records of the table's row type, null where they do not
-apply), ``source`` (where the change comes from) and ``ts_ms`` (when the connector processed it; Debezium 2.x adds
-``ts_us`` / ``ts_ns``). The table gets, for every event, the row's fields as top-level columns (as ``flatten``
-does, beside ``_kafka_header``, ``_kafka_key`` and ``_kafka_metadata``) and a ``_cdc`` struct (AutoMQ's layout):
+Seam: :data:`FLATTEN_DEBEZIUM` (a :mod:`worker.transforms.base` transform). ``value_type`` gives the table's value
+type: the row's fields, lifted to top-level columns as ``flatten`` does, and ``_cdc`` struct<op, ts, offset,
+source> in AutoMQ's layout (:func:`cdc_type`); ``reshape`` turns envelopes into rows (the row after the change,
+before it for a delete); ``apply`` fills ``_cdc.offset`` from ``_kafka_metadata``. What readers see (each
+``_cdc`` field, append vs CDC tables, the reasons): docs/table-topics.md#flatten-and-debezium.
 
-- ``op`` string: ``c``/``r`` → ``I`` with ``after``; ``u`` → ``U`` with ``after``; ``d`` → ``D`` with ``before``;
-- ``ts`` long: the event's ``ts_ms`` (epoch milliseconds); when an envelope has no ``ts_ms`` value, its ``ts_us``
-  / 1000 or ``ts_ns`` / 1000000, so ``ts`` is always milliseconds; null when there is none;
-- ``offset`` long: the record's Kafka offset (filled by :meth:`FlattenDebezium.apply` from ``_kafka_metadata``:
-  the values alone do not carry it);
-- ``source`` string: ``<schema>.<table>`` when the source block has a ``schema`` (PostgreSQL, SQL Server:
-  ``public.customers``), else ``<db>.<table>`` (MySQL: ``inventory.customers``), as AutoMQ writes it (its
-  "db|schema.table" means "schema, else db"); null when the envelope has no source, or no table in it.
-
-The row type is the ``after`` record's (``before``'s when the envelope has no ``after``; Debezium gives both the
-same record type). Alone it makes an append table, every event a row; with ``cdc.field=_cdc.op`` and
-``id.columns=[_from_debezium_key_]`` the table applies the changes by key (a CDC table).
-
-Bad data (``errors.tolerance``): a value schema that is not an envelope (no string ``op``, no ``after`` /
-``before`` record) or whose row has a field named like a record column or ``_cdc`` (``unsupported_schema``, as
-``flatten`` does); an event with an op other than c/r/u/d (``debezium_bad_op``: a truncate ``t`` or a message
-``m`` has no row to write) or without the row its op needs (``debezium_no_after`` / ``debezium_no_before``).
-A null value (the tombstone Debezium writes after a delete, for log compaction) is no row at all: it is left out,
-counted as ``tombstone``, never a dead letter (:attr:`FlattenDebezium.skips_tombstones`).
+Rules: a value schema that is not a Debezium envelope is refused by :func:`row_type` (``unsupported_schema``), and
+an event that does not fit (an unknown op, no row for its op) is bad data, never a guessed row. A null value (the
+tombstone Debezium writes after a delete, for log compaction) is no row at all: left out, counted as
+``tombstone``, never a dead letter (:attr:`FlattenDebezium.skips_tombstones`).
 """
 
 from __future__ import annotations
@@ -56,7 +41,14 @@ def _fields(struct: StructType) -> dict[str, IcebergType]:
 
 
 def row_type(decoded: IcebergType) -> StructType:
-    """The row type of a Debezium envelope of type ``decoded`` (SchemaMappingError saying what is missing)."""
+    """The row type of a Debezium envelope of type ``decoded`` (SchemaMappingError saying what is missing).
+
+    An envelope is a record with ``op`` (``c`` create, ``r`` snapshot read, ``u`` update, ``d`` delete), the row
+    ``before`` and ``after`` the change (records of the table's row type, null where they do not apply),
+    ``source`` (where the change comes from) and ``ts_ms`` (when the connector processed it; Debezium 2.x adds
+    ``ts_us`` / ``ts_ns``). The row type is the ``after`` record's (``before``'s when the envelope has no
+    ``after``; Debezium gives both the same record type). A row field named like a record column or ``_cdc`` is
+    refused, as ``flatten`` refuses it."""
     if not isinstance(decoded, StructType):
         raise SchemaMappingError(f"a {decoded} value is not a Debezium envelope (a record with op, after, before)")
     fields = _fields(decoded)
@@ -91,7 +83,8 @@ def _children(values: pa.StructArray) -> dict[str, pa.Array]:
 
 
 def _ts(envelope: dict[str, pa.Array], fields: dict[str, IcebergType], n: int) -> pa.Array:
-    """``_cdc.ts`` (epoch ms): the first of ts_ms, ts_us, ts_ns the row has, scaled to milliseconds."""
+    """``_cdc.ts`` (epoch ms): the first of ts_ms, ts_us, ts_ns the row has, scaled to milliseconds (so ``ts`` is
+    always milliseconds); null when there is none."""
     found = []
     for name, divisor in TIMESTAMPS:
         child = envelope.get(name)
@@ -101,7 +94,10 @@ def _ts(envelope: dict[str, pa.Array], fields: dict[str, IcebergType], n: int) -
 
 
 def _source(envelope: dict[str, pa.Array], fields: dict[str, IcebergType], n: int) -> pa.Array:
-    """``_cdc.source``: ``<schema or db>.<table>`` from the envelope's source block (null without a table)."""
+    """``_cdc.source``: ``<schema or db>.<table>`` from the envelope's source block (null without a source or a
+    table in it): ``<schema>.<table>`` when the block has a ``schema`` (PostgreSQL, SQL Server:
+    ``public.customers``), else ``<db>.<table>`` (MySQL: ``inventory.customers``), as AutoMQ writes it (its
+    "db|schema.table" means "schema, else db")."""
     source = envelope.get(SOURCE)
     source_type = fields.get(SOURCE)
     if source is None or not isinstance(source_type, StructType):
@@ -127,7 +123,9 @@ def _cdc_op(op: pa.Array) -> pa.Array:
 
 def _bad_rows(valid: pa.Array, op: pa.Array, after: pa.Array | None, before: pa.Array | None
               ) -> tuple[pa.Array, dict[int, str]]:
-    """Envelopes (not null) whose op is unknown or that lack the row their op needs: a mask and the reasons."""
+    """Envelopes (not null) whose op is unknown or that lack the row their op needs: a mask and the reasons
+    (:data:`REASON_BAD_OP`: a truncate ``t`` or a message ``m`` has no row to write; :data:`REASON_NO_AFTER` for
+    c/r/u, :data:`REASON_NO_BEFORE` for d)."""
     unknown = pc.invert(pc.fill_null(pc.is_in(op, pa.array(list(OPS), op.type)), False))
     masks = [(unknown, REASON_BAD_OP)]
     for ops, row, reason in ((("c", "r", "u"), after, REASON_NO_AFTER), (("d",), before, REASON_NO_BEFORE)):
@@ -177,6 +175,8 @@ class FlattenDebezium:
         return Reshaped(out, bad)
 
     def apply(self, columns: Columns) -> Columns:
+        """The row's fields lifted to top-level columns, and ``_cdc.offset`` filled with the record's Kafka offset
+        from ``_kafka_metadata`` (the values alone do not carry it)."""
         columns = lift(columns)
         cdc, meta = columns.get(CDC), columns.get(METADATA)
         if cdc is None or meta is None or not pa.types.is_struct(cdc.type):
