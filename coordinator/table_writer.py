@@ -1,26 +1,14 @@
 """Format v3 tables: every write to their metadata goes through an injected :class:`TableWriter`.
 
-pyiceberg 0.12 reads format v3 tables (deletion vectors included) but cannot write their metadata at all (creating
-one raises "Writing V3 is not yet supported"). So for a table whose format version is 3 or more (created with
-``format-version=3`` among ``automq.table.topic.iceberg.auto-create.properties``, or upgraded by hand), the
-committer (:mod:`coordinator.committer`) hands each of its catalog writes to a TableWriter instead: the broker's
-Spark side process, which applies it with the Iceberg Java API (the plugin host injects it, as it injects the
-:data:`coordinator.merge.Merger`). The committer still decides everything exactly as for format 2: what a round
-commits (the same properties: committed offsets, commit id, topic id, pending dead letters; the same snapshot
-summary; the staged merge published; the same snapshot expiry), the checks before each attempt, conflict retries
-and the resolution of unknown outcomes.
+pyiceberg 0.12 reads format v3 tables but cannot write their metadata (docs/design-notes.md, "Format v3 tables
+through Iceberg's Java API"), so the committer (:mod:`coordinator.committer`) hands each catalog write on such a
+table to a TableWriter, the broker's Spark side process (injected by the plugin host, as the
+:data:`coordinator.merge.Merger` is), as one :class:`TableUpdate` (:func:`commit_update`). The committer still
+decides everything as for format 2: what a round commits, the checks before each attempt, the conflict retries,
+the resolution of unknown outcomes.
 
-The writer's contract (:meth:`TableWriter.commit`): one :class:`TableUpdate`, applied on the table's metadata at
-exactly ``base_metadata_location`` in one Iceberg transaction, whose catalog pointer moves with one compare-and-set
-from that location. It never retries by itself (Iceberg-Java's transaction retry, like pyiceberg's, re-applies the
-property update on whatever is current, which would move offsets someone else moved): when the table is not at
-that location any more, or another commit wins the swap, it raises CommitFailedException and nothing landed; the
-committer then re-reads the table, re-checks and tries again. Any other failure leaves the outcome unknown.
-
-Appended data files travel as :class:`AddedFile` (path, spec, partition values): the writer reads their metrics
-from the Parquet footers itself, as Iceberg-Java's own writers do.
-
-Dead-letter tables stay format 2 (they hold no deletes; pyiceberg commits them).
+Rules: the writer applies an update once, on exactly the metadata the committer checked, and never retries by itself
+(:meth:`TableWriter.commit`). Dead-letter tables stay format 2 (they hold no deletes; pyiceberg commits them).
 """
 
 from __future__ import annotations
@@ -46,7 +34,8 @@ class WriterMissingError(Exception):
 @dataclass(frozen=True, slots=True)
 class AddedFile:
     """A data file to append: its location, the partition spec it was written with and its partition values (in
-    the spec's field order, Iceberg's internal representation: ints for dates, days, hours and buckets, ...)."""
+    the spec's field order, Iceberg's internal representation: ints for dates, days, hours and buckets, ...). The
+    writer reads its metrics from the Parquet footer itself, as Iceberg-Java's own writers do."""
 
     path: str
     spec_id: int
@@ -87,7 +76,7 @@ class TableUpdate:
 
 
 class TableWriter(Protocol):
-    """Writes format v3 tables' metadata (blocking; see the module doc)."""
+    """Writes format v3 tables' metadata (blocking)."""
 
     def create_table(self, identifier: tuple[str, ...], schema: Schema, spec: PartitionSpec,
                      properties: Mapping[str, str], location: str | None = None) -> None:
@@ -95,12 +84,18 @@ class TableWriter(Protocol):
         name exists."""
 
     def commit(self, identifier: tuple[str, ...], base_metadata_location: str, update: TableUpdate) -> None:
-        """Commit ``update`` on the table as it is at ``base_metadata_location``, once. CommitFailedException or
-        ValidationException: nothing landed; any other exception: the outcome is unknown."""
+        """Commit ``update`` on the table as it is at ``base_metadata_location``, once: one Iceberg transaction on
+        exactly that metadata, the catalog pointer moved with one compare-and-set from that location.
+
+        Never retries by itself: Iceberg-Java's transaction retry, like pyiceberg's, re-applies the property update
+        on whatever is current, which would move offsets someone else moved. CommitFailedException (the table moved
+        on, or another commit won the swap) or ValidationException: nothing landed, the committer reads the table
+        again, checks and retries; any other exception: the outcome is unknown."""
 
 
 def written_by_writer(tbl: Table) -> bool:
-    """True for a table whose metadata only the TableWriter can write (format v3 and later)."""
+    """True for a table whose metadata only the TableWriter can write (format v3 and later: created with
+    ``format-version=3`` among ``iceberg.auto-create.properties``, or upgraded by hand)."""
     return tbl.metadata.format_version >= WRITER_FORMAT_VERSION
 
 
