@@ -1,29 +1,16 @@
 """Converted rows → files of an Iceberg table, and the entries to commit them (pool side).
 
-The writer seam: a :class:`FileWriter` turns a chunk's rows into :class:`WrittenFiles` (data files, and delete
-files for writers that update or delete rows). :class:`WriteTarget` names the writer a table uses
-(:func:`writer_for`):
+Seam: a :class:`FileWriter` turns a chunk's rows into :class:`WrittenFiles`; the picklable :class:`WriteTarget`
+(built on the loop by :meth:`WriteTarget.from_table`) names the table and the writer (:func:`writer_for`,
+:func:`writer_name`): ``append`` (:class:`AppendWriter`: data files, :func:`write_data_files`) or ``merge``
+(:class:`ChangeWriter`, upsert/CDC tables: one change file per chunk, which the coordinator applies with a Spark
+``MERGE INTO`` and never commits as such).
 
-- ``append`` (:class:`AppendWriter`): every row is a new row, data files only;
-- ``merge`` (:class:`ChangeWriter`, for ``upsert.enable`` / ``cdc.field``): the rows are changes (table columns
-  plus op and order, :mod:`worker.changes`) written as one *change file* per chunk, which the coordinator applies
-  with a Spark ``MERGE INTO`` (position deletes, merge-on-read) and never commits as such:
-  ``WrittenFiles.change_files`` → ``TaskResult.change_files`` → ``CommitResponse.change_files``.
-
-``WrittenFiles.delete_files`` stays for a writer that writes delete files itself; the coordinator refuses answers
-carrying them (Spark's merge writes the deletes, and never equality deletes, which pyiceberg cannot read).
-
-Data files hold rows of exactly one partition of the table's spec (identity, year, month, day, hour, bucket,
-truncate; sources may be nested struct fields), carry the table schema's field ids, are compressed with
-``write.parquet.compression-codec`` / ``write.parquet.compression-level`` (default zstd at the codec's default
-level) and are rolled at ``write.target-file-size-bytes`` (default 64 MiB). The roll size is measured on the
-**Arrow in-memory size** of the rows, as pyiceberg's own writer does: compressed Parquet files come out several
-times smaller than the target.
-
-Files are named by :func:`coordinator.contract.data_file_name` under the table's data location (the table's
-location provider: ``<location>/data/<partition path>/`` by default); the name's start offset is what the
-coordinator's clean-up relies on. ``DataFile`` statistics come from the Parquet footer, exactly as pyiceberg
-computes them for its own writes.
+Rules: a data file holds rows of exactly one partition of the table's spec, carries the table schema's field ids
+and pyiceberg's own statistics, and is fsynced before any commit can reference it. Files are named by
+:func:`coordinator.contract.data_file_name`: the name's start offset is what the coordinator's clean-up relies on.
+No writer commits delete files: the coordinator refuses answers carrying ``WrittenFiles.delete_files`` (Spark's
+merge writes the deletes, never equality deletes, which pyiceberg cannot read).
 """
 
 from __future__ import annotations
@@ -80,7 +67,7 @@ class WriteTarget:
     spec: PartitionSpec
     properties: tuple[tuple[str, str], ...] = ()  # table properties
     io_properties: tuple[tuple[str, str], ...] = ()  # FileIO properties (table.io.properties)
-    writer: str = APPEND  # the FileWriter (see the module doc)
+    writer: str = APPEND  # the FileWriter (:func:`writer_for`)
 
     @classmethod
     def from_table(cls, table: Table, *, schema_id: int | None = None, spec_id: int | None = None,
@@ -225,7 +212,15 @@ def write_data_files(
 
     One or more files per table partition (rolled at the target size); returns their ``DataFile`` entries with
     the partition record and ``target.spec``'s id. Nothing is written for an empty table. ``prefix``: the file
-    names' (:func:`coordinator.contract.data_file_name`).
+    names' (:func:`coordinator.contract.data_file_name`), under the table's location provider (by default
+    ``<location>/data/<partition path>/``).
+
+    Partition transforms: identity, year, month, day, hour, bucket, truncate; sources may be nested struct fields.
+    Files are compressed with ``write.parquet.compression-codec`` / ``write.parquet.compression-level`` (default
+    zstd at the codec's default level) and rolled at ``write.target-file-size-bytes`` (default 64 MiB) measured on
+    the **Arrow in-memory size** of the rows, as pyiceberg's own writer does: compressed Parquet files come out
+    several times smaller than the target. ``DataFile`` statistics come from the Parquet footer, exactly as
+    pyiceberg computes them for its own writes.
     """
     if table.num_rows == 0:
         return []
@@ -293,12 +288,12 @@ class WrittenFiles:
     """What a writer wrote for one chunk, ready to commit."""
 
     data_files: tuple[DataFile, ...] = ()
-    delete_files: tuple[DeleteFile, ...] = ()  # refused by the coordinator (see the module doc)
-    change_files: tuple[DataFile, ...] = ()  # the merge writer's
+    delete_files: tuple[DeleteFile, ...] = ()  # a writer's own delete files: the coordinator refuses them
+    change_files: tuple[DataFile, ...] = ()  # the merge writer's: → TaskResult / CommitResponse.change_files
 
 
 class FileWriter(Protocol):
-    """Writes a chunk's converted rows as files of ``target``'s table (see the module doc)."""
+    """Writes a chunk's converted rows as files of ``target``'s table (:class:`AppendWriter`, :class:`ChangeWriter`)."""
 
     def write(self, rows: pa.Table, target: WriteTarget, *, partition: int, start_offset: int) -> WrittenFiles:
         """``rows`` are in ``schema_to_pyarrow(target.schema, include_field_ids=True)``; ``start_offset`` (the first
