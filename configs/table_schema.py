@@ -1,26 +1,15 @@
 """The columns a table topic's converters produce (its table's Iceberg schema) and ``partition.by`` checked on them.
 
-AutoMQ's fixed columns (their names and types are part of AutoMQ's table topic contract; see docs/table-topics.md,
-"The table and its columns"):
+Owns AutoMQ's fixed columns (``_kafka_header``, ``_kafka_key``, ``_kafka_value``, ``_kafka_metadata``, and the
+legacy ``schema.type=schemaless`` layout), whose names and types are part of AutoMQ's table topic contract (for
+users: docs/table-topics.md, "The table and its columns"). Seam: :func:`table_schema`, :func:`partition_spec`,
+:func:`resolve_id_columns` and the checks :func:`check_partition_by`, :func:`check_id_columns`,
+:func:`check_cdc_field` (from :func:`configs.validation.validate_topic_configs` at CreateTopics / AlterConfigs);
+the workers and the coordinator take the same columns through :mod:`worker.schema`. Pure (no catalog).
 
-- ``_kafka_header`` optional map<string, binary> (present even when a record has no headers)
-- ``_kafka_key`` optional: string for ``convert.key.type=string`` (the default), binary for ``raw``, the
-  record schemas' type (a struct for records) for ``by_schema_id`` / ``by_latest_schema``, a struct inferred from
-  the values for ``json``: added by the first records and evolved by later ones (a new table has no such column)
-- ``_kafka_value`` optional: binary for ``convert.value.type=raw`` (the default), string for ``string``, the
-  record schemas' type as for the key
-- ``_kafka_metadata`` optional struct<partition int, offset long, timestamp long> (epoch ms)
-
-The legacy ``schema.type=schemaless`` layout is ``key`` string, ``value`` string, ``timestamp`` long, then
-``_kafka_header``, ``_kafka_key`` and ``_kafka_metadata``.
-
-Field ids given here are provisional: catalogs assign fresh ids on table creation, so writers must always
-take the schema from the table's metadata, never from this module.
-
-Pure (no catalog). Used by the config checks (:func:`check_partition_by`, from
-:func:`configs.validation.validate_topic_configs` at CreateTopics / AlterConfigs) and by the worker and coordinator
-(:mod:`worker.schema`), so both see the same columns. Whether a transform applies to a
-column's type is pyiceberg's decision (``Transform.can_transform``), never a rule of ours.
+Rules: field ids given here are provisional (catalogs assign fresh ones at creation): writers take the schema from
+the table's metadata, never from this module. Whether a transform applies to a column's type is pyiceberg's
+decision (``Transform.can_transform``), never a rule of ours.
 """
 
 from __future__ import annotations
@@ -100,7 +89,10 @@ def columns_known_up_front(cfg: TableTopicConfig) -> bool:
 
 
 def table_schema(cfg: TableTopicConfig) -> Schema:
-    """The schema of a new table for ``cfg`` (provisional field ids; see the module doc)."""
+    """The schema of a new table for ``cfg`` (provisional field ids). A ``_kafka_key`` / ``_kafka_value`` whose type
+    comes from the records (:attr:`configs.table_topic.ConvertType.columns_from_records`) is left out: the first
+    records add it. The legacy layout is ``key``, ``value`` (strings), ``timestamp`` (long), then
+    ``_kafka_header``, ``_kafka_key``, ``_kafka_metadata``."""
     ids = iter(range(1, 1000))
 
     def nf(name: str, typ: IcebergType) -> NestedField:
@@ -217,7 +209,8 @@ def resolve_partition_field(schema: Schema, pf: PartitionField, raw: str | None 
 
 
 def check_partition_by(cfg: TableTopicConfig, raw: str | None = None) -> None:
-    """Check ``cfg.partition_by`` against the columns ``cfg``'s converters produce (see the module doc).
+    """Check ``cfg.partition_by`` against the columns ``cfg``'s converters produce: each column exists and its
+    transform applies to the column's Iceberg type (AutoMQ only finds out when it creates the table).
 
     Skipped when those columns depend on record schemas (:func:`columns_known_up_front`). Raises
     InvalidConfigError naming key, value (``raw``, else the canonical form), column and why.
