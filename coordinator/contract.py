@@ -1,19 +1,16 @@
 """The contract between a table topic's coordinator and its partition workers: the one module both sides share.
 
-``worker/`` imports nothing else of ``coordinator/``, and this module imports nothing of ``worker/``. It holds:
+It holds the commit handshake (every round one :class:`CommitRequest` broadcast, one :class:`CommitResponse` per
+partition, :class:`CommitCode` saying how; :class:`ChangeMode` for an upsert/CDC round's change files), the channel
+carrying it (:class:`CommitChannel`; :class:`InProcessChannel` for workers in the broker's own process), the table
+layout both sides rely on (where and under which names workers write files, a data file's partition spec id, the
+dead-letter table's schema and location) and the narrow view of a partition log both read
+(:class:`HighWatermarkSource`, :class:`LogReader`), which the broker satisfies by injecting its ``PartitionLog``.
 
-- the commit handshake: every round the coordinator broadcasts one :class:`CommitRequest`; each partition's
-  worker answers with one :class:`CommitResponse` (:class:`CommitCode` says how). Messages are frozen dataclasses
-  of plain values plus pyiceberg ``DataFile`` entries (which pickle small), so a channel may carry them across
-  processes by pickling;
-- the channel carrying them (:class:`CommitChannel`; :class:`InProcessChannel` for workers in the broker's own
-  process);
-- the table layout both sides rely on: where and under which names workers write data files (the coordinator's
-  start-up clean-up finds uncommitted files by name alone), and how a data file carries its partition spec id;
-- the dead-letter table's schema and location (workers write its files before the committer first creates it);
-- the change files of upsert/CDC tables (:class:`ChangeMode`: their extra columns and how the merge reads them);
-- the narrow view of a partition log both sides read (:class:`HighWatermarkSource`, :class:`LogReader`), which
-  the broker satisfies by injecting its ``PartitionLog``.
+Rules: ``worker/`` imports nothing else of ``coordinator/``, and this module nothing of ``worker/``. Messages stay
+frozen dataclasses of plain values plus pyiceberg ``DataFile`` entries (which pickle small), so a channel may carry
+them across processes. Workers write only under the names defined here: the coordinator's start-up clean-up finds
+uncommitted files by name alone, and dead-letter files are written before the committer first creates their table.
 """
 
 from __future__ import annotations
