@@ -1,29 +1,17 @@
 """``convert.*.type=by_schema_id`` and ``by_latest_schema``: payloads of registry schemas → typed columns.
 
-``by_schema_id`` reads the Confluent header of every row (:mod:`worker.formats.confluent`: magic byte, schema
-id, for Protobuf the message indexes), groups the rows by schema (and message), decodes each group with that
-schema's decoder (:mod:`worker.formats.base`) and conforms the values to the table's column
-(:func:`worker.evolution.conform`). ``by_latest_schema`` decodes every payload (no header) with the subject's
-latest schema.
+Seam: :data:`BY_SCHEMA_ID` (:class:`BySchemaId`: each row's schema by its Confluent header,
+:mod:`worker.formats.confluent`; the rows grouped by schema and message, each group decoded by its schema's
+decoder, :mod:`worker.formats.base`, and conformed to the table's column, :func:`worker.evolution.conform`) and
+:data:`BY_LATEST_SCHEMA` (:class:`ByLatestSchema`: every payload, without a header, decoded with the subject's
+latest schema). The schemas come in the :class:`~worker.converters.base.ConvertContext`; the worker fetches them
+on the event loop.
 
-The schemas come in the :class:`~worker.converters.base.ConvertContext` (the worker fetches them on the event
-loop). A row is not converted, and the chunk ends before it (:class:`~worker.converters.base.Stop`), when
-
-- its schema id is not in the context yet (the worker fetches it and submits the rest again), or
-- its schema holds something the table cannot (a new field, a wider type): the rows before it go to the table,
-  the table is evolved, and the next round converts it.
-
-A null key or value (no key, a tombstone) is a null in the column; under a transform that skips tombstones
-(``flatten_debezium``) a null value is no row at all (dropped, ``tombstone``). Bad rows (``errors.tolerance``): a
-missing or malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
-an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
-(``unsupported_schema``: a recursive record), a payload that does not decode exactly (the format's reason,
-``trailing_bytes`` for an Avro value with bytes after it), a value the table's column type cannot take
-(``type_mismatch``); with ``by_latest_schema`` also a Confluent-framed payload (``confluent_framed``: magic byte 0,
-a schema id, for Protobuf the message indexes, and the rest decodes with the latest schema; looked for among the rows
-that do not decode and the rows that start with the latest schema's own header, which may decode as plain Avro by
-chance). Every such row's reason ends in ``_key`` / ``_value``; many come with a human detail
-(:attr:`~worker.converters.base.ConvertedColumn.details`).
+Rules: a row whose schema id is not in the context yet, or whose schema holds something the table cannot (a new
+field, a wider type), is not converted: the chunk ends before it (:class:`~worker.converters.base.Stop`), the
+rows before it go to the table, and a later submission converts it once the schema is fetched or the table
+evolved. A bad row gets a reason ending in ``_key`` / ``_value`` (the reasons: :meth:`BySchemaId.convert`,
+:meth:`ByLatestSchema.convert`), never a guessed value.
 """
 
 from __future__ import annotations
@@ -152,12 +140,23 @@ def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], de
 
 
 class BySchemaId:
-    """Payloads framed with the Confluent header; the schema of each row by its id (see the module doc)."""
+    """Payloads framed with the Confluent header; the schema of each row by its id."""
 
     name = "by_schema_id"
     iceberg_type: IcebergType | None = None
 
     def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None) -> ConvertedColumn:
+        """The column of ``raw``, each row decoded with the schema (and Protobuf message) its header names.
+
+        A null key or value (no key, a tombstone) is a null in the column; under a transform that skips
+        tombstones (``flatten_debezium``) a null value is no row at all (dropped, ``tombstone``). Bad rows
+        (``errors.tolerance``): a missing or malformed header (``empty_value``, ``wrong_magic_byte_value``, ...),
+        an id the registry does not know (``unknown_schema_id``), a schema that cannot become columns
+        (``unsupported_schema``: a recursive record), a payload that does not decode exactly (the format's reason,
+        ``trailing_bytes`` for an Avro value with bytes after it), a value the table's column type cannot take
+        (``type_mismatch``). Every reason ends in ``_key`` / ``_value``; many come with a human detail
+        (:attr:`~worker.converters.base.ConvertedColumn.details`).
+        """
         assert ctx is not None, "by_schema_id needs the plan's context"
         suffix = str(part)
         framed = frame(raw, suffix, Flavor.AVRO)
@@ -202,12 +201,16 @@ def _is_protobuf(schema: RegistrySchema | None) -> bool:
 
 
 class ByLatestSchema:
-    """Payloads without a header, all of the subject's latest schema (see the module doc)."""
+    """Payloads without a header, all of the subject's latest schema."""
 
     name = "by_latest_schema"
     iceberg_type: IcebergType | None = None
 
     def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext | None = None) -> ConvertedColumn:
+        """The column of ``raw``, every row decoded with ``ctx.latest``. Nulls, tombstones and bad rows as in
+        :meth:`BySchemaId.convert` (without the header's reasons), and a Confluent-framed payload is bad
+        (``confluent_framed``, :func:`_framed`): looked for among the rows that do not decode and the rows that
+        start with the latest schema's own header, which may decode as plain Avro by chance."""
         assert ctx is not None, "by_latest_schema needs the plan's context"
         suffix = str(part)
         n = len(raw)
