@@ -1,17 +1,13 @@
-"""Parsing of ``automq.table.topic.partition.by`` and ``automq.table.topic.id.columns``.
+"""Parsing of ``automq.table.topic.partition.by`` and ``automq.table.topic.id.columns``: AutoMQ's list syntax
+(:func:`split_list`) into :class:`PartitionField` items and column names.
 
-Both take AutoMQ's list syntax: an optional ``[...]`` around comma-separated items (commas inside parentheses do
-not split). Partition items are ``year(c)``, ``month(c)``, ``day(c)``, ``hour(c)``, ``bucket(c, N)``,
-``truncate(c, W)`` or a bare column (identity); transform names are case-insensitive. Column names match
-``[a-zA-Z0-9_\\-.]+`` and a dot separates the levels of a nested field (``a.b.c``). Errors are
+Seam: :func:`parse_partition_by`, :func:`parse_id_columns`, :func:`resolve_column`. Errors are
 :class:`InvalidConfigError` in Kafka's wording, naming the key, the value and the problem.
 
-A dotted name is a column's Iceberg full name (the field names on its path joined with dots), so it needs no
-quoting: :func:`resolve_column` finds the column it names in a schema, ``a.b`` being the top-level column ``a.b``
-when the table has one, else field ``b`` of struct ``a``. Iceberg refuses a schema where two columns share a full
-name, so in a valid schema a name denotes one column at most (names are case-sensitive: ``Dup`` is not ``dup``).
-
-Pure: no catalog, no Iceberg import. The table side turns :class:`PartitionField` into an Iceberg spec.
+Rules: a dotted name is a column's Iceberg full name (the field names on its path joined with dots), so it needs no
+quoting, and since Iceberg refuses two columns of one full name it denotes one column at most (names are
+case-sensitive: ``Dup`` is not ``dup``). Pure: no catalog, no Iceberg import; :mod:`configs.table_schema` turns a
+:class:`PartitionField` into an Iceberg spec.
 """
 
 from __future__ import annotations
@@ -108,7 +104,7 @@ def split_list(key: str, raw: str) -> list[str]:
 
 
 def check_column(key: str, raw: str, column: str) -> str:
-    """Check one column name or dotted path; returns it."""
+    """Check one column name or dotted path (``[a-zA-Z0-9_\\-.]+``, no empty level); returns it."""
     if not _COLUMN.fullmatch(column):
         raise _error(key, raw, f"Invalid column name {column} (names match [a-zA-Z0-9_-.]+)")
     if any(not part for part in column.split(".")):
@@ -118,9 +114,10 @@ def check_column(key: str, raw: str, column: str) -> str:
 
 def resolve_column(name: str, fields: Callable[[tuple[str, ...]], Collection[str] | None]
                    ) -> tuple[str, ...] | None:
-    """The field names on the path to the column whose full name is ``name`` (see the module doc), None when there
-    is none. ``fields(path)``: the names of the fields of the struct at ``path`` (``()``: the top-level columns),
-    None when the column there is not a struct.
+    """The field names on the path to the column whose full name is ``name`` (``a.b``: the top-level column ``a.b``
+    when the table has one, else field ``b`` of struct ``a``), None when there is none. ``fields(path)``: the names
+    of the fields of the struct at ``path`` (``()``: the top-level columns), None when the column there is not a
+    struct.
 
     At each level the longest run of the remaining dotted parts that names a field is tried first (``a.b`` as a
     whole before ``a`` then ``b``), the shorter ones after it when the path cannot go on from there."""
@@ -152,7 +149,8 @@ def _positive_int(key: str, raw: str, transform: str, text: str) -> int:
 
 
 def parse_partition_field(key: str, raw: str, item: str) -> PartitionField:
-    """Parse one item of ``partition.by`` (see the module doc)."""
+    """Parse one item of ``partition.by``: ``year(c)``, ``month(c)``, ``day(c)``, ``hour(c)``, ``bucket(c, N)``,
+    ``truncate(c, W)`` (transform names case-insensitive) or a bare column (identity)."""
     m = _TRANSFORM.fullmatch(item)
     if m is None:
         if "(" in item or ")" in item:
