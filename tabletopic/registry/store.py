@@ -1,29 +1,16 @@
 """The registry's state and its persistence in the ``_schemas`` topic of the broker's own log.
 
-As in Confluent's registry, every change is a record (JSON key, JSON value or null) appended to the one-partition
-topic ``_schemas`` (``cleanup.policy=compact``, no retention) and the state is what replaying the topic gives. A
-change is applied to the in-memory state only after its batch is durable (``wait_durable``), so a request never
-sees what a crash could take back. Each change is one record batch, which the log writes (and recovers after a
-kill -9) whole or not at all.
+Seam: :class:`SchemaStore` (``start`` creates or replays the topic, :meth:`SchemaStore.write` appends a change)
+holding the :class:`RegistryState`, which only :meth:`RegistryState.apply` changes (the record kinds are listed
+there), at replay and live alike; the record builders (:func:`schema_record`, ...) make the changes the service
+writes. As in Confluent's registry, every change is a record (JSON key with ``keytype``, JSON value or null) of
+the one-partition topic ``_schemas`` (compacted, no retention), the last record of a key wins, and the state is
+what replaying the topic gives.
 
-Records (keys carry ``keytype``; the last record of a key wins, so compaction keeps the state):
-
-- ``SCHEMA`` (subject, version) → the version (id, type, text, references, deleted flag); null: permanently
-  deleted.
-- ``DELETE_SUBJECT`` subject → every version up to ``version`` is soft-deleted.
-- ``CLEAR_SUBJECT`` subject → every version up to ``version`` is permanently deleted.
-- ``CONFIG`` subject (null: global) → ``compatibilityLevel``; null value: unset.
-- ``MODE`` subject (null: global) → ``mode``; null value: unset.
-- ``ID_HIGH`` → the highest id ever given, written with every permanent delete: ids are never given twice,
-  even once compaction has dropped the deleted version's record.
-
-Schema ids are global: the same (type, text, references) always gets the same id, in every subject.
-A record that is not one of these (anyone may produce to the topic) is skipped on replay with a warning.
-
-Texts are stored canonical (see the schema types' modules). Records written by older versions are brought to
-that form after the replay, as Confluent canonicalizes records it consumes: AVRO JSON as given, PROTOBUF base64
-descriptors. Their ids stay; two ids whose texts become one keep answering, the lower one is what registering
-the schema again finds.
+Rules: a change reaches the in-memory state only after its batch is durable (``wait_durable``), so a request
+never sees what a crash could take back; each change is one record batch, which the log writes (and recovers
+after a kill -9) whole or not at all. Schema ids are global and never given twice: the same (type, text,
+references) always gets the same id, in every subject, and ``ID_HIGH`` outlives the records compaction drops.
 """
 
 from __future__ import annotations
@@ -163,7 +150,17 @@ class RegistryState:
     mode: dict[str | None, str] = field(default_factory=dict)
 
     def apply(self, key: dict[str, Any], value: dict[str, Any] | None) -> None:
-        """Apply one record. Raises KeyError/TypeError/ValueError for a record of the wrong shape."""
+        """Apply one record. Raises KeyError/TypeError/ValueError for a record of the wrong shape.
+
+        - ``SCHEMA`` (subject, version) → the version (id, type, text, references, deleted flag); null:
+          permanently deleted.
+        - ``DELETE_SUBJECT`` subject → every version up to ``version`` is soft-deleted.
+        - ``CLEAR_SUBJECT`` subject → every version up to ``version`` is permanently deleted.
+        - ``CONFIG`` subject (null: global) → ``compatibilityLevel``; null value: unset.
+        - ``MODE`` subject (null: global) → ``mode``; null value: unset.
+        - ``ID_HIGH`` → the highest id ever given, written with every permanent delete: ids are never given twice,
+          even once compaction has dropped the deleted version's record.
+        """
         kind = key["keytype"]
         if kind == "SCHEMA":
             subject, number = str(key["subject"]), int(key["version"])
@@ -254,8 +251,12 @@ class RegistryState:
         return tuple(out), resolved
 
     def canonicalize(self) -> int:
-        """Bring every stored text to its canonical form (after a replay; see the module doc); how many
-        contents changed. Ids stay; a content two ids now share is found under the lower one."""
+        """Bring every stored text to its canonical form (after a replay); how many contents changed.
+
+        Records written by older versions (AVRO JSON as given, PROTOBUF base64 descriptors) are brought to the form
+        :func:`canonical_text` gives, as Confluent canonicalizes records it consumes. Ids stay; two ids whose texts
+        become one keep answering, and a content two ids now share is found under the lower one (what registering
+        the schema again finds)."""
         mapping: dict[Content, Content] = {}
         for content in sorted({*self.ids, *self.contents.values()}, key=lambda c: self.ids.get(c, 0)):
             try:
@@ -282,7 +283,9 @@ class RegistryState:
 
 
 def canonical_text(content: Content, deps: tuple[Dependency, ...]) -> str:
-    """The canonical text of a stored schema (the text itself when it cannot be rewritten)."""
+    """The canonical text of a stored schema (the text itself when it cannot be rewritten), as the schema types'
+    modules define it (:func:`tabletopic.registry.avro_format.stored_text`,
+    :func:`tabletopic.registry.protobuf_format.stored_text`)."""
     if content.schema_type == "AVRO":
         return avro_stored_text(content.schema, deps)
     if content.schema_type == "PROTOBUF":
@@ -326,7 +329,9 @@ def decode_records(data: bytes) -> Iterator[tuple[bytes | None, bytes | None]]:
 
 def replay_ranges(state: RegistryState, ranges: list[tuple[str, int, int]]) -> int:
     """Apply the records in the log file ranges (from ``PartitionLog.read_ranges``) to ``state``; returns how
-    many records were skipped as malformed. Runs in a thread, before the state is shared."""
+    many records were skipped as malformed (anyone may produce to the topic: a record that is not one of
+    :meth:`RegistryState.apply`'s is skipped, and ``start`` warns of them). Runs in a thread, before the state is
+    shared."""
     skipped = 0
     for path, position, length in ranges:
         with open(path, "rb") as f:
