@@ -1,34 +1,18 @@
 """The broker's Spark side process: one long-lived Spark driver in a child process, and the broker's client for it.
 
-Why a process: a JVM crash, an out-of-memory driver or a stuck Spark job never takes the broker down, and the
-driver's memory (``spark.driver.memory``) is not the broker's. The child (``python -m tabletopic.spark_service``)
-builds its session with :func:`tabletopic.spark.spark_session` (the catalog wiring of ``tabletopic sql``, plus
-every broker ``spark.*`` setting, then ``tabletopic.spark.SIDE_PROCESS_CONF``: case-sensitive column names) and
-runs operations one at a time. This module never imports pyspark: only the child, through ``tabletopic.spark``,
-does.
+The child (``python -m tabletopic.spark_service``) builds its session with :func:`tabletopic.spark.spark_session`
+(plus ``tabletopic.spark.SIDE_PROCESS_CONF``) and runs operations one at a time, so that a JVM crash, an
+out-of-memory driver or a stuck job never takes the broker down, and the driver's memory is not the broker's.
+:class:`SparkService` is the broker's client: a typed method per operation over :meth:`SparkService.call`; it
+starts the child at the first call, starts a new one after a backoff when it died or overran a call, and stops it
+when idle. Its state: :meth:`SparkService.status` (the ``tabletopic_spark_*`` metrics) and
+``<log.dirs>/spark-service.json`` (:func:`read_status`, for ``tabletopic tables``). What users see of it:
+docs/operations.md, "The Spark side process".
 
-Protocol: a ``multiprocessing.connection.Connection`` over an anonymous socketpair whose other end is handed to
-the child as a file descriptor (nothing listens, so nothing else can connect). The broker sends
-``("start", BrokerConfig)`` once, then requests ``(op, args)``; the child answers ``("ok", result)`` or
-``("error", kind, message)``. Results are plain Python values (pyspark's Rows become tuples).
-
-Adding an operation (MERGE INTO; the table maintenance steps are there already): a function ``f(session, ...)``
-in ``tabletopic/spark.py``, an entry in :func:`_child_ops` mapping the op name to it, and a typed method here
-calling :meth:`SparkService.call`.
-
-Lifetime: started by the first call. A child that dies (kill -9, JVM crash) or overruns a call's timeout fails
-that call with :class:`SparkServiceError`; the next call starts a new one, not before a backoff (1 s, doubling up
-to 60 s, back to 1 s after an operation succeeds). A watcher thread notices a child that dies between calls (the
-state says ``restarting`` at once, not at the next call) and stops the child after ``table.topic.spark.idle.stop.ms``
-without a call (``stopped idle``; 0: never): the JVM's memory goes back to the machine, and the next call starts it
-again. The child exits when its driver JVM dies or its SparkContext is stopped under it (on a cluster: the master
-removed the application), so that the next call starts a new one, and when the broker dies: it watches its stdin,
-whose write end only the broker holds; the driver JVM (pyspark's gateway) in turn exits when its stdin pipe from
-the child closes. The child's and the JVM's output (one line per log message, no stack traces) go to
-``<log.dirs>/spark-service.log``.
-
-State: :meth:`SparkService.status` (the metrics' ``tabletopic_spark_*`` families read it), also written to
-``<log.dirs>/spark-service.json`` at every change, where ``tabletopic tables`` reads it (:func:`read_status`).
+Rules: this module never imports pyspark (only the child does, through :mod:`tabletopic.spark`); calls block, one
+at a time, and never run on the event loop; a failure reaches the caller as :class:`SparkServiceError` (the
+process) or :class:`SparkOperationError` (the operation), never takes the broker down. Nothing but the broker can
+talk to the child (:meth:`SparkService._start`), and the child never outlives the broker.
 """
 
 from __future__ import annotations
@@ -145,7 +129,7 @@ def table_identifier(table: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class SparkService:
-    """Client of the broker's Spark side process (see the module docstring).
+    """Client of the broker's Spark side process.
 
     Blocking, thread-safe: calls run one at a time (a caller waits for the one in flight); call them from worker
     threads, never on the event loop. Only :meth:`close` stops the process for good.
@@ -377,6 +361,12 @@ class SparkService:
         return self._start()
 
     def _start(self) -> Connection:
+        """Start the child. Protocol: a ``multiprocessing.connection.Connection`` over an anonymous socketpair whose
+        other end the child gets as a file descriptor (nothing listens, so nothing else can connect). The broker
+        sends ``("start", BrokerConfig)`` once, then requests ``(op, args)``; the child answers ``("ok", result)``
+        or ``("error", kind, message)``, results as plain Python values (pyspark's Rows become tuples). The child's
+        stdin is a pipe only the broker holds (:func:`_exit_when_parent_dies`); its output and the JVM's (one line
+        per log message, no stack traces) go to ``<log.dirs>/spark-service.log``."""
         after_failure = self._state == RESTARTING
         self._set_state(STARTING)
         parent_sock, child_sock = socket.socketpair()
@@ -445,7 +435,8 @@ class SparkService:
         return f"exited with code {code}" + (f": {why}" if why else "")
 
     def _failed(self, reason: str) -> None:
-        """Record a failure, stop what is left of the child, schedule the earliest restart."""
+        """Record a failure, stop what is left of the child, schedule the earliest restart (a backoff of 1 s,
+        doubling up to 60 s, back to 1 s once an operation succeeds)."""
         self._failures += 1
         self._total_failures += 1
         backoff = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (self._failures - 1))
@@ -514,6 +505,8 @@ class SparkService:
             self._watcher.start()
 
     def _watch(self) -> None:
+        """The watcher thread: notices a child that died between calls (the state says ``restarting`` at once, not
+        at the next call) and stops one idle for ``table.topic.spark.idle.stop.ms`` (0: never)."""
         while not self._closing.wait(WATCH_INTERVAL_S):
             if not self._lock.acquire(blocking=False):
                 continue  # a call is in flight: it sees a death itself, and the process is not idle
@@ -598,7 +591,10 @@ CONTEXT_CHECK_INTERVAL_S = 2.0
 
 
 def _child_ops() -> dict[str, Op]:
-    """Operation name → implementation (``session, config, args``). Imports pyspark (through tabletopic.spark)."""
+    """Operation name → implementation (``session, config, args``). Imports pyspark (through tabletopic.spark).
+
+    Adding an operation: a function ``f(session, ...)`` in ``tabletopic/spark.py``, an entry here, and a typed
+    method of :class:`SparkService` calling :meth:`SparkService.call`."""
     from tabletopic import spark
 
     return {
@@ -637,7 +633,10 @@ def _exit_when_parent_dies() -> None:
 
 
 class _Child:
-    """The child's state: the session, its JVM and the operations."""
+    """The child's state: the session, its JVM and the operations. The child exits when its driver JVM dies, when its
+    SparkContext is stopped under it (on a cluster: the master removed the application), so that the next call
+    starts a new one, and when the broker dies; the JVM (pyspark's gateway) exits when its stdin from the child
+    closes."""
 
     def __init__(self, conn: Connection, config: BrokerConfig) -> None:
         self.conn = conn
