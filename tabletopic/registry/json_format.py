@@ -1,29 +1,13 @@
 """JSON schemas: ``jsonschema`` checks a schema against its draft's metaschema; the compatibility rules are
 hand-written (no maintained Python library compares two JSON Schemas).
 
-A reader can read a writer when every document the writer's schema accepts, the reader's accepts too (as
-Confluent's rules, on the keywords that carry data shape):
+Seam: :class:`JsonFormat` (the ``JSON`` schema type of :mod:`tabletopic.registry.compat`): ``parse`` gives a
+:class:`JsonSchema`, whose ``can_read`` compares a reader with a writer (:class:`_Comparison`, the rules listed
+there) and ``resolve`` follows ``$ref``: local pointers, and other subjects by the name their reference gives.
 
-- ``type``: the reader's types cover the writer's (``number`` covers ``integer``); ``enum`` / ``const``: the
-  reader's values cover the writer's.
-- Objects: each property the writer declares must be readable by the reader's schema for it (or the reader's
-  ``additionalProperties``); a property only the reader declares must accept whatever the writer's
-  ``additionalProperties`` allows (so adding a property to an open content model breaks BACKWARD, as in
-  Confluent); the reader's ``required`` must be required by the writer too, except properties with a default.
-- Arrays (Confluent's ``ArraySchemaDiff``): ``items`` as one schema recursively; tuples (``items`` as a list)
-  position by position, where a position the reader adds to a tuple the writer left open
-  (``additionalItems`` absent or true) must take anything, and ``additionalItems`` may only widen. Bounds
-  (``minimum``, ``maxLength``, ``minItems``, ...) may only widen; ``pattern`` / ``format`` must not appear or
-  change.
-- Combined schemas (Confluent's ``SchemaDiff`` / ``CombinedSchemaDiff``): a one-branch ``anyOf`` / ``oneOf`` /
-  ``allOf`` stands for its branch; a reader ``anyOf`` / ``oneOf`` reads a plain writer through one branch; a plain
-  reader reads a writer ``allOf`` through one branch; two combinations must keep their kind (or widen it to
-  ``anyOf``), not lose branches of an ``anyOf`` / ``oneOf`` nor gain branches of an ``allOf``, and pair every branch
-  with one it reads. An object with keywords of several kinds is the ``allOf`` of them, as Confluent parses it.
-- ``not``: both sides' excluded schemas compared the other way round; ``not`` on one side only is incompatible.
-- ``$ref``: local pointers (``#/definitions/...``) and references to other subjects by the name the reference
-  gives (``"$ref": "address.json"``) are followed; recursive schemas are compared once per pair.
-Keywords beyond these (``if``/``then``, ``dependentSchemas``, ``patternProperties``, ...) are not compared.
+Rule: a reader can read a writer when every document the writer's schema accepts, the reader's accepts too, as
+Confluent's rules decide it (``SchemaDiff``, ``CombinedSchemaDiff``, ``ArraySchemaDiff``) on the keywords that
+carry data shape; keywords beyond those are not compared.
 """
 
 from __future__ import annotations
@@ -114,7 +98,31 @@ def _type_changes(r: dict[str, Any], w: dict[str, Any], path: str) -> list[str]:
 
 
 class _Comparison:
-    """One reader/writer comparison; pairs already under comparison count as compatible (recursive schemas)."""
+    """One reader/writer comparison; pairs already under comparison count as compatible (recursive schemas, so
+    each pair is compared once).
+
+    - ``type``: the reader's types cover the writer's (``number`` covers ``integer``); ``enum`` / ``const``: the
+      reader's values cover the writer's.
+    - Objects: each property the writer declares must be readable by the reader's schema for it (or the reader's
+      ``additionalProperties``); a property only the reader declares must accept whatever the writer's
+      ``additionalProperties`` allows (so adding a property to an open content model breaks BACKWARD, as in
+      Confluent); the reader's ``required`` must be required by the writer too, except properties with a default.
+    - Arrays (Confluent's ``ArraySchemaDiff``): ``items`` as one schema recursively; tuples (``items`` as a list)
+      position by position, where a position the reader adds to a tuple the writer left open
+      (``additionalItems`` absent or true) must take anything, and ``additionalItems`` may only widen. Bounds
+      (``minimum``, ``maxLength``, ``minItems``, ...) may only widen; ``pattern`` / ``format`` must not appear or
+      change.
+    - Combined schemas (Confluent's ``SchemaDiff`` / ``CombinedSchemaDiff``): a one-branch ``anyOf`` / ``oneOf`` /
+      ``allOf`` stands for its branch; a reader ``anyOf`` / ``oneOf`` reads a plain writer through one branch; a
+      plain reader reads a writer ``allOf`` through one branch; two combinations must keep their kind (or widen
+      it to ``anyOf``), not lose branches of an ``anyOf`` / ``oneOf`` nor gain branches of an ``allOf``, and pair
+      every branch with one it reads. An object with keywords of several kinds is the ``allOf`` of them, as
+      Confluent parses it.
+    - ``not``: both sides' excluded schemas compared the other way round; ``not`` on one side only is
+      incompatible.
+    - ``$ref`` is followed (:meth:`JsonSchema.resolve`). Keywords beyond these (``if``/``then``,
+      ``dependentSchemas``, ``patternProperties``, ...) are not compared.
+    """
 
     def __init__(self, reader: JsonSchema, writer: JsonSchema) -> None:
         self.reader, self.writer = reader, writer
