@@ -1,27 +1,16 @@
 """The table-topic plugin host: a coordinator and partition workers for every table topic.
 
-When the broker has a catalog configured (``automq.table.topic.catalog.type``), every topic with
-``automq.table.topic.enable=true`` gets one :class:`~coordinator.coordinator.TableTopicCoordinator` (AutoMQ
-pins it to partition 0's leader; this single-node broker leads every partition) and one
-:class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel.
+When the broker has a catalog (``automq.table.topic.catalog.type``), :class:`TableTopicHost` gives every topic with
+``automq.table.topic.enable=true`` one :class:`~coordinator.coordinator.TableTopicCoordinator` (AutoMQ pins it to
+partition 0's leader; this single-node broker leads every partition), one
+:class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel, and one
+:class:`~coordinator.maintenance.TableMaintenance`. It injects what they need of the broker: each partition's log,
+the Spark side process (merges, schema changes, :class:`SparkTableWriter`) and the conversion process pool. It
+follows topic changes (:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and
+its columns") and gives the broker its table checks (:meth:`TableTopicHost.check_config_change`).
 
-Each table topic also gets a :class:`~coordinator.maintenance.TableMaintenance`: automatic compaction and
-maintenance of its table beside the rounds, through the broker's Spark side process.
-
-The host follows topic changes (:class:`~tabletopic.topics.TopicEvent`): enabling a table topic on an existing
-topic starts it (the coordinator takes the committed offsets from the table and backfills partitions the table
-has never seen from their log start offset), disabling stops it, new partitions get workers, a changed
-commit interval or ``partition.by`` reaches the coordinator, and deleting the topic stops its machinery but
-keeps the table, as AutoMQ does.
-
-It also registers a config check with the broker (:meth:`TableTopicHost.check_config_change`): converter settings
-that would give an existing table's ``_kafka_key`` / ``_kafka_value`` another type are refused, since Iceberg
-cannot change a column's type and the table would silently keep the old one; so are a value transform that would
-lay the values out otherwise and upserts or CDC turned on for a table holding appended rows (the list:
-:mod:`configs.table_topic`).
-
-CPU-heavy work (decoding, Arrow, Parquet) runs in a process pool shared by all workers, never on the event
-loop.
+Rules: disabling or deleting a topic stops its machinery and keeps the table, as AutoMQ does; CPU-heavy work
+(decoding, Arrow, Parquet) runs in the process pool all workers share, never on the event loop.
 """
 
 from __future__ import annotations
@@ -187,6 +176,8 @@ class TableTopicHost:
         """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have, a
         ``cdc.field`` that holds no text in it, a ``format-version`` it is not, a value transform that would lay
         its values out otherwise and upserts or CDC turned on over appended rows (blocking: reads the catalog).
+        Iceberg cannot change a column's type, so the table would silently keep the old one; a table of appended rows
+        may hold several rows per key, and the broker does not rewrite it to one per key.
 
         Looks at the table only when the settings that decide its columns, its name or its key change, or when the
         table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
