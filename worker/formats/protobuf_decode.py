@@ -1,26 +1,15 @@
 """Protobuf payloads (Confluent header already taken off) → an Arrow column of the message's Iceberg type.
 
-Each payload is parsed by the protobuf runtime (upb, in C) into a message of the class the schema's descriptors
-make. The Arrow column is then built field by field, not record by record: for every field one Python list of its
-values over all messages (``getattr`` per message), turned into an Arrow array of the field's type in one call;
-nested messages, lists and maps recurse on their flattened values and are assembled from child arrays
-(``StructArray.from_arrays``, offsets for lists and maps). On a 12-field message (nested message, timestamp, enum,
-list, map, optional, uint64; 10,000 records of ~120 bytes) that is about 155,000 records/s per process on the dev
-machine, against 100,000 for a dict per record and one ``pa.array`` over the dicts; parsing alone (upb) runs at
-about 500,000/s, so the Python ``getattr`` walk is what costs.
+Seam: :class:`ProtobufDecoder`, the :class:`~worker.formats.base.Decoder` of one message, made from
+:func:`worker.formats.protobuf_schema.protobuf_columns`. Each payload is parsed by the protobuf runtime (upb, in
+C); the Arrow column is then built field by field over all messages, not record by record (:func:`builder`; the
+rates: docs/benchmarks.md#decoding).
 
-A payload that does not parse (cut, garbage, a proto3 string that is not UTF-8, a proto2 message missing a required
-field) is null with the reason ``undecodable_protobuf_<suffix>``; so is one whose value Arrow refuses (a proto2
-string that is not UTF-8, a timestamp beyond the microsecond range): those rows are found by halving the chunk, only
-when the column does not build. Never an exception for the chunk. Each such row has a detail (the runtime's error).
-
-"Exactly the payload": a Protobuf message has no end of its own, upb parses the whole buffer, so bytes after a
-message are either not wire format (field number 0, a bad wire type, a cut field: the parse fails; a
-Confluent-framed payload, starting with byte 0, always does) or more fields. Fields of numbers the message does not
-declare are forward compatibility (a newer writer's), kept aside and ignored as every Protobuf reader does; a top-level
-field whose number the message declares but in a wire type that field cannot have is bytes of something else that
-happened to parse (appended garbage, another message type): bad data too. Nested messages are not checked so (a
-cost per message); the top level is where appended bytes land.
+Rules: never an exception for the chunk: a payload that does not parse, or whose value Arrow refuses, is a null
+with ``undecodable_protobuf_<suffix>`` and a detail (:meth:`ProtobufDecoder.decode`). A payload must be exactly
+one message: a top-level field the message declares, in a wire type it cannot have, makes the payload bad
+(:meth:`ProtobufDecoder._clash`); unknown field numbers are a newer writer's, kept aside and ignored as every
+Protobuf reader does.
 """
 
 from __future__ import annotations
@@ -159,7 +148,12 @@ def _struct(node: ps.Struct) -> Build:
 
 
 def builder(node: ps.Node) -> Build:
-    """The function that turns a list of the runtime's values for ``node`` (None for null) into an Arrow array."""
+    """The function that turns a list of the runtime's values for ``node`` (None for null) into an Arrow array.
+
+    Field by field, not record by record: for every field one Python list of its values over all messages
+    (``getattr`` per message), turned into an Arrow array of the field's type in one call; nested messages, lists
+    and maps recurse on their flattened values and are assembled from child arrays (``StructArray.from_arrays``,
+    offsets for lists and maps)."""
     match node:
         case ps.Scalar():
             return _scalar(node)
@@ -220,9 +214,13 @@ class ProtobufDecoder:
     def _clash(self, m: Message) -> str | None:
         """Why ``m``'s unknown top-level fields show it is no payload of this message (None: they do not).
 
-        An unknown field number is forward compatibility (a newer writer's field), kept aside as every Protobuf
-        reader does; a *declared* number whose wire type the field cannot have is bytes of something else
-        (appended garbage, another message type) that happened to parse.
+        A Protobuf message has no end of its own and upb parses the whole buffer, so bytes after a message are
+        either not wire format (field number 0, a bad wire type, a cut field: the parse fails; a Confluent-framed
+        payload, starting with byte 0, always does) or more fields. An unknown field number is forward
+        compatibility (a newer writer's field), kept aside as every Protobuf reader does; a *declared* number whose
+        wire type the field cannot have is bytes of something else (appended garbage, another message type) that
+        happened to parse. Nested messages are not checked so (a cost per message): the top level is where
+        appended bytes land.
         """
         fields = m.DESCRIPTOR.fields_by_number
         unknowns = UnknownFieldSet(m)
@@ -237,7 +235,13 @@ class ProtobufDecoder:
 
     def decode(self, payloads: pa.Array, suffix: str) -> ConvertedColumn:
         """Decode every payload (binary, null for rows already bad, which stay null without a reason of their own);
-        ``suffix`` ends the reasons."""
+        ``suffix`` ends the reasons.
+
+        A payload that does not parse (cut, garbage, a proto3 string that is not UTF-8, a proto2 message missing a
+        required field, :meth:`_clash`) is null with the reason ``undecodable_protobuf_<suffix>``; so is one whose
+        value Arrow refuses (a proto2 string that is not UTF-8, a timestamp beyond the microsecond range): those
+        rows are found by halving the chunk, only when the column does not build. Each such row has a detail (the
+        runtime's error)."""
         reason = f"{REASON_UNDECODABLE}_{suffix}"
         details: dict[int, str] = {}
         msgs, bad = self._parse(payloads, reason, details)
