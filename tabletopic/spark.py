@@ -1,21 +1,15 @@
-"""Spark sessions over the broker's catalog: the only module that imports pyspark.
+"""Spark sessions over the broker's catalog and the Spark operations: the only module that imports pyspark.
 
-The session opens the same catalog as the broker (``tabletopic.catalog``), under the same name, as Iceberg-Java's
-``JdbcCatalog`` (schema V1) for ``sql`` catalogs or with the type passed through for the others. It is also the
-session's default catalog, so ``SELECT count(*) FROM default.orders`` works unqualified.
+:func:`spark_session` (:func:`spark_conf`) opens the same catalog as the broker (:mod:`tabletopic.catalog`), under
+the same name (:func:`catalog_conf`), as the session's default catalog, so ``SELECT count(*) FROM default.orders``
+works unqualified. The operations the Spark side process runs (:mod:`tabletopic.spark_service`) are functions of a
+session here: merges, schema changes, format v3 commits, the maintenance steps, SQL.
 
-Two settings matter for sharing the catalog with pyiceberg (see the stack notes):
-``jdbc.init-catalog-tables=false`` (Iceberg-Java's start-up table check leaves a SQLite read transaction open,
-after which Spark no longer sees pyiceberg's commits and fails with SQLITE_BUSY_SNAPSHOT; pyiceberg creates the
-tables instead) and ``cache-enabled=false`` (else Spark keeps reading the snapshot it saw first).
-
-Column names: Iceberg's are case-sensitive and may hold any character (``Dup`` beside ``dup``, ``a.b``, a
-back-quote, a space). The side process's operations back-quote every identifier they put in SQL and name key
-columns by their paths (:func:`_key_paths`). Every session built here is case-sensitive by default
-(``spark.sql.caseSensitive=true``, as the tables are; Spark's own default is false), which a broker setting or
-``tabletopic sql --override`` may change; the side process's is always (:data:`SIDE_PROCESS_CONF`): a
-case-insensitive MERGE sees ``Dup`` and ``dup`` as one column named twice and Iceberg's RewriteDataFiles fails on
-such a table ("Multiple entries with same key").
+Rules: this runs in the Spark side process and ``tabletopic sql``, never in the broker's own process. Iceberg's
+column names are case-sensitive and may hold any character (``Dup`` beside ``dup``, ``a.b``, a back-quote, a
+space): operations back-quote every identifier they put in SQL and name key columns by their paths
+(:func:`_key_paths`), and every session is case-sensitive by default (the side process's always,
+:data:`SIDE_PROCESS_CONF`).
 """
 
 from __future__ import annotations
@@ -164,7 +158,13 @@ def _warehouse_uri(warehouse: str) -> str:
 
 
 def catalog_conf(config: BrokerConfig) -> tuple[dict[str, str], list[Path]]:
-    """The ``spark.sql.catalog.<name>*`` settings for the broker's catalog, and the jars they need."""
+    """The ``spark.sql.catalog.<name>*`` settings for the broker's catalog, and the jars they need: Iceberg-Java's
+    ``JdbcCatalog`` (schema V1) for ``sql`` catalogs, the type passed through for the others.
+
+    Two settings let Spark share the catalog with pyiceberg: ``jdbc.init-catalog-tables=false`` (Iceberg-Java's
+    start-up table check leaves a SQLite read transaction open, after which Spark no longer sees pyiceberg's
+    commits and fails with SQLITE_BUSY_SNAPSHOT; pyiceberg creates the tables instead) and ``cache-enabled=false``
+    (else Spark keeps reading the snapshot it saw first)."""
     catalog_type = config.catalog_type
     if catalog_type is None:
         raise InvalidConfigError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
@@ -211,8 +211,10 @@ DRIVER_JVM_OPTIONS = "-XX:+UseSerialGC"  # the driver JVM's: see spark_conf
 
 SIDE_PROCESS_CONF = {"spark.sql.caseSensitive": "true"}
 """What the broker's Spark side process sets over every other setting, the broker's ``spark.*`` among them
-(``spark_session``'s ``extra_conf``): its operations must tell columns apart as Iceberg does, by exact name (see
-the module doc)."""
+(``spark_session``'s ``extra_conf``): its operations must tell columns apart as Iceberg does, by exact name. A
+case-insensitive MERGE sees ``Dup`` and ``dup`` as one column named twice, and Iceberg's RewriteDataFiles fails on
+such a table ("Multiple entries with same key"). Other sessions are case-sensitive by default too (Spark's own
+default is false), which a broker setting or ``tabletopic sql --override`` may change."""
 
 
 def spark_conf(
