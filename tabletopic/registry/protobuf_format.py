@@ -1,26 +1,16 @@
 """PROTOBUF schemas: ``.proto`` text compiled by grpcio-tools' bundled protoc (in a child process, no system
 protoc), or the base64 ``FileDescriptorProto`` that confluent-kafka's ``ProtobufSerializer`` registers; checked by
-building a ``protobuf`` DescriptorPool (:func:`tabletopic.protobuf_descriptors.build_pool`, shared with the workers:
-imports come from the references by the file name they import; the ones Confluent bundles, ``google/protobuf/*``,
-``google/type/*``, ``confluent/meta.proto``, ``confluent/type/decimal.proto``, from the installed runtime when no
-reference gives them).
+building a ``protobuf`` DescriptorPool (:func:`tabletopic.protobuf_descriptors.build_pool`, shared with the
+workers).
 
-Stored text, for both input forms: the ``.proto`` text :func:`tabletopic.registry.protobuf_text.render` writes
-(Confluent's registry stores and answers text too), so the same schema sent as text and as a descriptor gets one
-id. A schema is taken only when its text compiles back to the same rendering; ``format=serialized`` answers the
-base64 descriptor protoc compiles from that text. The Java serializer's text for map fields (an explicit
-``option map_entry = true`` message, which protoc refuses) is read as the ``map<K, V>`` it stands for.
+Seam: :class:`ProtobufFormat` (``parse`` gives a :class:`ProtobufSchema`, whose ``can_read`` holds the
+hand-written compatibility rules, Confluent's ``FieldSchemaDiff`` / ``MessageSchemaDiff`` on descriptors) and
+:func:`stored_text` for texts an older version stored.
 
-The compatibility rules are hand-written (Confluent's ``FieldSchemaDiff`` / ``MessageSchemaDiff``, on descriptors):
-
-- a message the writer has and the reader lacks: MESSAGE_REMOVED (incompatible);
-- fields matched by number: added or removed fields are compatible, unless ``required`` (proto2) is added or
-  removed; a changed kind (scalar ↔ message), a changed message type, or a scalar type outside Confluent's
-  wire-compatible groups ({int32, uint32, int64, uint64, bool, every enum}, {sint32, sint64},
-  {fixed32, sfixed32}, {fixed64, sfixed64}, {string, bytes}) is incompatible; so is ``repeated`` ↔ singular.
-  An enum is a general number, as in Confluent: int32 → enum, enum → int64 and one enum → another are compatible;
-- oneofs: a field moved into a oneof the writer already had, or several fields moved into a new oneof, is
-  incompatible (one field moving into a new oneof is compatible).
+Rules: both input forms are stored and answered as the one ``.proto`` text
+:func:`tabletopic.registry.protobuf_text.render` writes (as Confluent's registry stores text), so the same schema
+sent as text and as a descriptor gets one id; a schema is taken only when that text compiles back to the same
+rendering, and ``format=serialized`` answers the descriptor protoc compiles from it (what the workers read).
 """
 
 from __future__ import annotations
@@ -137,7 +127,8 @@ def _mark_map_entries(scope: str, messages: Sequence[descriptor_pb2.DescriptorPr
 
 
 def _from_text(name: str, text: str, imports: Sequence[FDP]) -> FDP:
-    """Compile ``text``; the Java serializer's explicit map-entry messages become the map fields they stand for."""
+    """Compile ``text``; the Java serializer's explicit map-entry messages (``option map_entry = true``, which
+    protoc refuses) become the ``map<K, V>`` fields they stand for."""
     try:
         return _compile(name, text, imports)
     except ValueError as exc:
@@ -201,6 +192,18 @@ class ProtobufSchema:
         return self._text
 
     def can_read(self, writer: ParsedSchema) -> list[str]:
+        """Confluent's rules (``FieldSchemaDiff`` / ``MessageSchemaDiff``), on descriptors:
+
+        - a message the writer has and the reader lacks: MESSAGE_REMOVED (incompatible);
+        - fields matched by number: added or removed fields are compatible, unless ``required`` (proto2) is added
+          or removed; a changed kind (scalar ↔ message), a changed message type, or a scalar type outside
+          Confluent's wire-compatible groups ({int32, uint32, int64, uint64, bool, every enum}, {sint32, sint64},
+          {fixed32, sfixed32}, {fixed64, sfixed64}, {string, bytes}) is incompatible; so is ``repeated`` ↔
+          singular. An enum is a general number, as in Confluent: int32 → enum, enum → int64 and one enum →
+          another are compatible;
+        - oneofs: a field moved into a oneof the writer already had, or several fields moved into a new oneof, is
+          incompatible (one field moving into a new oneof is compatible).
+        """
         if not isinstance(writer, ProtobufSchema):
             return ["not a PROTOBUF schema"]
         readers = dict(_messages(self.fdp.package, self.fdp.message_type))
@@ -293,7 +296,10 @@ def _imports(dependencies: Sequence[Dependency]) -> dict[str, FDP]:
 
 
 def _load(text: str, dependencies: Sequence[Dependency]) -> tuple[FDP, dict[str, FDP], descriptor_pool.DescriptorPool]:
-    """The schema's descriptor (a base64 one as given, text compiled), its imports and the pool holding them."""
+    """The schema's descriptor (a base64 one as given, text compiled), its imports and the pool holding them.
+    Imports come from the references, by the file name they are imported by; the files Confluent bundles
+    (``google/protobuf/*``, ``google/type/*``, ``confluent/meta.proto``, ``confluent/type/decimal.proto``) from the
+    installed runtime when no reference gives them."""
     imports = _imports(dependencies)
     given = from_base64(text)
     name = _file_name(text, given)
