@@ -1,27 +1,14 @@
 """Transactions are not supported yet: the one place that refuses them, and how.
 
-A transactional producer first asks FindCoordinator (key type 1, its transactional id) for its transaction
-coordinator, then InitProducerId with the transactional id. Both are refused at once with an error every client
-treats as fatal, so ``init_transactions()`` / ``initTransactions()`` fails in about a second with a message,
-instead of retrying until its own time-out with a generic one; the broker logs a WARNING once per transactional
-id. The transactional APIs (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit,
-DescribeTransactions, ListTransactions) are not advertised in ApiVersions, so no client sends them.
-Producers without a transactional id (idempotent or not) are unaffected.
+A transactional producer's FindCoordinator (key type 1) and InitProducerId with a transactional id are refused at
+once with :data:`FIND_COORDINATOR_ERROR` / :data:`INIT_PRODUCER_ID_ERROR` and :data:`MESSAGE`, codes every client
+treats as fatal, so ``init_transactions()`` fails in about a second with a reason instead of retrying until its own
+time-out (why these codes: docs/design-notes.md, "Transactional producers refused with authorization codes").
+:func:`refuse` logs a WARNING once per transactional id (:class:`RefusalLog`). Producers without a transactional id
+(idempotent or not) are unaffected.
 
-Why these codes (measured with confluent-kafka 2.16, the Java client 3.9.1, kafka-python 3.0 and aiokafka 0.14):
-
-- Every client retries a retriable code (COORDINATOR_NOT_AVAILABLE, ...) until it times out (15-60 s, then a
-  generic time-out error).
-- On FindCoordinator, librdkafka gives up at once only on TRANSACTIONAL_ID_AUTHORIZATION_FAILED and
-  CLUSTER_AUTHORIZATION_FAILED (it retries UNSUPPORTED_VERSION, INVALID_REQUEST, UNKNOWN_SERVER_ERROR, ...). The
-  Java client fails at once on any non-retriable code and shows the broker's error message, except for
-  TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which it reports as "Transactional Id authorization failed." without
-  it. kafka-python and aiokafka fail at once on both and show only the code's name. So FindCoordinator answers
-  CLUSTER_AUTHORIZATION_FAILED: fatal everywhere, and librdkafka and Java show our message.
-- InitProducerId has no error-message field; librdkafka gives up at once only on the two authorization codes
-  (and on fencing/time-out codes that would mislead more). It answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-  which at least names the transactional id as what was refused. Clients reach it only if they skip
-  FindCoordinator.
+Rule: the transactional APIs (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit,
+DescribeTransactions, ListTransactions) stay out of ApiVersions until they are built, so no client sends them.
 """
 
 from __future__ import annotations
