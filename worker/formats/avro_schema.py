@@ -1,25 +1,14 @@
 """An Avro schema → the Iceberg type of its column, and what decoding its payloads into that type needs.
 
-:func:`avro_columns` walks the Avro schema once and produces, per type, three things: the Avro form that
-pyiceberg's own converter (``pyiceberg.utils.schema_conversion.AvroSchemaConversion``) turns into the Iceberg type,
-the writer schema fastavro decodes payloads with, and the small function that turns fastavro's Python value into
-the value the Arrow column takes (used by :mod:`worker.formats.avro_decode`).
+Seam: :func:`avro_columns` (the mapping, and who does which part of it, are listed there) walks the Avro schema
+once and gives :class:`AvroColumns`: the Iceberg type (from the Avro form pyiceberg's own converter,
+``AvroSchemaConversion``, turns into it), the writer schema fastavro decodes payloads with, and the function that
+turns fastavro's Python value into the Arrow column's value (:mod:`worker.formats.avro_decode` and
+:mod:`worker.formats.avro_duckdb` decode by them).
 
-The mapping, and who does what:
-
-- pyiceberg: boolean, int, long, float, double, string, bytes → binary, enum → string, fixed → fixed(n),
-  decimal (bytes or fixed) → decimal(p, s), date, time-micros → time, timestamp-micros → timestamp or timestamptz
-  (``adjust-to-utc``), uuid, record → struct, array → list, map → map<string, V>, ``[null, T]`` → optional T, and
-  the field-id annotations that become the Iceberg ids. Fresh ids: pyiceberg's ``assign_fresh_schema_ids``
-  (the top-level fields 1..n first, then the nested ones), deterministic for one schema.
-- Written here, because pyiceberg's converter is made for Iceberg's own Avro files (which carry field ids and never
-  use these): named-type references (``"type": "com.acme.Address"``) resolved and inlined; recursive records
-  refused with the record's name (:class:`AvroSchemaError`); ``[T, null]`` (null not first) → optional T; any other
-  union → a struct of optional members, one per non-null branch, named by type (``int``, ``string``,
-  ``timestamp_millis``, a named type's simple name, ``array``, ``map``; ``_2``... on a clash), the struct optional
-  when the union has ``null``; time-millis → time; timestamp-millis → as timestamp-micros; local-timestamp-millis /
-  -micros → timestamp; unknown logical types → their underlying type (as the Avro spec says); the field-id,
-  element-id, key-id and value-id annotations pyiceberg needs; the decode schema and the value fixes.
+Rules: pyiceberg maps whatever it can, so the types are Iceberg's own Avro mapping; the mapping is deterministic
+for one schema (fresh ids by pyiceberg's ``assign_fresh_schema_ids``); a schema that cannot become a column (not
+valid Avro, a recursive record) raises :class:`AvroSchemaError` naming why.
 """
 
 from __future__ import annotations
@@ -49,7 +38,7 @@ class AvroSchemaError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class AvroColumns:
-    """What one Avro schema gives a table column (see the module doc)."""
+    """What one Avro schema gives a table column (see :func:`avro_columns`)."""
 
     iceberg_type: IcebergType  # a StructType for a record schema; fresh ids from 1
     required: bool  # False when the top-level schema is a union with null
@@ -264,6 +253,21 @@ def avro_columns(schema: str | dict[str, Any] | list[Any], references: Sequence[
 
     ``references``: the texts of the schemas it references by name (registry references), dependencies first.
     Raises AvroSchemaError for a schema that is not valid Avro, or holds a recursive record (named in the message).
+
+    - pyiceberg: boolean, int, long, float, double, string, bytes → binary, enum → string, fixed → fixed(n),
+      decimal (bytes or fixed) → decimal(p, s), date, time-micros → time, timestamp-micros → timestamp or
+      timestamptz (``adjust-to-utc``), uuid, record → struct, array → list, map → map<string, V>, ``[null, T]`` →
+      optional T, and the field-id annotations that become the Iceberg ids. Fresh ids: pyiceberg's
+      ``assign_fresh_schema_ids`` (the top-level fields 1..n first, then the nested ones).
+    - Written here, because pyiceberg's converter is made for Iceberg's own Avro files (which carry field ids and
+      never use these): named-type references (``"type": "com.acme.Address"``) resolved and inlined; recursive
+      records refused with the record's name; ``[T, null]`` (null not first) → optional T; any other union → a
+      struct of optional members, one per non-null branch, named by type (``int``, ``string``,
+      ``timestamp_millis``, a named type's simple name, ``array``, ``map``; ``_2``... on a clash), the struct
+      optional when the union has ``null``; time-millis → time; timestamp-millis → as timestamp-micros;
+      local-timestamp-millis / -micros → timestamp; unknown logical types → their underlying type (as the Avro
+      spec says); the field-id, element-id, key-id and value-id annotations pyiceberg needs; the decode schema and
+      the value fixes.
     """
     named: dict[str, Any] = {}
     try:
