@@ -1,25 +1,21 @@
-"""The log of one topic-partition: appends, reads, offsets, durability, retention, closing.
+"""The log of one topic-partition (:class:`PartitionLog`): appends, reads, offsets, durability, retention, closing.
 
-Threading model: every public method runs on the asyncio event loop thread and only does page-cache I/O
-(``os.pwrite``/``os.pread``, renames). fsync happens on the shared ``Flusher`` threads: ``append`` records what
-was written under a small lock, a flusher thread fsyncs it and hands the result back to the loop with
-``call_soon_threadsafe``, which advances ``high_watermark`` and wakes waiters. ``open`` (recovery) and the
-file half of ``close`` are blocking and meant to run off the loop (``LogManager`` does that). The timestamp
-lookups (ListOffsets) find their batch on the loop and decode it in a thread (``timestamps``).
+Its files: segments and their indexes (:mod:`tabletopic.log.segment`); checkpoints, producer snapshots and the
+clean-shutdown marker (:mod:`tabletopic.log.checkpoints`); opening a directory after a crash is
+:mod:`tabletopic.log.recovery`. What it promises clients: docs/guarantees.md, "The log".
 
-Durability model: with ``flush_interval_ms=None`` the high watermark is the end of fsynced data, and reads
-never go past it, so nothing a crash could take away is ever served or acknowledged. With a number, the high
-watermark follows the log end and fsync happens at least every ``flush_interval_ms``.
+Rules:
 
-Files: segments and their indexes (``segment``), the directory's checkpoints, producer snapshots and the
-clean-shutdown marker (``checkpoints``); what opening a directory does after a crash is ``recovery``.
-
-Offline: a failed write or fsync (disk full, I/O error) takes the log offline until the broker restarts. Appends
-are refused with KAFKA_STORAGE_ERROR, reads below the high watermark go on. The log is first cut back, on a flusher
-thread, to the end of the last successful flush (with ``flush_interval_ms``: of the last complete append), which
-is exactly what was acknowledged: waiters up to there are resolved, every later one gets KAFKA_STORAGE_ERROR, and
-no refused batch stays on disk for a client's retry to duplicate. An offline log is closed without the
-clean-shutdown marker, so the next start rescans it.
+- every public method runs on the event loop thread and does only page-cache I/O; fsync happens on the shared
+  ``Flusher`` threads, which hand the result back with ``call_soon_threadsafe`` to advance ``high_watermark`` and
+  wake waiters. ``open`` (recovery), the file half of ``close`` and the timestamp decoding
+  (:mod:`tabletopic.log.timestamps`) run off the loop;
+- with ``flush_interval_ms=None`` the high watermark is the end of fsynced data and reads never go past it, so
+  nothing a crash could take away is served or acknowledged; with a number it follows the log end, fsynced at least
+  that often;
+- a failed write or fsync takes the log offline until the broker restarts (:meth:`PartitionLog._fail`): appends get
+  KAFKA_STORAGE_ERROR, reads below the high watermark go on, and the log is cut back to exactly what was
+  acknowledged, so no refused batch stays on disk for a retry to duplicate.
 """
 
 from __future__ import annotations
@@ -164,7 +160,7 @@ def _place(headers: list[BatchHeader], base: int, log_append_time: int | None) -
 
 
 class PartitionLog:
-    """The append-only log of one topic-partition (see the module docstring for threading and durability)."""
+    """The append-only log of one topic-partition (threading and durability rules: the module docstring)."""
 
     leader_epoch = 0
 
