@@ -1,21 +1,13 @@
-"""Log recovery: what opening a partition directory does before the log serves anything. Blocking (reads,
-truncations, fsyncs): at start-up ``LogManager.start`` runs it in a thread. A partition created later
-(``LogManager.create``, on the loop) gets a new directory: nothing is read or fsynced, the flusher makes
-its new entries durable before the first acknowledgement.
+"""Log recovery: what opening a partition directory does before the log serves anything (:func:`recover`).
 
-The steps, in order (:meth:`_Recovery.run`):
+Blocking (reads, truncations, fsyncs): at start-up ``LogManager.start`` runs it in a thread. A partition created
+later (``LogManager.create``, on the loop) gets a new directory: nothing is read or fsynced, the flusher makes its
+new entries durable before the first acknowledgement.
 
-1. scan the directory: remove leftovers of interrupted deletes and atomic writes and indexes without a segment;
-2. read the clean-shutdown marker and the checkpoints (log start offset, recovery point);
-3. load the segments in offset order: after a clean shutdown, and below the recovery point, persisted indexes
-   are trusted (sanity-checked, bounded walk); every other segment is read whole, CRC-checked and its indexes
-   rebuilt. A torn tail is truncated and every later segment deleted, as is a segment that does not follow
-   its predecessor;
-4. after a clean shutdown, check the log end against the marker's (rescan the last segment if they differ);
-5. apply the log start offset checkpoint (a log wholly below it restarts empty there);
-6. make what recovery kept durable and move the recovery point to the active segment;
-7. rebuild idempotent-producer state from the newest snapshot and the batch headers after it;
-8. remove the clean-shutdown marker: from here on the log is "dirty" until its next clean close.
+Rules: persisted indexes are trusted only after a clean shutdown or below the recovery point, every other segment
+is read whole and CRC-checked; a torn tail is cut back to the last valid batch, never served; the clean-shutdown
+marker is removed once recovery is done, so the log is "dirty" until its next clean close (the steps:
+:meth:`_Recovery.run`).
 """
 
 from __future__ import annotations
@@ -74,7 +66,7 @@ class _DirectoryListing:
 
 
 def recover(directory: Path, name: str, index_interval: int, dir_fd: int) -> RecoveredLog:
-    """Recover the log in ``directory`` (see the module docstring); ``dir_fd`` is its open descriptor."""
+    """Recover the log in ``directory`` (the steps: :meth:`_Recovery.run`); ``dir_fd`` is its open descriptor."""
     return _Recovery(directory, name, index_interval, dir_fd).run()
 
 
@@ -117,6 +109,21 @@ class _Recovery:
         self.truncated_bytes = 0
 
     def run(self) -> RecoveredLog:
+        """The steps, in order:
+
+        1. scan the directory: remove leftovers of interrupted deletes and atomic writes and indexes without a
+           segment;
+        2. read the clean-shutdown marker and the checkpoints (log start offset, recovery point);
+        3. load the segments in offset order: after a clean shutdown, and below the recovery point, persisted
+           indexes are trusted (sanity-checked, bounded walk); every other segment is read whole, CRC-checked and
+           its indexes rebuilt. A torn tail is truncated and every later segment deleted, as is a segment that does
+           not follow its predecessor;
+        4. after a clean shutdown, check the log end against the marker's (rescan the last segment if they differ);
+        5. apply the log start offset checkpoint (a log wholly below it restarts empty there);
+        6. make what recovery kept durable and move the recovery point to the active segment;
+        7. rebuild idempotent-producer state from the newest snapshot and the batch headers after it;
+        8. remove the clean-shutdown marker.
+        """
         listing = _scan_directory(self.directory)
         clean_leo = read_clean_shutdown(self.directory, self.name)
         lso_checkpoint = read_offset(self.directory / LOG_START_OFFSET_FILE) or 0
