@@ -1,22 +1,14 @@
 """Decoded records → an Arrow table in a table topic's Iceberg schema, with ``errors.tolerance`` (pure; pool side).
 
-The steps of :func:`convert_records`, each on whole Arrow columns:
+Seam: :func:`convert_records` (its steps are listed there) gives a :class:`ConvertResult`: the rows in the
+table's schema, :class:`ConvertStats` and, when :class:`DeadLetters` are asked for, the skipped records as rows of
+the topic's dead-letter table (:data:`coordinator.contract.DEAD_LETTER_SCHEMA`), which the task writes as that
+table's files. :func:`fit_table` fits columns to a table's schema by name.
 
-1. decode the batches (:mod:`worker.decode`);
-2. build the record columns: ``_kafka_header`` (a map), ``_kafka_metadata`` and the legacy ``timestamp``, and the
-   key/value columns through the converters the :class:`~worker.plan.ConversionPlan` names
-   (:mod:`worker.converters`), which also report the rows they cannot convert;
-3. the plan's value transform (:mod:`worker.transforms`);
-4. fit the columns to the *table's* schema by name: unknown columns are dropped, missing ones written as nulls,
-   so a table whose schema someone else changed still gets what it can;
-5. ``errors.tolerance`` on the bad rows and undecodable batches (for an upsert/CDC table also the rows without a
-   key or whose ``cdc.field`` is not text, :mod:`worker.changes`, whose op and order columns the rows then carry).
-
-A record that cannot be converted is handled per ``errors.tolerance``: ``none`` stops right before it
-(``ConvertStats.blocked_offset``/``blocked_reason``), ``invalid_data``/``all`` skip it, count it by reason and,
-when :class:`DeadLetters` are asked for, return it as a row of the topic's dead-letter table
-(:data:`coordinator.contract.DEAD_LETTER_SCHEMA`: topic, partition, offset, timestamp, key, value, headers as the
-same map as the table's, reason, the Confluent schema id, detail), which the task writes as that table's files.
+Rules: every step works on whole Arrow columns. A record that cannot be converted never becomes a row of the
+table: ``errors.tolerance=none`` stops right before it (``ConvertStats.blocked_offset`` / ``blocked_reason``),
+``invalid_data`` / ``all`` skip it, count it by reason and keep it as a dead letter. Columns are fitted to the
+*table's* schema by name, so a table whose schema someone else changed still gets what it can.
 """
 
 from __future__ import annotations
@@ -101,8 +93,18 @@ def convert_records(
 ) -> ConvertResult:
     """Convert the records at ``start_offset`` and after in ``data`` into an Arrow table for ``plan``'s table.
 
-    See the module doc for the steps and for ``plan.tolerance``; ``dead_letters``: return the skipped records as
-    dead-letter rows too.
+    ``dead_letters``: return the skipped records as dead-letter rows too. The steps, each on whole columns:
+
+    1. decode the batches (:mod:`worker.decode`);
+    2. build the record columns: ``_kafka_header`` (a map), ``_kafka_metadata`` and the legacy ``timestamp``, and
+       the key/value columns through the converters the :class:`~worker.plan.ConversionPlan` names
+       (:mod:`worker.converters`), which also report the rows they cannot convert;
+    3. the plan's value transform (:mod:`worker.transforms`);
+    4. fit the columns to the *table's* schema by name: unknown columns are dropped, missing ones written as
+       nulls;
+    5. ``plan.tolerance`` on the bad rows and undecodable batches (for an upsert/CDC table also the rows without a
+       key or whose ``cdc.field`` is not text, :mod:`worker.changes`, whose op and order columns the rows then
+       carry).
     """
     d = decode(data, start_offset)
     details: dict[int, str] = {}
@@ -324,7 +326,8 @@ def _header_schema_id(raw: bytes | None) -> int | None:
 
 def _dead_letter_rows(dead_letters: DeadLetters, *, partition: int, d: Decoded, bad: dict[int, str],
                       bad_rows: list[int], plan: ConversionPlan, explained: dict[int, str]) -> pa.Table | None:
-    """The skipped records of the chunk at ``dead_letters.from_offset`` and after, by offset (None if none).
+    """The skipped records of the chunk at ``dead_letters.from_offset`` and after, by offset (None if none): topic,
+    partition, offset, timestamp, key, value, headers (the same map as the table's), reason, schema id, detail.
 
     ``schema_id`` is the Confluent header's id of the part the reason names (``..._key`` → the key, else the
     value) when a ``by_schema_id`` converter reads that part and the header has the magic byte; else null.
