@@ -1,23 +1,13 @@
 """Durable committed offsets and group metadata: an append-only, CRC-checked log plus an in-memory view.
 
-Storage format (``<data_dir>/__consumer_offsets/offsets.log``), all integers big-endian::
+:class:`OffsetStore`, one per data dir, keeps them in ``<data_dir>/__consumer_offsets/offsets.log`` (the format:
+:func:`encode_ops`): replayed at :meth:`OffsetStore.open`, which cuts off a torn tail, and rewritten to a new file
+atomically renamed over the old one when it grows well past the live set. Seam: :meth:`OffsetStore.submit`,
+:meth:`OffsetStore.offsets`, :meth:`OffsetStore.group_meta`, :meth:`OffsetStore.groups`.
 
-    frame   := length:uint32  crc:uint32 (CRC32C of payload)  payload
-    payload := version:uint8 (=1)  count:uint32  op{count}
-    op      := kind:uint8  body
-      COMMIT        (1): group:str16 topic:str16 partition:int32 offset:int64 leader_epoch:int32
-                         commit_ts_ms:int64 metadata:str32
-      DELETE_OFFSET (2): group:str16 topic:str16 partition:int32
-      DELETE_GROUP  (3): group:str16                 (offsets and group metadata)
-      GROUP_META    (4): group:str16 blob:bytes32    (opaque to the store; see groups/state.py)
-    str16 := len:int16 utf8 (len -1 = null);  str32/bytes32 := len:int32 data
-
-One frame holds the ops of one request, so a request is applied all-or-nothing. On open the file is replayed;
-the first short or corrupt frame (a torn tail after a crash) and everything after it is cut off. When the file
-grows well past the size of the live set it is rewritten (compacted) to a new file, fsynced, and atomically
-renamed over the old one. Writes go through one writer thread that batches concurrent requests into one
-write + fdatasync (group commit); a request's ops are applied to the in-memory view, and its awaiter resumed,
-only once they are durable.
+Rules: one frame holds the ops of one request, so a request applies all or nothing; its ops reach the in-memory
+view, and its awaiter resumes, only once they are durable; one writer thread batches concurrent requests into one
+write + fdatasync (group commit).
 """
 
 from __future__ import annotations
@@ -133,7 +123,18 @@ def put_bytes32(out: bytearray, b: bytes) -> None:
 
 
 def encode_ops(ops: Iterable[StoreOp]) -> bytes:
-    """Encode ``ops`` as one frame (header + payload)."""
+    """Encode ``ops`` as one frame (header + payload). The file is a sequence of frames, integers big-endian::
+
+        frame   := length:uint32  crc:uint32 (CRC32C of payload)  payload
+        payload := version:uint8 (=1)  count:uint32  op{count}
+        op      := kind:uint8  body
+          COMMIT        (1): group:str16 topic:str16 partition:int32 offset:int64 leader_epoch:int32
+                             commit_ts_ms:int64 metadata:str32
+          DELETE_OFFSET (2): group:str16 topic:str16 partition:int32
+          DELETE_GROUP  (3): group:str16                 (offsets and group metadata)
+          GROUP_META    (4): group:str16 blob:bytes32    (opaque to the store; see groups/state.py)
+        str16 := len:int16 utf8 (len -1 = null);  str32/bytes32 := len:int32 data
+    """
     body = bytearray()
     count = 0
     for op in ops:
@@ -262,7 +263,7 @@ class OffsetStore:
     """Committed offsets and group metadata, durable in an append-only log; one instance per data dir.
 
     Reads (:meth:`offsets`, :meth:`group_meta`, ...) are synchronous and see only durable state. Writes
-    (:meth:`write`) return once their ops are fsynced and applied. Use from one event loop.
+    (:meth:`submit`) complete once their ops are fsynced and applied. Use from one event loop.
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], *, compact_min_bytes: int = 16 * 1024 * 1024) -> None:
