@@ -1,21 +1,14 @@
 """Plain JSON without a registry (``convert.value.type=json``): the columns a chunk's JSON objects need, and the
 objects as Arrow values of a table's struct type.
 
-:func:`infer`: the Iceberg struct type that holds every JSON object of a chunk. Objects → structs (fields merged
-across rows by name, in order of first appearance), integers → long (beyond 64 bits → double), an integer in one
-row and a fraction in another → double, strings → string, booleans → boolean, arrays → list (element types
-merged, elements optional), nested objects → structs. Every field is optional (a later row may lack it). A field
-seen only as null (or as ``[]`` / ``{}``) is left out until a typed value appears. A field whose values conflict
-(a string in one row and an object in another, a number and a boolean, ...) becomes a string: string values
-stay themselves, the others hold their compact JSON text. Rows that are not JSON get ``invalid_json_<suffix>``,
-JSON that is not an object ``not_a_json_object_<suffix>``. The chunk is read by ``pyarrow.json``'s own inference
-in one pass; only when that fails (a conflict, a bad row) are slices, and then the rows of a failing slice, read
-in Python.
+Seam: :func:`infer` (the Iceberg struct type that holds every JSON object of a chunk; the inference rules are
+listed there) and :func:`decode` (the objects as values of the table's struct type, which may have more fields
+than the chunk uses and wider types), reading as :mod:`worker.formats.json_decode` does: one bulk
+``pyarrow.json`` read, Python only for the slices that fail.
 
-:func:`decode`: the objects as values of a struct type (the table's: it may have more fields than the chunk uses,
-and wider types: a double column takes integers, a string column takes any value as above); a value that fits no
-column type makes its row null with ``json_type_mismatch_<suffix>``. Reading as in
-:mod:`worker.formats.json_decode` (one bulk ``pyarrow.json`` read).
+Rules: every inferred field is optional (a later row may lack it), and a field whose values conflict becomes a
+string holding their JSON text, never a guess; a row that is not a JSON object, or whose value fits no column, is
+bad data with a reason ending in ``_<suffix>``.
 """
 
 from __future__ import annotations
@@ -173,7 +166,18 @@ def _infer_rows(texts: list[str | None], first: int, suffix: str, bad: dict[int,
 
 def infer(payloads: pa.Array, suffix: str = "value") -> tuple[StructType | None, dict[int, str]]:
     """(the struct type holding every JSON object of ``payloads``, None when no row is an object; the rows that
-    are not JSON objects with their reasons). Null payloads are skipped without a reason."""
+    are not JSON objects with their reasons). Null payloads are skipped without a reason.
+
+    Objects → structs (fields merged across rows by name, in order of first appearance), integers → long (beyond
+    64 bits → double), an integer in one row and a fraction in another → double, strings → string, booleans →
+    boolean, arrays → list (element types merged, elements optional), nested objects → structs. Every field is
+    optional. A field seen only as null (or as ``[]`` / ``{}``) is left out until a typed value appears. A field
+    whose values conflict (a string in one row and an object in another, a number and a boolean, ...) becomes a
+    string: string values stay themselves, the others hold their compact JSON text. Rows that are not JSON get
+    ``invalid_json_<suffix>``, JSON that is not an object ``not_a_json_object_<suffix>``. The chunk is read by
+    ``pyarrow.json``'s own inference in one pass; only when that fails (a conflict, a bad row) are slices, and
+    then the rows of a failing slice, read in Python.
+    """
     texts, not_utf8 = texts_of(payloads)
     bad: dict[int, str] = dict.fromkeys(not_utf8, f"{REASON_INVALID}_{suffix}")
     if texts.null_count == len(texts):
@@ -201,6 +205,8 @@ def _columns(struct_type: StructType) -> JsonColumns:
 
 def decode(payloads: pa.Array, struct_type: StructType, suffix: str) -> ConvertedColumn:
     """The JSON objects of ``payloads`` as values of ``struct_type`` (``schema_to_pyarrow(struct_type,
-    include_field_ids=True)``); null payloads stay null without a reason; bad rows as the module doc says.
+    include_field_ids=True)``); null payloads stay null without a reason. A double column takes integers, a string
+    column any value (as :func:`infer` makes conflicts strings); a value that fits no column type makes its row
+    null with ``json_type_mismatch_<suffix>``, a row that is not a JSON object gets ``not_a_json_object_<suffix>``.
     Raises SchemaMappingError for a struct type JSON cannot fill (binary, decimal, fixed columns)."""
     return json_decode.decode(payloads, _columns(struct_type), suffix)
