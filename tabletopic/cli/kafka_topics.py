@@ -1,18 +1,8 @@
-"""``kafka-topics``: Apache Kafka's ``kafka-topics.sh``, for any Kafka-protocol broker.
+"""``kafka-topics``: Apache Kafka's ``kafka-topics.sh``, for any Kafka-protocol broker (usage: ``--help``).
 
-Built on confluent-kafka's AdminClient (librdkafka): it sends config names as given, with no client-side
-check (Kafka's own tool refuses names it does not know, such as ``automq.table.topic.*``), and it reports the
-broker's error message. The broker stays the judge of every name and value.
-
-    kafka-topics --bootstrap-server HOST:PORT --create --topic T [--partitions N] [--replication-factor R]
-                 [--config k=v ...] [--if-not-exists]
-    kafka-topics --bootstrap-server HOST:PORT --list [--topic REGEX] [--exclude-internal]
-    kafka-topics --bootstrap-server HOST:PORT --describe [--topic REGEX] [--topics-with-overrides]
-                 [--exclude-internal] [--if-exists]
-    kafka-topics --bootstrap-server HOST:PORT --alter --topic REGEX --partitions N [--if-exists]
-    kafka-topics --bootstrap-server HOST:PORT --delete --topic REGEX [--if-exists]
-
-Errors are printed to stderr and the exit code is 1.
+Built on confluent-kafka's AdminClient (librdkafka). Rule: the broker stays the judge of every name and value:
+config names are sent as given, with no client-side check (Kafka's own tool refuses names it does not know, such as
+``automq.table.topic.*``), and the broker's error message is printed to stderr, with exit code 1.
 """
 
 from __future__ import annotations
