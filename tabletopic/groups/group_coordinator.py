@@ -1,17 +1,14 @@
 """The classic consumer-group coordinator (Kafka's ``GroupCoordinator`` for a single node).
 
 :class:`GroupCoordinator` owns the lifecycle (loading stored groups, the housekeeping task, closing) and answers
-the group APIs through its parts, which share one :class:`~tabletopic.groups.state.SharedState`:
+the group APIs through its parts (:mod:`~tabletopic.groups.join`, :mod:`~tabletopic.groups.membership`,
+:mod:`~tabletopic.groups.rebalance`, :mod:`~tabletopic.groups.offsets_api`, :mod:`~tabletopic.groups.admin`: what
+each answers, ARCHITECTURE.md), which share one :class:`~tabletopic.groups.state.SharedState`. JoinGroup and
+SyncGroup callers await futures that the rebalance state machine resolves.
 
-- :mod:`~tabletopic.groups.join`: JoinGroup (new, known and static members)
-- :mod:`~tabletopic.groups.membership`: SyncGroup, Heartbeat, LeaveGroup, session expiry
-- :mod:`~tabletopic.groups.rebalance`: the rebalance state machine the two above drive
-- :mod:`~tabletopic.groups.offsets_api`: OffsetCommit, OffsetFetch, OffsetDelete, offset retention
-- :mod:`~tabletopic.groups.admin`: ListGroups, DescribeGroups, DeleteGroups
-
-JoinGroup and SyncGroup callers await futures that the state machine resolves. Committed offsets and group
-metadata (generation, members, assignments) are kept durable by :class:`~tabletopic.groups.offsets.OffsetStore`;
-after a restart groups come back with their members, whose sessions then expire unless they heartbeat.
+Rule: committed offsets and group metadata (generation, members, assignments) are kept durable by
+:class:`~tabletopic.groups.offsets.OffsetStore`; after a restart groups come back with their members, whose
+sessions then expire unless they heartbeat.
 """
 
 from __future__ import annotations
