@@ -1,21 +1,14 @@
 """The rows of an upsert/CDC table's round as changes (pool side; see :class:`coordinator.contract.ChangeMode`).
 
 With ``upsert.enable`` or ``cdc.field`` the converted rows are not appended: each becomes a change, keyed by the
-table's ``id.columns``, that the coordinator applies with a merge. This module, on whole Arrow columns:
+table's ``id.columns``, that the coordinator applies with a merge. Seam, on whole Arrow columns:
+:func:`with_change_columns` (the op and the record's partition and offset, the order a key's changes apply in),
+:func:`tombstone_changes` (null values: deletes of their key, or left out), :func:`id_problems` (rows that cannot
+be a change) and :func:`last_change_per_key` (smaller change files).
 
-- :func:`with_change_columns`: the change columns of a chunk, next to its columns before they are fitted to the
-  table: the op (AutoMQ's reading of ``cdc.field``: the first character, upper-cased: ``I`` insert, ``U`` update,
-  ``D`` delete, anything else insert; missing, null or empty: update with ``upsert.enable``, else insert) and the
-  record's Kafka partition and offset (the order a key's changes apply in). A ``cdc.field`` value that is not text
-  (a struct, list or map, bytes that are not UTF-8, a path into a map) is no op: the record is bad data
-  (``cdc_field_not_text``), never taken for the default op;
-- :func:`tombstone_changes`: a record whose value is null (a tombstone) deletes its key when the id columns come
-  from the record key (``id.columns=[_kafka_key]`` or fields of a structured key); where they come from the value
-  it names no row and is left out, counted as ``tombstone_ids_in_value``;
-- :func:`id_problems`: the rows that cannot be a change, handed to ``errors.tolerance`` like any bad record: an id
-  column that is null (``id_column_null``) or that the table does not have (``id_column_missing``);
-- :func:`last_change_per_key`: of a chunk's changes (one partition, offset order), only the last per key; the
-  merge keeps the last per key over the whole round again, so this only makes the change files smaller.
+Rules: the op is read as AutoMQ reads ``cdc.field`` (:func:`op_column`); a row that cannot be a change (a
+``cdc.field`` that is not text, a null or missing id column) is bad data handed to ``errors.tolerance``, never
+taken for a default.
 """
 
 from __future__ import annotations
@@ -141,8 +134,12 @@ def _as_text(raw: pa.Array) -> tuple[pa.Array, dict[int, str]]:
 
 
 def op_column(columns: Columns, mode: ChangeMode, n: int) -> tuple[pa.Array, dict[int, str]]:
-    """The op of each of ``n`` records (see the module doc), and the records whose ``cdc.field`` holds something
-    that is not text (:data:`REASON_CDC_NOT_TEXT`): bad data, never taken for the default op."""
+    """The op of each of ``n`` records, and the records whose ``cdc.field`` holds something that is not text (a
+    struct, list or map, bytes that are not UTF-8, a path into a map: :data:`REASON_CDC_NOT_TEXT`): bad data, never
+    taken for the default op.
+
+    AutoMQ's reading of ``cdc.field``: the first character, upper-cased: ``I`` insert, ``U`` update, ``D`` delete,
+    anything else insert; missing, null or empty: update with ``upsert.enable``, else insert."""
     default = OP_UPDATE if mode.upsert else OP_INSERT
     if not mode.cdc_field:
         return pa.repeat(pa.scalar(default, pa.string()), n), {}
@@ -181,9 +178,9 @@ def keyed_by_record_key(columns: Columns, mode: ChangeMode) -> bool:
 
 def tombstone_changes(columns: Columns, mode: ChangeMode, rows: list[int]) -> tuple[Columns, dict[int, str]]:
     """The tombstones at ``rows`` (records whose value is null) of a chunk with its change columns: a delete of
-    their key (op ``D``) when the id columns come from the record key (:func:`keyed_by_record_key`), as a
-    log-compacted Kafka topic reads them; else they name no row and are returned as dropped
-    (:data:`REASON_TOMBSTONE_IDS_IN_VALUE`)."""
+    their key (op ``D``) when the id columns come from the record key (:func:`keyed_by_record_key`:
+    ``id.columns=[_kafka_key]`` or fields of a structured key), as a log-compacted Kafka topic reads them; else
+    they name no row and are returned as dropped (:data:`REASON_TOMBSTONE_IDS_IN_VALUE`)."""
     if not keyed_by_record_key(columns, mode):
         return columns, dict.fromkeys(rows, REASON_TOMBSTONE_IDS_IN_VALUE)
     mask = [False] * len(columns[CHANGE_OP_COLUMN])
@@ -195,8 +192,9 @@ def tombstone_changes(columns: Columns, mode: ChangeMode, rows: list[int]) -> tu
 
 
 def id_problems(table: pa.Table, mode: ChangeMode, details: dict[int, str] | None = None) -> dict[int, str]:
-    """Rows of ``table`` (fitted to the table's columns) that have no key: row → reason; ``details`` gets row →
-    the id column at fault, in words."""
+    """Rows of ``table`` (fitted to the table's columns) that have no key: row → reason (an id column that is
+    null, ``id_column_null``, or that the table does not have, ``id_column_missing``); ``details`` gets row → the
+    id column at fault, in words."""
     out: dict[int, str] = {}
     why: dict[int, str] = {} if details is None else details
     keys = mode.keys or ("_kafka_key",)  # an unresolved [_from_debezium_key_]: the key struct is not there yet
@@ -215,7 +213,8 @@ def id_problems(table: pa.Table, mode: ChangeMode, details: dict[int, str] | Non
 
 
 def last_change_per_key(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
-    """The rows of ``table`` (one partition's changes in offset order) that are the last of their key, in order."""
+    """The rows of ``table`` (one partition's changes in offset order) that are the last of their key, in order.
+    The merge keeps the last per key over the whole round again, so this only makes the change files smaller."""
     if table.num_rows < 2 or not keys:
         return table
     flat = {f"k{i}": _column(table, path) for i, path in enumerate(keys)}
