@@ -160,8 +160,8 @@ def default_location(catalog: Catalog, ident: tuple[str, ...]) -> str | None:
     """Where ``catalog`` puts a new table ``ident`` through pyiceberg (the namespace's location, else
     ``<warehouse>/<namespace levels joined by dots>/<table>``), given to the format v3 tables the Spark side
     process creates: Iceberg-Java's JDBC catalog would join the levels with slashes and put the tables of namespace
-    ``a.b`` inside the location of table ``a.b`` (:mod:`configs.table_topic`). None for catalogs that choose
-    themselves (REST: the same server answers Spark)."""
+    ``a.b`` inside the location of table ``a.b`` (docs/design-notes.md, "A namespace is one folder below the
+    warehouse"). None for catalogs that choose themselves (REST: the same server answers Spark)."""
     resolve = getattr(catalog, "_resolve_table_location", None)  # pyiceberg's metastore catalogs (SQL, Hive, Glue)
     if resolve is None:
         return None
