@@ -1,20 +1,13 @@
 """Avro payloads (Confluent header already taken off) → an Arrow column of the schema's Iceberg type.
 
-:func:`decode` takes the fast path first: :mod:`worker.formats.avro_duckdb` reads the chunk with DuckDB's Avro
-reader straight into Arrow columns (several times fastavro's rate: docs/benchmarks.md), and hands back every chunk it
-cannot vouch for (a bad payload, a value it would not give exactly as fastavro does, a schema it does not handle,
-DuckDB not installed). Those are decoded here, per record: fastavro's ``schemaless_reader`` against the writer
-schema of :func:`worker.formats.avro_schema.avro_columns`, the value turned into what the Arrow column takes (only
-where it differs: union members, uuids), the column built in one ``pa.array`` call. Both paths give the same values
-of the same Arrow type. A payload that does not decode (cut, garbage, a string that is not UTF-8) is a bad row with
-a reason (``undecodable_avro_<suffix>``), never an exception for the chunk; so is one with bytes left after its
-value (``trailing_bytes_<suffix>``: fastavro stops after the value, and a Confluent-framed payload read as plain
-Avro, or two payloads in one, usually decode that far into garbage). Both come with a detail (the exception, where
-the value ended).
+Seam: :func:`decode` (and :func:`decode_table` for a record schema) takes the fast path first,
+:mod:`worker.formats.avro_duckdb` (DuckDB's Avro reader, straight into Arrow columns), and decodes every chunk
+that path hands back record by record with fastavro (:func:`decode_fastavro`), which names the bad rows. The
+rates of both paths: docs/benchmarks.md#decoding.
 
-Cost of the fastavro path: one Python call chain per record (a dict per record, the fix touches the fields that
-need it, ``pa.array`` walks the dicts again): about 17,000 records/s of a 25-field schema per process on the dev
-machine.
+Rules: both paths give the same values of the same Arrow type. A payload that does not decode is a bad row with a
+reason (``undecodable_avro_<suffix>``, ``trailing_bytes_<suffix>``) and a detail, never an exception for the
+chunk.
 """
 
 from __future__ import annotations
@@ -71,7 +64,14 @@ def decode(payloads: pa.Array, columns: AvroColumns, suffix: str) -> ConvertedCo
 
 
 def decode_fastavro(payloads: pa.Array, columns: AvroColumns, suffix: str) -> ConvertedColumn:
-    """:func:`decode` record by record with fastavro (names the bad rows)."""
+    """:func:`decode` record by record with fastavro (names the bad rows): ``schemaless_reader`` against the writer
+    schema of :func:`worker.formats.avro_schema.avro_columns`, the value turned into what the Arrow column takes
+    (only where it differs: union members, uuids), the column built in one ``pa.array`` call.
+
+    A payload that does not decode (cut, garbage, a string that is not UTF-8) is bad (``undecodable_avro``); so is
+    one with bytes left after its value (``trailing_bytes``: fastavro stops after the value, and a
+    Confluent-framed payload read as plain Avro, or two payloads in one, usually decode that far into garbage).
+    Both come with a detail (the exception, where the value ended)."""
     reason = f"{REASON_UNDECODABLE}_{suffix}"
     typ = arrow_type(columns)
     bad: dict[int, str] = {}
