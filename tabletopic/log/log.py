@@ -1,21 +1,16 @@
 """The log of one topic-partition (:class:`PartitionLog`): appends, reads, offsets, durability, retention, closing.
 
-Its files: segments and their indexes (:mod:`tabletopic.log.segment`); checkpoints, producer snapshots and the
-clean-shutdown marker (:mod:`tabletopic.log.checkpoints`); opening a directory after a crash is
-:mod:`tabletopic.log.recovery`. What it promises clients: docs/guarantees.md, "The log".
+Its files: segments and indexes (:mod:`tabletopic.log.segment`); checkpoints, producer snapshots, the clean-shutdown
+marker (:mod:`tabletopic.log.checkpoints`); opening a directory after a crash: :mod:`tabletopic.log.recovery`. What
+it promises clients: docs/guarantees.md, "The log".
 
-Rules:
-
-- every public method runs on the event loop thread and does only page-cache I/O; fsync happens on the shared
-  ``Flusher`` threads, which hand the result back with ``call_soon_threadsafe`` to advance ``high_watermark`` and
-  wake waiters. ``open`` (recovery), the file half of ``close`` and the timestamp decoding
-  (:mod:`tabletopic.log.timestamps`) run off the loop;
-- with ``flush_interval_ms=None`` the high watermark is the end of fsynced data and reads never go past it, so
-  nothing a crash could take away is served or acknowledged; with a number it follows the log end, fsynced at least
-  that often;
-- a failed write or fsync takes the log offline until the broker restarts (:meth:`PartitionLog._fail`): appends get
-  KAFKA_STORAGE_ERROR, reads below the high watermark go on, and the log is cut back to exactly what was
-  acknowledged, so no refused batch stays on disk for a retry to duplicate.
+Rules: every public method runs on the event loop thread and does only page-cache I/O; fsync happens on the shared
+``Flusher`` threads, which hand the result back with ``call_soon_threadsafe`` to advance ``high_watermark`` and wake
+waiters (``open``, the file half of ``close`` and timestamp decoding run off the loop). With
+``flush_interval_ms=None`` the high watermark is the end of fsynced data and reads never go past it, so nothing a
+crash could take away is served or acknowledged; with a number it follows the log end, fsynced at least that often.
+A failed write or fsync takes the log offline until the broker restarts (:meth:`PartitionLog._fail`): appends get
+KAFKA_STORAGE_ERROR, reads below the high watermark go on, and the log is cut back to exactly what was acknowledged.
 """
 
 from __future__ import annotations
