@@ -1,20 +1,15 @@
 """Record types against table types: what a table must gain to hold a record type, and Arrow values conformed to
 the table's columns (pure; pool side).
 
-Schema evolution works by name, as Iceberg's ``union_by_name`` does. :func:`needed_change` compares the Iceberg
-type a record was written with (from its registry schema, or inferred from JSON) with the table column it goes to
-and returns what the table must take in (None when the column already holds it):
+Seam: :func:`needed_change` (the rules are listed there) compares the Iceberg type a record was written with
+(from its registry schema, or inferred from JSON) with the table column it goes to, and returns what the table
+must take in as an Iceberg schema (JSON) of the top level, which the coordinator has the Spark side process apply
+(``unionByNameWith``) before the next round; :func:`conform` / :func:`conform_rows` cast values to the table's
+column type by name.
 
-- a field the table lacks (also inside structs, list elements and map values) → added, optional;
-- int → long, float → double, decimal(p, s) → decimal(p', s) with p' > p → the column is widened;
-- a required table field that the record makes optional, or lacks → made optional;
-- a narrower record type (an int into a long column) → nothing: the values are cast;
-- anything else (a string where the table has an int, a struct where it has a list) is never applied, the table
-  keeps its type: :func:`conform` casts the values when Arrow can do it losslessly (``safe`` casts), and a value
-  it cannot cast makes its row bad (``errors.tolerance``). Columns are never dropped or renamed.
-
-The change is returned as an Iceberg schema (JSON) of the table's top level holding only what the record needs:
-the coordinator has it applied by the Spark side process (``unionByNameWith``) before the next round.
+Rules: evolution works by name, as Iceberg's ``union_by_name`` does; columns are only added, widened or made
+optional, never dropped or renamed; values are cast only where nothing is lost, and a value that cannot be makes
+its row bad (``errors.tolerance``).
 """
 
 from __future__ import annotations
@@ -122,7 +117,17 @@ def _copy(typ: IcebergType, ids: _Ids) -> IcebergType:
 
 def needed_change(table_schema: Schema, column: str | None, record: IcebergType) -> str | None:
     """The change ``table_schema`` needs so that ``column`` (None: the top level, for flattened values) holds
-    ``record`` values, as Iceberg schema JSON of the top level (see the module doc); None when it holds them."""
+    ``record`` values, as Iceberg schema JSON of the table's top level holding only what the record needs; None
+    when it holds them.
+
+    - a field the table lacks (also inside structs, list elements and map values) → added, optional;
+    - int → long, float → double, decimal(p, s) → decimal(p', s) with p' > p → the column is widened;
+    - a required table field that the record makes optional, or lacks → made optional;
+    - a narrower record type (an int into a long column) → nothing: the values are cast;
+    - anything else (a string where the table has an int, a struct where it has a list) is never applied, the
+      table keeps its type: :func:`conform` casts the values when Arrow can do it losslessly (``safe`` casts), and
+      a value it cannot cast makes its row bad.
+    """
     ids = _Ids()
     top = table_schema.as_struct()
     if column is None:
