@@ -1,18 +1,13 @@
 """Record batches (any codec) → the records' offsets, timestamps, keys, values and headers (pure; pool side).
 
-Input is what a partition log holds: whole magic-2 batches, any codec. aiokafka's Cython reader decodes them (CRCs
-were checked on the produce path and are not checked again). aiokafka decompresses snappy/lz4/zstd only when
-``cramjam`` is installed; without it, batches in those codecs are decompressed here first (snappy through
-pyarrow, xerial-framed or raw; lz4 frames through ``lz4``; zstd through ``zstandard``) and handed to the reader as
-uncompressed batches. Control batches are skipped. The only per-record Python is the decode loop, a handful of
-list comprehensions per batch. A batch that cannot be decoded is kept whole in :attr:`Decoded.corrupt`; except
-that a header key that is not UTF-8 (Kafka stores and serves any bytes there, aiokafka fails the whole batch on
-it) only makes that batch be read again by a small v2 record parser here (:func:`_tolerant_records`), which keeps
-every record and spells such a key as ``key.decode("utf-8", "backslashreplace")`` (counted in
-:attr:`Decoded.repaired_header_keys`).
+Seam: :func:`decode` (whole magic-2 batches as a partition log holds them → :class:`Decoded`) and
+:func:`headers_array` (the ``_kafka_header`` map column). aiokafka's Cython reader decodes the batches; codecs it
+cannot decompress here are decompressed first (:func:`_decompress_foreign`). The only per-record Python is the
+decode loop, a handful of list comprehensions per batch.
 
-Headers become an Arrow map (:func:`headers_array`), so a key a record repeats keeps its last value (as Kafka
-Connect's and Redpanda's map conversions do).
+Rules: no record is lost silently: a batch that cannot be decoded is kept whole in :attr:`Decoded.corrupt`, and a
+header key that is not UTF-8 (Kafka stores any bytes there) only makes its batch be read again by
+:func:`_tolerant_records`, which keeps every record. CRCs are not checked again (the produce path did).
 """
 
 from __future__ import annotations
@@ -111,6 +106,10 @@ def decompress_records(codec: int, payload: memoryview) -> bytes:
 
 def _decompress_foreign(data: bytes) -> bytes:
     """``data`` with every batch in a codec aiokafka cannot read here rewritten as an uncompressed batch.
+
+    aiokafka decompresses snappy/lz4/zstd only when ``cramjam`` is installed; without it those batches are
+    decompressed here (snappy through pyarrow, xerial-framed or raw; lz4 frames through ``lz4``; zstd through
+    ``zstandard``) and handed to the reader as uncompressed batches.
 
     Only ``batchLength`` and ``attributes`` change (the CRC is not checked again); other batches, and batches
     that fail to decompress, are kept as they are.
@@ -213,7 +212,9 @@ def _tolerant_records(data: bytes, h: BatchHeader) -> tuple[list[_Record], int]:
     """The records of batch ``h`` of ``data`` as aiokafka reads them, except that a header key that is not UTF-8
     (Kafka stores and serves any bytes there) becomes ``key.decode("utf-8", "backslashreplace")`` (``b"k\\xff"`` →
     ``"k\\\\xff"``) instead of failing the batch; (the records, how many had such a key). The error path of
-    :func:`decode` only. Raises ValueError/IndexError for anything else wrong (cut varints, sizes that disagree).
+    :func:`decode` only (aiokafka fails the whole batch on such a key; the count goes to
+    :attr:`Decoded.repaired_header_keys`). Raises ValueError/IndexError for anything else wrong (cut varints, sizes
+    that disagree).
     """
     body = memoryview(data)[h.position + HEADER_SIZE : h.position + h.size]
     buf = bytes(body) if h.compression == 0 else decompress_records(h.compression, body)
@@ -350,7 +351,8 @@ def _last_value_per_key(headers: Headers) -> Headers:
 
 def headers_array(headers: Headers) -> tuple[pa.Array, Headers]:
     """The ``_kafka_header`` map column and the headers it holds (``headers``, or a copy without repeated keys:
-    an Iceberg map has unique keys)."""
+    an Iceberg map has unique keys, so a key a record repeats keeps its last value, as Kafka Connect's and
+    Redpanda's map conversions do)."""
     n = len(headers)
     if not any(headers):
         return pa.MapArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1), pa.array([], pa.large_string()),
