@@ -1,17 +1,15 @@
 """The workers' schema-registry client (event-loop side): registry schemas by id and a subject's latest, with
-their references, as :class:`~worker.formats.base.RegistrySchema` values for the pool.
+their references, as :class:`~worker.formats.base.RegistrySchema` values that travel to the pool in the plan.
 
-One :class:`SchemaSource` serves every table topic of a broker (ids are global to a registry). It talks to the
-broker's own registry (``schema.registry.listeners``) or to the one ``automq.table.topic.schema.registry.url``
-names (Confluent, Karapace, Apicurio in Confluent mode), with ``automq.table.topic.schema.registry.config.*``
-for basic auth and TLS. Schemas are asked for with ``format=serialized``: Protobuf then arrives as the base64
-``FileDescriptorProto``, so the pool never compiles ``.proto`` text.
+Seam: one :class:`SchemaSource` per broker (ids are global to a registry), for the broker's own registry or the
+one ``automq.table.topic.schema.registry.url`` names: :meth:`~SchemaSource.schemas` by id,
+:meth:`~SchemaSource.latest` by subject. Schemas are asked for with ``format=serialized``, so Protobuf arrives as
+the base64 ``FileDescriptorProto`` and the pool never compiles ``.proto`` text.
 
-An id the registry answers 404 for is unknown (its rows are bad data, ``unknown_schema_id``); anything else that
-goes wrong (refused connection, time-out, 5xx, 429, a body that is not JSON) is an outage:
-:class:`RegistryUnavailableError` is raised after the caller's deadline, and the worker tries again later. A
-valid record is never skipped because the registry was down. Schemas by id never change, so they are cached for
-good; a subject's latest version is cached for :data:`LATEST_TTL_S`.
+Rules: only a 404 makes an id unknown (its rows are bad data, ``unknown_schema_id``); anything else that goes
+wrong (refused connection, time-out, 5xx, 429, a body that is not JSON) is an outage, raised as
+:class:`RegistryUnavailableError` once the caller's deadline passes: a valid record is never skipped because the
+registry was down.
 """
 
 from __future__ import annotations
@@ -58,7 +56,9 @@ def check_registry_config(config: Mapping[str, str]) -> None:
 
 
 class SchemaSource:
-    """Fetches and caches registry schemas for the partition workers (see the module doc). Use on the loop."""
+    """Fetches and caches registry schemas for the partition workers. Use on the loop. ``config``: the
+    ``automq.table.topic.schema.registry.config.*`` settings (basic auth, TLS, ``timeout.ms``). Schemas by id never
+    change, so they are cached for good; a subject's latest version for :data:`LATEST_TTL_S`."""
 
     def __init__(self, url: str, config: Mapping[str, str] | None = None) -> None:
         config = dict(config or {})
