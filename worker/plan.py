@@ -1,17 +1,12 @@
 """The conversion plan: which converter feeds which table column, which transform follows, and the table's columns.
 
-Built once per commit round (and per pre-write pass) on the event loop from the table's schema and the topic's
-settings, then handed to every pool task of that round. It is small and picklable: converters and the transform
-travel by registry name and are looked up in the pool process.
+Seam: :meth:`ConversionPlan.build` (how columns get their converters is listed there), on the event loop from the
+table's schema and the topic's settings, once per commit round and per pre-write pass; every pool task of that
+round gets the plan, and :meth:`ConversionPlan.context` gives a converter what it needs besides the bytes.
 
-Columns follow the *table's* schema, matched by name, so a table whose schema someone else changed still gets
-what it can. The record's key feeds ``_kafka_key``, its value ``_kafka_value`` (for ``schema.type=schemaless``
-also the legacy ``key`` and ``value``; on other tables those are ordinary column names), or with a flattening
-transform (``flatten``) the table's top level: the converter's struct goes under
-:data:`~worker.transforms.flatten.ROOT` and the transform lifts its fields into columns. Each such column gets the
-converter its setting names (``convert.key.type`` / ``convert.value.type``; the legacy columns the schemaless
-handling) when that converter produces the column's type; otherwise the first of
-:data:`worker.converters.FALLBACKS` that does, else raw bytes.
+Rules: the plan is small and picklable: converters and the transform travel by registry name and are looked up
+in the pool process. Columns follow the *table's* schema, matched by name, so a table whose schema someone else
+changed still gets what it can.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ class ColumnFeed:
 
 @dataclass(frozen=True, slots=True)
 class ConversionPlan:
-    """What a pool task needs to convert a chunk for one table (see the module doc)."""
+    """What a pool task needs to convert a chunk for one table (:meth:`build`)."""
 
     schema: Schema  # the table's (its field ids end up in the Arrow field metadata)
     arrow_schema: pa.Schema  # ``schema_to_pyarrow(schema, include_field_ids=True)``
@@ -80,7 +75,16 @@ class ConversionPlan:
               latest: Mapping[RecordPart, RegistrySchema | None] | None = None,
               change: ChangeMode | None = None) -> ConversionPlan:
         """The plan for a table of ``schema`` under ``cfg`` (``tolerance`` overrides ``cfg.errors_tolerance``);
-        ``change``: the round's change mode (the request's, for an upsert/CDC table)."""
+        ``change``: the round's change mode (the request's, for an upsert/CDC table).
+
+        The record's key feeds ``_kafka_key``, its value ``_kafka_value`` (for ``schema.type=schemaless`` also the
+        legacy ``key`` and ``value``; on other tables those are ordinary column names), or with a flattening
+        transform (``flatten``) the table's top level: the converter's struct goes under
+        :data:`~worker.transforms.flatten.ROOT` and the transform lifts its fields into columns. Each such column
+        gets the converter its setting names (``convert.key.type`` / ``convert.value.type``; the legacy columns
+        the schemaless handling) when that converter produces the column's type; otherwise the first of
+        :data:`worker.converters.FALLBACKS` that does, else raw bytes.
+        """
         names = {f.name: f.field_type for f in schema.fields}
         legacy = cfg.legacy_columns
         wanted: tuple[tuple[str, RecordPart, str], ...] = (
