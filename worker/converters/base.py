@@ -1,17 +1,14 @@
 """The converter interface: one record part (key or value) of a chunk, as a bytes column → a table column.
 
-A converter turns the raw bytes of every record's key or value (an Arrow ``large_binary`` column, null for a
-null key/value) into the values of one table column, all at once: converters work on whole Arrow columns, never
-record by record, since they run on the hot path of every chunk. It also says which Iceberg type it produces
-(the column type a new table gets), and which rows it could not convert and why: the reason is what
-``errors.tolerance`` counts, keeps in the dead-letter table or reports in a BLOCKED answer. Rows that are no
-table row on purpose (a tombstone under ``flatten_debezium``) are reported apart, as dropped: counted by reason,
-never blocking, never dead letters.
+Seam: a :class:`Converter` turns the raw bytes of every record's key or value (``large_binary``, null for a null
+key/value) into one table column's values, says which Iceberg type it produces, and reports the rows it could not
+convert (:class:`ConvertedColumn`: ``bad`` with reasons, ``dropped`` for rows that are no table row on purpose,
+``stop`` for a schema-driven converter that must wait). Converters register by their ``convert.key.type`` /
+``convert.value.type`` name (:func:`register`; a new one is a module under ``worker/converters/`` imported by its
+``__init__``).
 
-Converters are registered by their ``convert.key.type`` / ``convert.value.type`` name (:func:`register`); pool
-processes look them up by that name in the picklable :class:`~worker.plan.ConversionPlan`, so a converter never
-crosses a process boundary itself. Adding one (Avro, Protobuf, JSON) means a new module under
-``worker/converters/`` that registers a :class:`Converter`, plus its import in ``worker/converters/__init__.py``.
+Rules: converters work on whole Arrow columns, never record by record (they run on every chunk's hot path), and
+are stateless singletons looked up by name in the pool process, so a converter never crosses a process boundary.
 """
 
 from __future__ import annotations
@@ -51,7 +48,9 @@ class Stop:
 
 @dataclass(frozen=True, slots=True)
 class ConvertedColumn:
-    """A converter's output for one chunk."""
+    """A converter's output for one chunk. A ``bad`` row's reason is what ``errors.tolerance`` counts, keeps in the
+    dead-letter table or reports in a BLOCKED answer; ``dropped`` rows are counted by reason, never blocking, never
+    dead letters."""
 
     values: pa.Array  # one value per record, in the Arrow form of the table column's type; null where bad
     bad: Mapping[int, str] = field(default_factory=dict)  # row → reason, for the rows that could not be converted
@@ -76,7 +75,7 @@ class ConvertContext:
 
 
 class Converter(Protocol):
-    """Converts one record part of a chunk (see the module doc). Implementations are stateless singletons."""
+    """Converts one record part of a chunk. Implementations are stateless singletons."""
 
     @property
     def name(self) -> str:
@@ -85,7 +84,8 @@ class Converter(Protocol):
 
     @property
     def iceberg_type(self) -> IcebergType | None:
-        """The type of the column it produces; None when the records' schemas decide it (schema-driven)."""
+        """The type of the column it produces (the column type a new table gets); None when the records' schemas
+        decide it (schema-driven)."""
         ...
 
     def convert(self, raw: pa.Array, part: RecordPart, ctx: ConvertContext) -> ConvertedColumn:
