@@ -1,17 +1,14 @@
 """AVRO schemas: Apache Avro's own parser and reader/writer compatibility checker, fastavro's default checks.
 
-- Parsing and compatibility: the ``avro`` package (``avro.schema``, ``avro.compatibility``'s
-  ``ReaderWriterCompatibilityChecker``: Avro's schema resolution rules, type promotions, defaults, enums,
-  unions, aliases).
-- Default values: ``avro`` does not check that a field's default fits its type; ``fastavro.parse_schema`` does,
-  so every schema goes through both.
-- References: the referenced schemas are parsed first into the same name table, so their named types resolve.
-- Stored text: Confluent's canonical form, what Java Avro's ``Schema.toString`` writes: the attributes Avro defines
-  in its own order (``type``, ``name``, ``namespace``, ``doc``, ``fields`` ...), other attributes after them as
-  given, attributes Avro ignores dropped (``{"type": "int", "name": "x"}`` is ``"int"``), namespaces written only
-  where they change, types of referenced schemas by name. Spellings of one schema that differ in key order or
-  in ignored attributes get one text, hence one id. ``normalize`` sorts the other attributes and the aliases too;
-  ``format=resolved`` writes the referenced types inline.
+Seam: :class:`AvroFormat` (``parse`` gives an :class:`AvroSchema`; every schema goes through both the ``avro``
+package, which does not check that a field's default fits its type, and ``fastavro.parse_schema``, which does;
+referenced schemas are parsed first into the same name table) and :func:`stored_text` for texts an older version
+stored. ``AvroSchema.can_read`` is ``avro.compatibility``'s ``ReaderWriterCompatibilityChecker`` (Avro's
+resolution rules, type promotions, defaults, enums, unions, aliases).
+
+Rule: texts are stored in Confluent's canonical form, what Java Avro's ``Schema.toString`` writes
+(:class:`_Canonical`), so spellings of one schema that differ in key order or in ignored attributes get one text,
+hence one id.
 """
 
 from __future__ import annotations
@@ -35,7 +32,11 @@ _FIELD_RESERVED = {"name", "type", "doc", "default", "order", "aliases"}
 
 
 class _Canonical:
-    """Writes schema documents (already checked by the parsers) as Java Avro's ``Schema.toString`` does.
+    """Writes schema documents (already checked by the parsers) as Java Avro's ``Schema.toString`` does: the
+    attributes Avro defines in its own order (``type``, ``name``, ``namespace``, ``doc``, ``fields`` ...), other
+    attributes after them as given, attributes Avro ignores dropped (``{"type": "int", "name": "x"}`` is
+    ``"int"``), namespaces written only where they change, types of referenced schemas by name. ``normalize``
+    sorts the other attributes and the aliases too; ``format=resolved`` writes the referenced types inline.
 
     ``defined``: every named type seen so far by full name (its document and namespace); ``known``: the names
     written already, which later uses give by name."""
