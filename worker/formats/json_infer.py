@@ -55,7 +55,7 @@ Inferred = str | _List | dict[str, "Inferred"]
 
 
 def merge(a: Inferred, b: Inferred) -> Inferred:
-    """The type holding values of ``a`` and of ``b`` (see the module doc)."""
+    """The type holding values of ``a`` and of ``b`` (the rules: :func:`infer`)."""
     if a == NULL:
         return b
     if b in (NULL, a):
