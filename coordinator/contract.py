@@ -250,6 +250,7 @@ class CommitResponse:
     watermark: int = -1  # max record timestamp (ms) covered, -1 if none
     skipped: dict[str, int] = field(default_factory=dict)  # records skipped by reason (errors.tolerance)
     error: str | None = None  # for BLOCKED: what blocks the partition, naming offset and reason
+    waiting: str | None = None  # the partition waits for the schema registry at ``next_offset`` (an outage): why
     # the record at next_offset needs the table to take in this first: Iceberg schema JSON of the table's top
     # level (new columns, wider types, optional fields), applied by union by name before the next round
     table_change: str | None = None

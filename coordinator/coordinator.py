@@ -746,6 +746,8 @@ class TableTopicCoordinator:
         stuck = {p: ("blocked" if r.code is CommitCode.BLOCKED else "failing", r.error or "no reason given")
                  for p, r in collected.responses.items()
                  if r.error is not None and r.code in (CommitCode.BLOCKED, CommitCode.NONE, CommitCode.MORE_DATA)}
+        stuck.update({p: ("failing", f"waiting for the schema registry at offset {r.next_offset}: {r.waiting}")
+                      for p, r in collected.responses.items() if r.waiting is not None and p not in stuck})
         return _Answers(accepted, timed_out, more, blocked, settled, stuck)
 
     async def _close_idle(self, rnd: _Round, answers: _Answers) -> RoundReport:

@@ -381,6 +381,12 @@ def test_a_registry_outage_holds_records_back_and_loses_none(external: tuple[Bro
     assert len(table_rows(b, topic)) == 20
     assert skipped(b, topic) == {}
     assert "the partitions that need it wait and retry" in b.log_text()
+    # the partitions waiting are marked for `tabletopic tables`: behind their high watermark, not committing
+    status = b.data_dir / "__tables" / topic / "status.json"
+    deadline = time.monotonic() + 30
+    while "waiting for the schema registry" not in (status.read_text() if status.exists() else ""):
+        assert time.monotonic() < deadline, "the waiting partitions are not marked"
+        time.sleep(0.3)
     registry.start()
     rows = wait_rows(b, topic, 60, timeout=EVOLVE_TIMEOUT_S)
     deser = AvroDeserializer(client)
@@ -391,3 +397,7 @@ def test_a_registry_outage_holds_records_back_and_loses_none(external: tuple[Bro
     for r in rows:
         assert canon(r["_kafka_value"], value_type) == canon(log[row_key(r)][1], value_type), row_key(r)
     assert skipped(b, topic) == {}
+    deadline = time.monotonic() + 30  # and no longer once they caught up
+    while "waiting for the schema registry" in status.read_text():
+        assert time.monotonic() < deadline, status.read_text()
+        time.sleep(0.3)

@@ -449,7 +449,7 @@ class PartitionWorker:
             record_count=records, byte_count=sum(r.file_bytes for r in results),
             field_count=records * len(target.schema.fields),
             watermark=max((r.stats.max_timestamp for r in results), default=-1), skipped=skipped, error=error,
-            table_change=flushed.table_change,
+            table_change=flushed.table_change, waiting=flushed.waiting,
         )
 
     def _advance(self, response: CommitResponse) -> None:
