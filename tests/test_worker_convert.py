@@ -17,6 +17,7 @@ from configs.table_topic import ConvertType, ErrorsTolerance, SchemaType, TableT
 from tabletopic.protocol.records import HEADER_SIZE
 from tests.test_worker_support import (
     CODECS,
+    RawHeaderKey,
     append,
     compress_batch,
     control_batch,
@@ -348,28 +349,13 @@ def test_fields_named_like_the_legacy_columns_keep_their_own_values(transform: s
     assert [g["_kafka_metadata"]["timestamp"] for g in got] == [5, 6, 7]  # type: ignore[index]
 
 
-class _RawKey(str):
-    """A header key that kafka-python's builder writes as ``raw`` (it calls ``key.encode("utf-8")``): Kafka
-    stores and serves any bytes as a header key, so a producer can send these."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> _RawKey:
-        key = super().__new__(cls, raw.decode("latin-1"))
-        key.raw = raw
-        return key
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        return self.raw
-
-
 def _batch_with_raw_header_keys(codec: int, base_offset: int = 0) -> bytearray:
     b = KafkaPythonBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1,
                            base_sequence=-1, batch_size=1 << 20)
     records: list[tuple[bytes, bytes, list[tuple[str, bytes | None]]]] = [
         (b"k0", b"v0", [("ok", b"1")]),
-        (b"k1", b"v1", [(_RawKey(b"k\xff"), b"2"), ("ok", b"3")]),
-        (b"k2", b"\xffnot utf-8", [(_RawKey(b"\xfe"), None)]),
+        (b"k1", b"v1", [(RawHeaderKey(b"k\xff"), b"2"), ("ok", b"3")]),
+        (b"k2", b"\xffnot utf-8", [(RawHeaderKey(b"\xfe"), None)]),
         (b"k3", b"v3", []),
     ]
     for i, (key, value, headers) in enumerate(records):
