@@ -68,7 +68,7 @@ from coordinator.contract import (
     file_spec_id,
 )
 from coordinator.evolution import Evolver, SchemaChanges
-from coordinator.merge import REASON_UNKNOWN_KEY_DELETE, Merger, MergeRequest, MergeResult
+from coordinator.merge import REASON_UNKNOWN_KEY_DELETE, Merger, MergeRefusedError, MergeRequest, MergeResult
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
     TOPIC_ID_PROPERTY,
@@ -125,6 +125,8 @@ class RoundReport:
     # partitions behind their high watermark whose rounds do not move them: partition → (state, why), state
     # ``blocked`` (a record it stops at) or ``failing`` (its writes fail); an IDLE report repeats the last round's
     stuck: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    # the table's rounds are blocked (a merge refused for what it was given): why; IDLE reports repeat it
+    round_blocked: str | None = None
 
 
 class MergeError(RuntimeError):
@@ -226,6 +228,7 @@ class TableTopicCoordinator:
 
     _dead_letter_table: Table | None = None  # the dead-letter table as last loaded; None until dead letters need it
     rounds = commits = aborted_rounds = failed_rounds = stale_responses = 0  # metrics: counters of rounds
+    _round_blocked: str | None = None  # why no round runs until the settings change (a merge refused), else None
     merges = 0  # metrics: upsert/CDC rounds merged and published, the duration of the last merge
     last_merge_ms = 0.0
 
@@ -361,7 +364,8 @@ class TableTopicCoordinator:
 
     def config_changed(self) -> None:
         """The topic's settings changed: a new interval applies from the next round, ``partition.by`` is
-        evolved at the start of the next round."""
+        evolved at the start of the next round, blocked rounds run again."""
+        self._round_blocked = None
         if not self._quick_next:
             self._schedule(quick=False)
         self._force_round = True
@@ -416,7 +420,7 @@ class TableTopicCoordinator:
             if self._stopping:
                 break
             self._wake.clear()  # the flags below say why it was set; a later set() ends the idle wait
-            if not self._triggered and self._nothing_new():
+            if not self._triggered and (self._nothing_new() or self._round_blocked is not None):
                 await self._idle(loop)
                 continue
             waiters, self._waiters = self._waiters, []
@@ -473,12 +477,15 @@ class TableTopicCoordinator:
         period = max(self._interval_s(), IDLE_REPORT_S)
         now = loop.time()
         if now - self._last_report_at >= period:
-            if not self._stuck:
+            if not self._stuck and self._round_blocked is None:
                 self.delay_ms = 0  # everything up to the high watermarks is in the table
-            self._report(RoundReport(RoundOutcome.IDLE, offsets=self._last_offsets, stuck=self._stuck), now)
+            self._report(RoundReport(RoundOutcome.IDLE, offsets=self._last_offsets, stuck=self._stuck,
+                                     round_blocked=self._round_blocked), now)
         timeout = self._last_report_at + period - now
-        assert self._settled is not None and self._partition_log is not None
-        logs = [plog for p in self._settled[0] if (plog := self._partition_log(p)) is not None]
+        # blocked rounds wait for a wake-up (settings) alone: new records would fail the same way
+        watched = self._settled[0] if self._settled is not None and self._round_blocked is None else ()
+        logs = [plog for p in watched if self._partition_log is not None
+                and (plog := self._partition_log(p)) is not None]
         waiters = [(plog, plog.add_waiter()) for plog in logs]
         wake: asyncio.Future[None] = loop.create_task(self._woken())
         try:
@@ -515,6 +522,8 @@ class TableTopicCoordinator:
         except Exception as e:
             self._failures += 1
             self.failed_rounds += 1
+            if isinstance(e, MergeError) and isinstance(e.__cause__, MergeRefusedError):
+                return self._block_rounds(e)
             self._conditions.log(
                 "round-failed", logging.ERROR, "table topic %s: commit round failed (%d in a row), retrying with "
                 "back-off: %s: %s", self.topic, self._failures, type(e).__name__, e, state=(type(e), str(e)),
@@ -525,6 +534,15 @@ class TableTopicCoordinator:
                                    "after %d failure(s)", self.topic, self._failures)
         self._failures = 0
         return report
+
+    def _block_rounds(self, e: MergeError) -> RoundReport:
+        """A merge refused for what it was given would fail the same way every round: no round runs until the
+        topic's settings change (or the broker restarts); the round's files are gone and its offsets stay."""
+        self._round_blocked = f"{e}"
+        self._conditions.log("round-failed", logging.ERROR, "table topic %s: rounds blocked until its settings change "
+                             "or the broker restarts (not an outage: retrying would fail the same way): %s",
+                             self.topic, e, state=("blocked", str(e)))
+        return RoundReport(RoundOutcome.FAILED, error=str(e), round_blocked=self._round_blocked)
 
     # ------------------------------------------------------------------ start-up
 

@@ -35,6 +35,13 @@ MERGE_TABLE_PROPERTIES = {
 """What an upsert/CDC table needs (set at creation, and on an existing table when upserts are turned on)."""
 
 
+class MergeRefusedError(RuntimeError):
+    """Raised by a :data:`Merger` when the merge ran and was refused for what it was given (Spark's analysis of
+    the statement, an argument): the same round would fail the same way, so the coordinator blocks the table's
+    rounds until its settings change or the broker restarts, instead of retrying. Any other exception of a merger
+    is an outage, retried with back-off."""
+
+
 @dataclass(frozen=True, slots=True)
 class MergeRequest:
     """One round's merge: stage ``paths`` (change files) keyed by ``keys`` under ``stage_id`` (the commit id);

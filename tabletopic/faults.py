@@ -32,7 +32,8 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-def fail_point(name: str, scope: str = "") -> None:
-    """Raise InjectedFaultError if ``TABLETOPIC_FAIL_AT`` names this point (``name``, or ``name@scope``)."""
+def fail_point(name: str, scope: str = "", raising: type[Exception] = InjectedFaultError) -> None:
+    """Raise ``raising`` (InjectedFaultError unless told) if ``TABLETOPIC_FAIL_AT`` names this point (``name``, or
+    ``name@scope``)."""
     if _FAILING and (name in _FAILING or f"{name}@{scope}" in _FAILING):
-        raise InjectedFaultError(f"fail point {name} armed by TABLETOPIC_FAIL_AT")
+        raise raising(f"fail point {name} armed by TABLETOPIC_FAIL_AT")

@@ -49,7 +49,7 @@ from configs.table_topic import (
 from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN, InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.maintenance import TableMaintenance
-from coordinator.merge import MergeRequest, MergeResult
+from coordinator.merge import MergeRefusedError, MergeRequest, MergeResult
 from coordinator.table import (
     appends_conflict,
     catalog_identifier,
@@ -62,6 +62,7 @@ from coordinator.table import (
 )
 from coordinator.table_writer import TableUpdate
 from tabletopic.errors import InvalidConfigError
+from tabletopic.faults import fail_point
 from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
 from tabletopic.spark_service import SparkOperationError, SparkService
 from tabletopic.table_status import TableStatus
@@ -161,10 +162,16 @@ class TableTopicHost:
     def _merge(self, tbl: Table, request: MergeRequest) -> MergeResult:
         """Stage an upsert/CDC round's merge through the Spark side process (blocking; the coordinator's thread)."""
         assert self.spark is not None
-        return MergeResult.from_spark(self.spark.merge(
-            tbl.name(), paths=request.paths, keys=request.keys, stage_id=request.stage_id,
-            op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN),
-            rewrite=request.rewrite))
+        fail_point("merge-refused", tbl.name()[-1], raising=MergeRefusedError)
+        try:
+            return MergeResult.from_spark(self.spark.merge(
+                tbl.name(), paths=request.paths, keys=request.keys, stage_id=request.stage_id,
+                op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN),
+                rewrite=request.rewrite))
+        except SparkOperationError as e:
+            if e.kind.rsplit(".", 1)[-1] in _REFUSALS:  # the statement itself: it would fail the same way again
+                raise MergeRefusedError(str(e)) from e
+            raise
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
@@ -377,8 +384,9 @@ class TableTopicHost:
         for reason, n in report.skipped.items():
             m.record_skipped(topic, reason, n)
         if tt is not None and tt.status is not None:
-            tt.status.update(report.stuck, (report.error or "failed") if report.outcome is RoundOutcome.FAILED
-                             else None)
+            rounds = ("blocked", report.round_blocked) if report.round_blocked is not None else (
+                ("failing", report.error or "failed") if report.outcome is RoundOutcome.FAILED else None)
+            tt.status.update(report.stuck, rounds)
         self._record_outcome(topic, report)
 
     def _record_outcome(self, topic: str, report: RoundReport) -> None:
@@ -386,7 +394,7 @@ class TableTopicHost:
         m = self._metrics
         failed = report.outcome is RoundOutcome.FAILED
         # a stuck partition holds the table's watermark where it is: the delay grows until it moves again
-        stuck = bool(report.stuck)
+        stuck = bool(report.stuck) or report.round_blocked is not None
         if stuck or failed:
             m.hold_watermark(topic)
         if report.outcome is RoundOutcome.COMMITTED:
@@ -400,8 +408,8 @@ class TableTopicHost:
             m.record_commit(topic, records=0, files=0, bytes_written=0, fields=0, duration_s=0.0,
                             watermark_ms=int(time.time() * 1000), result="empty")
         elif report.outcome is RoundOutcome.IDLE:
-            m.record_round(topic, ROUND_BLOCKED if any(s == "blocked" for s, _ in report.stuck.values())
-                           else ROUND_FAILED)
+            m.record_round(topic, ROUND_BLOCKED if report.round_blocked is not None
+                           or any(s == "blocked" for s, _ in report.stuck.values()) else ROUND_FAILED)
         else:
             m.record_round(topic, "failed" if failed else "unknown")
 
@@ -462,6 +470,12 @@ class SparkTableWriter:
             self._spark.commit_table(identifier, base_location=base_metadata_location, update=update.plain())
         except SparkOperationError as e:
             raise self._error(e) from e
+
+
+# what a Spark operation raises when it is refused for what it was given, not for an outage (the JVM's class or the
+# side process's Python one): a merge refused so is not retried (coordinator.merge.MergeRefusedError)
+_REFUSALS = frozenset({"AnalysisException", "ParseException", "IllegalArgumentException",
+                       "UnsupportedOperationException", "KeyError", "ValueError", "TypeError", "AssertionError"})
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:

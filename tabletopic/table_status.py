@@ -42,15 +42,15 @@ class TableStatus:
         """Partition number (as text) or :data:`ROUND` → ``{"state", "reason", "since"}`` (since: epoch s)."""
         return {k: dict(v) for k, v in self._entries.items()}
 
-    def update(self, partitions: Mapping[int, tuple[str, str]], round_error: str | None) -> None:
-        """The state after a round: ``partitions`` maps the stuck ones to (state, reason), ``round_error`` is the
-        failed round's error (None: the round ran). A partition not named is healthy again; the file is written
-        only when something changed (a reason that stays keeps its since-time)."""
+    def update(self, partitions: Mapping[int, tuple[str, str]], rounds: tuple[str, str] | None) -> None:
+        """The state after a round: ``partitions`` maps the stuck ones to (state, reason), ``rounds`` is (state,
+        reason) of the table's rounds when they fail or are blocked (None: they run). A partition not named is
+        healthy again; the file is written only when something changed (a reason that stays keeps its since)."""
         now = time.time()
         wanted = {str(p): (state, _cut(reason)) for p, (state, reason) in partitions.items()}
-        if round_error is not None:
+        if rounds is not None:  # a round that did not run learns nothing about the partitions: they stay
             wanted = {**{k: (v["state"], v["reason"]) for k, v in self._entries.items() if k != ROUND},
-                      ROUND: ("failing", _cut(round_error))}  # a failed round learns nothing about the partitions
+                      ROUND: (rounds[0], _cut(rounds[1]))}
         entries: dict[str, dict[str, Any]] = {}
         for key, (state, reason) in wanted.items():
             old = self._entries.get(key)

@@ -1,5 +1,6 @@
 """A table that cannot keep up is visible: a partition blocked by ``errors.tolerance=none``, one whose conversion
-fails the same way every time, and an upsert table whose merges fail. Each case checks what an operator sees:
+fails the same way every time, an upsert table whose merges fail (an outage: retried with back-off) and one whose
+merges are refused for what they were given (blocked until the settings change). Each case checks what an operator sees:
 AutoMQ's ``kafka_tabletopic_delay`` grows (an alert on it fires), the rounds are counted as blocked or failed
 (never ``empty``), and ``tabletopic tables`` marks the partition or the rounds with the reason and since when.
 
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.test_metrics import scrape
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     b = BrokerProcess(tmp_path_factory.mktemp("stuck") / "data", {P + "metrics.port": str(free_port())})
-    b.env = {"TABLETOPIC_FAIL_AT": "worker-convert@convert_fails,coordinator-merge@merge_fails"}
+    b.env = {"TABLETOPIC_FAIL_AT": "worker-convert@convert_fails,coordinator-merge@merge_fails,"
+                                   "merge-refused@merge_refused"}
     b.start()
     yield b
     b.stop()
@@ -98,10 +100,34 @@ def test_a_conversion_that_always_fails_blocks_with_its_reason(broker: BrokerPro
     assert "InjectedFaultError" in line and "cannot convert the records from offset 0" in line
 
 
-def test_failing_merges_show_as_failing_rounds(broker: BrokerProcess) -> None:
-    topic = "merge_fails"
-    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
+def upsert_topic(b: BrokerProcess, topic: str, expect: str, result: str) -> str:
+    """An upsert topic with two records, once its rounds show as ``expect`` (see :func:`wait_stuck`)."""
+    create(b, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
            upsert_enable="true")
-    produce(broker, topic, [b'{"id": 1}', b'{"id": 2}'])
-    line = wait_stuck(broker, topic, "its rounds failing since", "failed")
+    produce(b, topic, [b'{"id": 1}', b'{"id": 2}'])
+    return wait_stuck(b, topic, expect, result)
+
+
+def test_failing_merges_show_as_failing_rounds(broker: BrokerProcess) -> None:
+    line = upsert_topic(broker, "merge_fails", "its rounds failing since", "failed")
     assert "InjectedFaultError" in line and "merging round" in line
+
+
+def test_a_refused_merge_blocks_the_rounds_until_the_settings_change(broker: BrokerProcess) -> None:
+    topic = "merge_refused"
+    line = upsert_topic(broker, topic, "its rounds blocked since", "blocked")
+    assert "MergeRefusedError" in line or "fail point merge-refused" in line, line
+    # no retry while blocked: the failed rounds stay where they are, the blocked reports go on
+    _, before = metrics(broker, topic)
+    time.sleep(3)
+    _, after = metrics(broker, topic)
+    assert after["failed"] == before["failed"] and after["blocked"] > before["blocked"], (before, after)
+    # a settings change runs a round again (which fails the same way here: the fault stays armed)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    ops = [ConfigEntry(P + "commit.interval.ms", "400", incremental_operation=AlterConfigOpType.SET)]
+    (fut,) = admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values()
+    fut.result(30)
+    deadline = time.monotonic() + 30
+    while metrics(broker, topic)[1]["failed"] == after["failed"]:
+        assert time.monotonic() < deadline, "no round after the settings change"
+        time.sleep(0.3)
