@@ -255,7 +255,7 @@ class TableTopicHost:
             if event.kind is TopicEventKind.DELETED:
                 if running is not None:
                     log.info("topic %s deleted: stopping its table topic (the table is kept)", info.name)
-                    await self._stop_topic_locked(info.name)
+                    await self._stop_topic_locked(info.name, forget=True)
                 return
             cfg = self._config_of(info)
             if running is None:
@@ -264,9 +264,11 @@ class TableTopicHost:
                 return
             if not cfg.enable:
                 log.info("table topic disabled on %s: stopping (the table is kept)", info.name)
-                await self._stop_topic_locked(info.name)
+                await self._stop_topic_locked(info.name, forget=True)
                 return
             running.config = cfg
+            if running.status is not None:
+                running.status.retarget(".".join(catalog_identifier(info.name, cfg)))
             if event.kind is TopicEventKind.PARTITIONS_ADDED:
                 for p in range(info.partitions):
                     if p not in running.workers:
@@ -426,10 +428,14 @@ class TableTopicHost:
                 ratio = (w.busy_ms - busy) / 1000 / ((now - then) * self._pool_size)
                 self._metrics.set_busy_ratio(f"{topic}-{p}", min(1.0, ratio), topic=topic)
 
-    async def _stop_topic_locked(self, topic: str) -> None:
+    async def _stop_topic_locked(self, topic: str, *, forget: bool = False) -> None:
+        """Stop the topic's coordinator, workers and maintenance; ``forget`` (deleted or turned off): its stuck
+        state too, so `tabletopic tables` does not show a table no topic writes as stuck."""
         tt = self._running.pop(topic, None)
         if tt is None:
             return
+        if forget and tt.status is not None:
+            tt.status.clear()
         if tt.maintenance is not None:
             await tt.maintenance.stop()
         await tt.coordinator.stop()

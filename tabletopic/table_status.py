@@ -60,6 +60,18 @@ class TableStatus:
             self._entries = entries
             self._write()
 
+    def retarget(self, table: str) -> None:
+        """The topic's table is now ``table`` (its namespace changed): entries from now on name it."""
+        if table != self._table:
+            self._table = table
+            if self._entries:
+                self._write()
+
+    def clear(self) -> None:
+        """The table topic was deleted or turned off: nothing of it is stuck any more (the file goes)."""
+        self._entries = {}
+        self._path.unlink(missing_ok=True)
+
     def _write(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._path.with_suffix(".tmp")

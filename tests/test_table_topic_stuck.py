@@ -49,6 +49,14 @@ def produce(b: BrokerProcess, topic: str, values: list[bytes]) -> None:
     assert p.flush(30) == 0
 
 
+def set_config(b: BrokerProcess, topic: str, key: str, value: str) -> None:
+    """``automq.table.topic.<key>=value`` on ``topic`` by IncrementalAlterConfigs."""
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    ops = [ConfigEntry(P + key, value, incremental_operation=AlterConfigOpType.SET)]
+    (fut,) = admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values()
+    fut.result(30)
+
+
 def metrics(b: BrokerProcess, topic: str) -> tuple[float | None, dict[str, float]]:
     """(kafka_tabletopic_delay of ``topic``, its rounds by result)."""
     samples = scrape(f"http://127.0.0.1:{b.overrides[P + 'metrics.port']}/metrics")
@@ -98,6 +106,12 @@ def test_a_conversion_that_always_fails_blocks_with_its_reason(broker: BrokerPro
     produce(broker, topic, [b"a", b"b"])
     line = wait_stuck(broker, topic, "partition 0 blocked since", "blocked")
     assert "InjectedFaultError" in line and "cannot convert the records from offset 0" in line
+    # turned off, the table topic is no longer shown as stuck (its table is kept)
+    set_config(broker, topic, "enable", "false")
+    deadline = time.monotonic() + 30
+    while f"(!) default.{topic} " in tables(broker):
+        assert time.monotonic() < deadline, "still marked stuck once turned off"
+        time.sleep(0.5)
 
 
 def upsert_topic(b: BrokerProcess, topic: str, expect: str, result: str) -> str:
@@ -123,10 +137,7 @@ def test_a_refused_merge_blocks_the_rounds_until_the_settings_change(broker: Bro
     _, after = metrics(broker, topic)
     assert after["failed"] == before["failed"] and after["blocked"] > before["blocked"], (before, after)
     # a settings change runs a round again (which fails the same way here: the fault stays armed)
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    ops = [ConfigEntry(P + "commit.interval.ms", "400", incremental_operation=AlterConfigOpType.SET)]
-    (fut,) = admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=ops)]).values()
-    fut.result(30)
+    set_config(broker, topic, "commit.interval.ms", "400")
     deadline = time.monotonic() + 30
     while metrics(broker, topic)[1]["failed"] == after["failed"]:
         assert time.monotonic() < deadline, "no round after the settings change"
