@@ -584,7 +584,8 @@ class TableTopicCoordinator:
                     phase.value, len(cp.paths))
 
     def _cleanup_leftovers(self, tbl: Table) -> None:
-        """Delete worker files that no commit can include any more (local warehouses only).
+        """Delete worker files that no commit can include any more, listed through the table's FileIO (any
+        warehouse it can list: ``file://``, ``s3://``; raises OSError when the store cannot be read).
 
         A file named ``tt-p<p>-<start>-<uuid>.parquet`` whose start offset is at or past the table's
         committed offset of ``p`` was never committed (commits move a partition's offset past every file
@@ -592,9 +593,8 @@ class TableTopicCoordinator:
         """
         files = list_worker_files(tbl)
         if files is None:
-            log.info("table topic %s: not listing %s for uncommitted files (only file:// warehouses are "
-                     "listed); leftovers of crashed rounds stay until orphan-file removal", self.topic,
-                     tbl.location())
+            log.info("table topic %s: the table's FileIO (%s) cannot list %s: leftovers of crashed rounds stay "
+                     "there", self.topic, type(tbl.io).__name__, tbl.location())
             return
         offsets = committed_offsets(tbl)
         candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
@@ -609,8 +609,8 @@ class TableTopicCoordinator:
         # dead-letter files: those of rounds whose main commit did not land (start offset at or past the main
         # table's offset), except any the dead-letter table references or the main table names as pending
         dlq = self._dead_letter_table
-        files = list_worker_files(dlq.location() if dlq is not None else dead_letter_location(tbl.location()),
-                                  DEAD_LETTER_FILE_PREFIX) or []
+        files = list_worker_files(tbl, DEAD_LETTER_FILE_PREFIX,
+                                  dlq.location() if dlq is not None else dead_letter_location(tbl.location())) or []
         candidates = [f.path for f in files if f.start_offset >= offsets.get(f.partition, 0)]
         if candidates:
             n = remove_files(tbl, candidates, keep=self._committed_dead_letter_files(tbl))

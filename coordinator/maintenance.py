@@ -23,13 +23,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -45,6 +43,7 @@ from coordinator.contract import (
     DEAD_LETTER_FILE_PREFIX,
     parse_data_file_name,
 )
+from coordinator.listing import list_files, path_key, within
 from coordinator.table import (
     OFFSETS_PROPERTY,
     TOPIC_ID_PROPERTY,
@@ -650,7 +649,8 @@ class TableMaintenance:
 
     def _remove_orphans(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
         """At the first run, then every :data:`ORPHAN_PERIOD_S`: delete what :func:`orphan_candidates` offers and
-        Spark finds no snapshot referencing; nothing in a warehouse that is not ``file://``."""
+        Spark finds no snapshot referencing; nothing when the table's FileIO cannot list files. A store that cannot
+        be read is the step's failure, tried again next time."""
         if time.monotonic() < self._orphans_due:
             return tbl
         self._orphans_due = time.monotonic() + ORPHAN_PERIOD_S
@@ -660,9 +660,13 @@ class TableMaintenance:
         except OtherTablesUnknownError as e:  # recorded as the step's failure: tried again next time
             report.failures[STEP_ORPHANS] = str(e)
             return tbl
+        except OSError as e:  # the object store unreachable: an outage, likewise
+            report.failures[STEP_ORPHANS] = f"listing {tbl.location()} failed: {type(e).__name__}: {e}"
+            return tbl
         if candidates is None:
-            self._conditions.log("orphans", logging.INFO, "table topic %s: orphan files are only looked for in "
-                                 "file:// warehouses, not at %s", self.topic, tbl.location(), state="remote")
+            self._conditions.log("orphans", logging.INFO, "table topic %s: orphan files are not looked for: the "
+                                 "table's FileIO (%s) cannot list %s", self.topic, type(tbl.io).__name__,
+                                 tbl.location(), state="unlisted")
             return tbl
         if not candidates:
             return tbl
@@ -690,16 +694,10 @@ def _data_file_sizes(tbl: Table) -> list[int]:
             for entry in manifest.fetch_manifest_entry(tbl.io, discard_deleted=True)]
 
 
-def _local_dir(location: str) -> str | None:
-    parts = urlsplit(location)
-    if parts.scheme not in ("file", ""):
-        return None
-    return os.path.normpath(unquote(parts.path))
-
-
 def _known_paths(tbl: Table) -> set[str]:
-    """Every file ``tbl``'s metadata names (local paths): content files of every snapshot, manifests, manifest
-    lists, metadata files, statistics. Spark decides again; this only spares it the files known to stay."""
+    """Every file ``tbl``'s metadata names (as :func:`coordinator.listing.path_key`): content files of every
+    snapshot, manifests, manifest lists, metadata files, statistics. Spark decides again; this only spares it the
+    files known to stay."""
     paths = set(referenced_files(tbl))
     for snapshot in tbl.snapshots():
         paths.add(snapshot.manifest_list)
@@ -708,7 +706,7 @@ def _known_paths(tbl: Table) -> set[str]:
     paths.update(entry.metadata_file for entry in tbl.metadata.metadata_log)
     paths.update(s.statistics_path for s in tbl.metadata.statistics)
     paths.update(s.statistics_path for s in tbl.metadata.partition_statistics)
-    return {local for p in paths if (local := _local_dir(p)) is not None}
+    return {path_key(p) for p in paths}
 
 
 def _in_flight(name: str, offsets: Mapping[int, int], ours: bool) -> bool:
@@ -727,14 +725,10 @@ class OtherTablesUnknownError(Exception):
     """A table of the catalog could not be read, so where its files are is unknown: no orphan is removed."""
 
 
-def _within(path: str, folder: str) -> bool:
-    """``path`` is ``folder`` or lies under it (path components compared: ``/w/t_dlq`` is not under ``/w/t``)."""
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def _tables_inside(tbl: Table, root: str) -> list[str]:
-    """The local locations of the catalog's other tables that are ``root`` or lie under it (``tbl``'s own catalog,
-    every namespace, nested ones included). Raises OtherTablesUnknownError when one cannot be read."""
+    """The locations (:func:`coordinator.listing.path_key`) of the catalog's other tables that are ``root`` (a key)
+    or lie under it (``tbl``'s own catalog, every namespace, nested ones included). Raises OtherTablesUnknownError
+    when one cannot be read."""
     catalog = tbl.catalog
     out: list[str] = []
     for ident in catalog_tables(catalog):
@@ -748,44 +742,43 @@ def _tables_inside(tbl: Table, root: str) -> list[str]:
             raise OtherTablesUnknownError(
                 f"table {'.'.join(ident)} cannot be read ({type(e).__name__}: {e}), so whether its files lie under "
                 f"{'.'.join(tbl.name())}'s location is unknown: no orphan file removed") from e
-        local = _local_dir(location)
-        if local is not None and _within(local, root):
-            out.append(local)
+        if within(key := path_key(location), root):
+            out.append(key)
     return out
 
 
+def _hidden(relative: str) -> bool:
+    """A file Iceberg's own listing skips too: in a folder whose name starts with ``.``, or named ``.x`` or ``_x``
+    (``.crc`` files and the like; a ``_x=1`` folder is a partition's)."""
+    *folders, name = relative.split("/")
+    return name.startswith((".", "_")) or any(f.startswith(".") for f in folders)
+
+
 def orphan_candidates(tbl: Table, older_than_ms: int, topic_id: str | None = None) -> list[tuple[str, int]] | None:
-    """The files under ``tbl``'s (local) ``data/`` and ``metadata/`` folders that may be orphans: ``(file://
-    location, mtime ms)`` of every file older than ``older_than_ms`` that the table's metadata does not name, except
-    the files under the location of another table of the catalog (:func:`_tables_inside`; raises
-    OtherTablesUnknownError when a table cannot be read), hidden files (``.crc`` and the like, which Iceberg's own
-    listing skips too), the files of rounds in flight (read from ``tbl`` *before* Spark reads the table: a round in
-    flight then starts at or past these offsets) and the pending dead letters. None when the location is not
-    local."""
-    root = _local_dir(tbl.location())
-    if root is None:
+    """The files under ``tbl``'s ``data/`` and ``metadata/`` folders that may be orphans, listed through its FileIO
+    (:func:`coordinator.listing.list_files`): ``(location, mtime ms)`` of every file older than ``older_than_ms``
+    that the table's metadata does not name, spelled as Iceberg's metadata spells locations (``file:///...``,
+    ``s3://bucket/key``), except the files under the location of another table of the catalog
+    (:func:`_tables_inside`; raises OtherTablesUnknownError when a table cannot be read), hidden files
+    (:func:`_hidden`), the files of rounds in flight (read from ``tbl`` *before* Spark reads the table: a round in
+    flight then starts at or past these offsets) and the pending dead letters. None when the FileIO cannot list;
+    raises OSError when the store cannot be read."""
+    root = tbl.location().rstrip("/")
+    listings = [list_files(tbl.io, f"{root}/{folder}") for folder in (DATA_DIR, METADATA_DIR)]
+    if any(listed is None for listed in listings):
         return None
-    others = _tables_inside(tbl, root)
+    others = _tables_inside(tbl, path_key(root))
     offsets = committed_offsets(tbl)
     stored = tbl.properties.get(TOPIC_ID_PROPERTY)
     ours = topic_id is None or stored in (None, topic_id)
     pending = pending_dead_letters(tbl)
-    keep = _known_paths(tbl) | {p for f in (pending.files if pending else ()) if (p := _local_dir(f))}
+    keep = _known_paths(tbl) | {path_key(f) for f in (pending.files if pending else ())}
     out: list[tuple[str, int]] = []
-    tops = [top for top in (os.path.join(root, DATA_DIR), os.path.join(root, METADATA_DIR))
-            if not any(_within(top, other) for other in others)]
-    for dirpath, dirs, names in (walked for top in tops for walked in os.walk(top)):
-        # "_x=1" is a partition directory; another table's folder is its own
-        dirs[:] = [d for d in dirs if not d.startswith(".")
-                   and not any(_within(os.path.join(dirpath, d), other) for other in others)]
-        for name in names:
-            if name.startswith((".", "_")) or _in_flight(name, offsets, ours):
-                continue
-            path = os.path.join(dirpath, name)
-            try:
-                mtime_ms = int(os.stat(path).st_mtime * 1000)
-            except FileNotFoundError:
-                continue
-            if mtime_ms < older_than_ms and path not in keep:
-                out.append((f"file://{path}", mtime_ms))
+    for f in (f for listed in listings for f in listed or ()):
+        if f.mtime_ms >= older_than_ms or _hidden(f.relative) or _in_flight(f.relative, offsets, ours):
+            continue
+        key = path_key(f.location)
+        if key not in keep and not any(within(key, other) for other in others):
+            # Iceberg-Java wants URIs: a bare local path (a scheme-less warehouse) becomes file://
+            out.append((f.location if "://" in f.location else f"file://{f.location}", f.mtime_ms))
     return out

@@ -16,10 +16,8 @@ worker thread.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema
@@ -39,6 +37,7 @@ from configs.table_schema import (
 )
 from configs.table_topic import FORMAT_VERSION, TableTopicConfig, TransformType
 from coordinator.contract import DATA_DIR, DATA_FILE_PREFIX, DEAD_LETTER_SUFFIX, WorkerFile, parse_data_file_name
+from coordinator.listing import list_files, path_key
 
 OFFSETS_PROPERTY = "tabletopic.offsets"
 """JSON ``{"<partition>": <next offset>}``: the first offset of each partition that is *not* in the table."""
@@ -344,35 +343,20 @@ def referenced_files(tbl: Table) -> set[str]:
     return out
 
 
-def list_worker_files(tbl: Table | str, prefix: str = DATA_FILE_PREFIX) -> list[WorkerFile] | None:
-    """Worker-named files (``prefix``) under the ``data/`` directory of a table (or a table location); None when
-    the location is not ``file://``.
-
-    Listing is only implemented for local warehouses: object stores would need a paginated listing per
-    FileIO, which pyiceberg does not offer.
-    """
-    parts = urlsplit(tbl if isinstance(tbl, str) else tbl.location())
-    if parts.scheme not in ("file", ""):
+def list_worker_files(tbl: Table, prefix: str = DATA_FILE_PREFIX, location: str | None = None
+                      ) -> list[WorkerFile] | None:
+    """Worker-named files (``prefix``) under the ``data/`` folder of ``tbl``'s location (or of ``location``: the
+    dead-letter table's, which may not exist yet), listed through ``tbl``'s FileIO, locations spelled as the table's
+    metadata spells them (:func:`coordinator.listing.list_files`); None when the FileIO cannot list. Raises OSError
+    when the store cannot be read."""
+    listed = list_files(tbl.io, f"{(location or tbl.location()).rstrip('/')}/{DATA_DIR}")
+    if listed is None:
         return None
-    root = os.path.join(unquote(parts.path), DATA_DIR)
-    out: list[WorkerFile] = []
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            wf = parse_data_file_name(name, prefix)
-            if wf is not None:
-                path = os.path.join(dirpath, name)
-                out.append(WorkerFile(f"file://{path}" if parts.scheme == "file" else path,
-                                      wf.partition, wf.start_offset))
-    return out
+    return [WorkerFile(f.location, wf.partition, wf.start_offset) for f in listed
+            if (wf := parse_data_file_name(f.relative, prefix)) is not None]
 
 
 def same_path(a: str, b: str) -> bool:
-    """Compare file locations that may differ only by ``file:`` spelling (``file:/x`` vs ``file:///x``)."""
-    return _norm(a) == _norm(b)
-
-
-def _norm(p: str) -> str:
-    parts = urlsplit(p)
-    if parts.scheme in ("file", ""):
-        return os.path.normpath(unquote(parts.path))
-    return p
+    """Compare file locations that may differ only by spelling (``file:/x`` vs ``file:///x``, ``s3a://`` vs
+    ``s3://``: :func:`coordinator.listing.path_key`)."""
+    return path_key(a) == path_key(b)
