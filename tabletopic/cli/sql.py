@@ -12,12 +12,13 @@ import contextlib
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TextIO
+from urllib.parse import urlsplit
 
-from configs.model import BrokerConfig
+from configs.model import BrokerConfig, is_sensitive_name
 from tabletopic.catalog import DEFAULT_CONFIG, broker_config
 from tabletopic.errors import InvalidConfigError
 from tabletopic.table_status import status_lines
@@ -47,6 +48,40 @@ def load_config(config: str | None, overrides: Iterable[str]) -> BrokerConfig:
         return broker_config(config, overrides)
     except (FileNotFoundError, InvalidConfigError) as exc:
         raise CliError(str(exc)) from None
+
+
+def mask_secrets(text: str, properties: Mapping[str, str]) -> str:
+    """``text`` with the catalog's secret values as ``***``: settings named like a password, credential, secret
+    or token (the secret half of ``credential=<id>:<secret>`` too) and passwords inside URIs. Values shorter than 4
+    characters are left alone (masking them would garble the text, not protect anything)."""
+    secrets: set[str] = set()
+    for key, value in properties.items():
+        if is_sensitive_name(key):
+            secrets.update({value, value.split(":", 1)[-1]})
+        if "://" in value:
+            with contextlib.suppress(ValueError):
+                secrets.add(urlsplit(value).password or "")
+    for secret in sorted((x for x in secrets if len(x) >= 4), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def open_catalog(config: BrokerConfig) -> Catalog:
+    """The broker's catalog, opened as a reader; CliError when it is unset, does not exist or cannot be opened (a
+    REST catalog unreachable or refusing the credentials: said in one line, secrets masked)."""
+    from tabletopic.catalog import CatalogUnavailableError, load_catalog
+
+    try:
+        catalog = load_catalog(config)
+    except CatalogUnavailableError as exc:
+        raise CliError(str(exc)) from None
+    except Exception as exc:  # pyiceberg's errors for a catalog service: connection refused, OAuth, HTTP status
+        props = config.catalog_properties
+        where = f"{config.catalog_type} catalog {config.catalog_name} at {props.get('uri', '(no uri)')}"
+        raise CliError(mask_secrets(f"cannot open the {where}: {type(exc).__name__}: {exc}", props)) from None
+    if catalog is None:
+        raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
+    return catalog
 
 
 # ---- statements and results ----
@@ -226,13 +261,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.override or [])
         if not config.table_topic_enabled:
             raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
-        from tabletopic.catalog import CatalogUnavailableError, require_catalog
         from tabletopic.spark import SparkUnavailableError, spark_session, stop_session
 
-        try:
-            require_catalog(config)  # before the JVM starts: a wrong log.dirs is reported at once
-        except CatalogUnavailableError as exc:
-            raise CliError(str(exc)) from None
+        # before the JVM starts: a wrong log.dirs, an unreachable catalog or refused credentials are reported at once
+        open_catalog(config)
         print(f"starting Spark for catalog {config.catalog_name} (takes a few seconds)...", file=sys.stderr)
         started = time.monotonic()
         try:
@@ -266,14 +298,8 @@ def cmd_tables(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.override or [])
         from coordinator.table import catalog_tables
-        from tabletopic.catalog import CatalogUnavailableError, load_catalog
 
-        try:
-            catalog = load_catalog(config)
-        except CatalogUnavailableError as exc:
-            raise CliError(str(exc)) from None
-        if catalog is None:
-            raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
+        catalog = open_catalog(config)
     except (CliError, InvalidConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -290,7 +316,7 @@ def cmd_tables(args: argparse.Namespace) -> int:
     for line in listing.problems:  # a topic setting the broker could not apply: say so here, not only in its log
         print(f"(!) partition.by of {line}")
     for line in listing.unreadable:
-        print(line)
+        print(mask_secrets(line, config.catalog_properties))
     for line in maintenance_lines(config, [row[0] for row in rows]):
         print(line)
     for line in status_lines(config.log_dir / "__tables", [row[0] for row in rows]):
