@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.table import Table
 
 from tabletopic.readers import duckdb_attach, duckdb_connect, duckdb_scan, pyiceberg_rows
-from tests.helpers.seaweed import SECRET_KEY, SeaweedServer
+from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer
 from tests.test_query_catalog import PARTITION_BY, append, canonical_dicts, create_topic_table, duckdb_rows, make_rows
 
 TABLE = "default.orders"
@@ -69,6 +69,24 @@ def test_duckdb_scan_reads_an_s3_table_with_its_catalogs_settings(rest: Catalog,
     try:
         rows = con.sql("SELECT count(*) FROM iceberg_scan($p)", params={"p": tbl.metadata_location}).fetchall()
         assert rows == [(len(EXPECTED),)]
+    finally:
+        con.close()
+
+
+def test_duckdb_scan_without_keys_takes_the_credential_chain(rest: Catalog, seaweed: SeaweedServer,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 settings without keys: DuckDB's AWS credential chain, as pyiceberg's default (here from the
+    environment; the instance metadata service is turned off so that nothing reaches for it)."""
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    keyless = {k: v for k, v in seaweed.s3_properties().items() if "-key" not in k}
+    assert "s3.endpoint" in keyless and "s3.access-key-id" not in keyless
+    con = duckdb_connect(keyless)
+    try:
+        rows = con.sql("SELECT count(*) FROM iceberg_scan($p)", params={"p": table(rest).metadata_location})
+        assert rows.fetchall() == [(len(EXPECTED),)]
+        assert "provider=credential_chain" in str(con.sql("SELECT secret_string FROM duckdb_secrets()").fetchall())
     finally:
         con.close()
 
