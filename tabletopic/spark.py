@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from configs.model import BrokerConfig
 from configs.partition_spec import resolve_column
@@ -59,6 +61,26 @@ SQLITE_JDBC_JAR = Path("/usr/share/java/sqlite-jdbc.jar")
 POSTGRESQL_JDBC_JAR = Path("/usr/share/java/postgresql.jar")
 LOCAL_IP = "127.0.0.1"
 SETUP_HINT = "run `make run` or `bash scripts/setup.sh`, which installs it"
+
+# Hadoop's S3A connector (hadoop-aws and the AWS SDK it was built against), which scripts/setup.sh puts in the venv:
+# Spark reaches s3:// warehouses through Iceberg's HadoopFileIO and S3A (the AWS SDK v2 of Iceberg's own S3FileIO
+# is in no package the set-up can install)
+S3A_JARS_DIR = Path(sys.prefix) / "share" / "tabletopic" / "jars"
+S3A_JARS = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")
+S3A_FILESYSTEM = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+HADOOP_FILE_IO = "org.apache.iceberg.hadoop.HadoopFileIO"
+OBJECT_STORE_SCHEMES = ("s3", "s3a", "s3n")
+# Iceberg's S3 FileIO properties (``automq.table.topic.catalog.s3.*``, as pyiceberg reads them) -> Hadoop's S3A
+_S3A_PROPERTIES = {
+    "s3.endpoint": "fs.s3a.endpoint",
+    "s3.path-style-access": "fs.s3a.path.style.access",
+    "s3.access-key-id": "fs.s3a.access.key",
+    "s3.secret-access-key": "fs.s3a.secret.key",
+    "s3.session-token": "fs.s3a.session.token",
+    "s3.region": "fs.s3a.endpoint.region",
+}
+# catalog types whose tables live in object storage as a rule (their warehouse is often a name, not a URI)
+_OBJECT_STORE_CATALOGS = {"rest", "glue", "tablebucket"}
 
 # Catalog types Iceberg-Java knows by ``type=`` (CatalogUtil); the Iceberg runtime jar bundles rest and jdbc,
 # the others need jars (AWS SDK, Nessie client, Hive) that cannot be installed here.
@@ -151,6 +173,44 @@ def jdbc_catalog_uri(uri: str) -> tuple[str, dict[str, str], Path]:
                              "postgresql:// catalogs only")
 
 
+def uses_object_store(config: BrokerConfig) -> bool:
+    """Whether the catalog's tables may live in an object store: an ``s3://`` warehouse, S3 settings
+    (``automq.table.topic.catalog.s3.*``) or a catalog type whose tables live there as a rule."""
+    props = config.catalog_properties
+    scheme = urlsplit(props.get("warehouse", "")).scheme.lower()
+    return (scheme in OBJECT_STORE_SCHEMES or any(k.startswith("s3.") for k in props)
+            or config.catalog_type in _OBJECT_STORE_CATALOGS)
+
+
+def s3a_jars() -> list[Path]:
+    """The S3A connector's jars; raises SparkUnavailableError (with the set-up hint) when one is missing."""
+    jars = [S3A_JARS_DIR / name for name in S3A_JARS]
+    missing = [str(j) for j in jars if not j.exists()]
+    if missing:
+        raise SparkUnavailableError(f"Spark needs Hadoop's S3A connector for an object-store warehouse and "
+                                    f"{', '.join(missing)} is missing: {SETUP_HINT}")
+    return jars
+
+
+def s3a_conf(catalog_properties: Mapping[str, str]) -> dict[str, str]:
+    """``spark.hadoop.*`` settings that let Spark read and write ``s3://`` (and ``s3a://``) locations with the S3
+    settings the catalog has (Iceberg's ``s3.*`` names translated to S3A's). Without keys, S3A's default chain
+    applies (the ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` environment, instance profiles)."""
+    conf = {"spark.hadoop.fs.s3.impl": S3A_FILESYSTEM, "spark.hadoop.fs.s3a.impl": S3A_FILESYSTEM,
+            "spark.hadoop.fs.s3n.impl": S3A_FILESYSTEM}
+    for key, hadoop_key in _S3A_PROPERTIES.items():
+        value = catalog_properties.get(key)
+        if value is not None:
+            conf[f"spark.hadoop.{hadoop_key}"] = value
+    endpoint = catalog_properties.get("s3.endpoint", "")
+    if endpoint.lower().startswith("http://"):
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+    if "s3.session-token" in catalog_properties:
+        conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = \
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+    return conf
+
+
 def _warehouse_uri(warehouse: str) -> str:
     """Iceberg-Java wants a URI; a bare local path (accepted by pyiceberg) becomes ``file://``."""
     path = local_warehouse_path(warehouse)
@@ -187,9 +247,16 @@ def catalog_conf(config: BrokerConfig) -> tuple[dict[str, str], list[Path]]:
     elif catalog_type in _JAVA_CATALOG_TYPES:
         for key, value in config.catalog_properties.items():
             conf[f"{prefix}.{key}"] = value
+        if uses_object_store(config):
+            # a REST catalog's default FileIO picks Iceberg's S3FileIO for s3:// (AWS SDK v2, not installable
+            # here); HadoopFileIO reads every scheme Hadoop knows, s3:// through S3A
+            conf.setdefault(f"{prefix}.io-impl", HADOOP_FILE_IO)
     else:
         raise SparkUnavailableError(f"catalog type {catalog_type} has no Iceberg-Java catalog in the bundled "
                                     "Spark runtime")
+    if uses_object_store(config):
+        conf.update(s3a_conf(config.catalog_properties))
+        jars.extend(s3a_jars())
     conf[f"{prefix}.cache-enabled"] = "false"
     # unqualified names resolve in the namespace the broker creates tables in: SELECT ... FROM orders
     conf.setdefault(f"{prefix}.default-namespace", config.table_namespace)
@@ -265,6 +332,9 @@ def spark_conf(
         **catalog,
         **config.spark_settings,
     }
+    user_jars = config.spark_settings.get("spark.jars")
+    if user_jars:  # the broker's spark.jars add to the jars the catalog needs
+        conf["spark.jars"] = ",".join(str(j) for j in [iceberg_runtime_jar(), *jars]) + "," + user_jars
     if master is not None:
         conf["spark.master"] = master
     if driver_memory is not None:

@@ -313,7 +313,23 @@ def test_rest_catalog_spark_conf() -> None:
     assert conf["spark.sql.catalog.lake.uri"] == "http://127.0.0.1:8181"
     assert conf["spark.sql.catalog.lake.warehouse"] == "s3://bucket/wh"
     assert conf["spark.sql.catalog.lake.cache-enabled"] == "false"
-    assert jars == []
+    # an s3:// warehouse: Iceberg's HadoopFileIO over Hadoop's S3A connector, with the catalog's S3 settings
+    assert conf["spark.sql.catalog.lake.io-impl"] == "org.apache.iceberg.hadoop.HadoopFileIO"
+    assert conf["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert [j.name for j in jars] == ["hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar"]
+    config = BrokerConfig.from_properties({"automq.table.topic.catalog.type": "rest",
+                                           "automq.table.topic.catalog.uri": "http://127.0.0.1:8181",
+                                           "automq.table.topic.catalog.s3.endpoint": "http://127.0.0.1:9000",
+                                           "automq.table.topic.catalog.s3.path-style-access": "true",
+                                           "automq.table.topic.catalog.s3.access-key-id": "k",
+                                           "automq.table.topic.catalog.s3.secret-access-key": "s",
+                                           "automq.table.topic.catalog.io-impl": "my.FileIO"})
+    conf, _ = catalog_conf(config)
+    assert conf["spark.sql.catalog.tabletopic.io-impl"] == "my.FileIO"  # the user's FileIO wins
+    assert {k: v for k, v in conf.items() if k.startswith("spark.hadoop.fs.s3a.") and k != "spark.hadoop.fs.s3a.impl"} \
+        == {"spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000", "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.access.key": "k", "spark.hadoop.fs.s3a.secret.key": "s",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false"}
 
 
 # ---- independent readers ----

@@ -87,7 +87,8 @@ class SeaweedServer:
     def catalog_properties(self) -> dict[str, str]:
         """pyiceberg ``load_catalog`` properties of the REST catalog (type included)."""
         return {"type": "rest", "uri": self.rest_uri, "credential": f"{ACCESS_KEY}:{SECRET_KEY}",
-                "warehouse": self.warehouse, **self.s3_properties()}
+                "oauth2-server-uri": f"{self.rest_uri}/v1/oauth/tokens", "warehouse": self.warehouse,
+                **self.s3_properties()}
 
     def broker_overrides(self) -> dict[str, str]:
         """The broker settings that put its table topics in this server's REST catalog and S3 warehouse."""

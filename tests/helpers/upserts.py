@@ -9,8 +9,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
@@ -22,6 +24,7 @@ from tabletopic.readers import duckdb_connect, duckdb_scan
 from tests.helpers.procs import BrokerProcess
 
 Key = tuple[Any, ...]
+CATALOG_PREFIX = "automq.table.topic.catalog."
 
 
 class JsonChanges:
@@ -65,7 +68,12 @@ class JsonChanges:
         assert self.producer.flush(60) == 0
 
 
-def catalog(b: BrokerProcess) -> SqlCatalog:
+def catalog(b: BrokerProcess) -> Catalog:
+    """The broker's catalog: its embedded SQLite catalog, or the one its ``automq.table.topic.catalog.*`` overrides
+    name (a REST catalog over S3, say)."""
+    props = {k[len(CATALOG_PREFIX):]: v for k, v in b.overrides.items() if k.startswith(CATALOG_PREFIX)}
+    if props.get("type", "sql") != "sql":
+        return load_catalog("tabletopic", **props)
     return SqlCatalog("tabletopic", uri=b.catalog_uri, warehouse=b.warehouse)
 
 
@@ -175,9 +183,17 @@ def parquet_codecs(tbl: Table) -> dict[int, set[str]]:
     return out
 
 
-def change_files_on_disk(tbl: Table) -> list[Path]:
-    """Change files still under the table's location (none once no round is in flight)."""
-    return sorted(Path(str(local_path(tbl.location()))).rglob(f"{CHANGE_FILE_PREFIX}*.parquet"))
+def change_files_on_disk(tbl: Table) -> list[str]:
+    """Change files still under the table's location, local or in an object store (none once no round is in
+    flight), listed through the table's FileIO."""
+    from pyarrow.fs import FileSelector
+
+    parts = urlsplit(tbl.location())
+    local = local_path(tbl.location())
+    fs = tbl.io.fs_by_scheme(parts.scheme or "file", parts.netloc)  # type: ignore[attr-defined]
+    root = str(local) if local is not None else parts.netloc + parts.path
+    infos = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True))
+    return sorted(i.path for i in infos if i.base_name.startswith(CHANGE_FILE_PREFIX))
 
 
 def assert_table(b: BrokerProcess, topic: str, model: dict[Any, dict[str, Any]], columns: tuple[str, ...],

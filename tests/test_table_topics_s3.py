@@ -1,0 +1,190 @@
+"""Table topics in an S3 warehouse behind an Iceberg REST catalog: a real SeaweedFS (``weed mini``: S3 and the REST
+catalog, :mod:`tests.helpers.seaweed`), one real broker whose catalog settings name it
+(``automq.table.topic.catalog.type=rest``, ``...catalog.s3.*``), its Spark side process reading and writing the
+same ``s3://`` warehouse through Hadoop's S3A, and Spark, DuckDB and pyiceberg reading the tables through the REST
+catalog. The oracles are those of the local-warehouse tests: the log (append topics) and the model of the changes
+(upsert topics)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tabletopic.catalog import broker_config
+from tests.helpers.procs import BrokerProcess, free_port
+from tests.helpers.seaweed import SeaweedServer
+from tests.helpers.upserts import (
+    JsonChanges,
+    assert_table,
+    catalog,
+    delete_file_contents,
+    model_view,
+    wait_committed,
+    wait_maintenance_run,
+)
+from tests.test_table_topics import log_rows, normalize_log, produce
+
+P = "automq.table.topic."
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedServer) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path_factory.mktemp("s3") / "data",
+                      {"schema.registry.listeners": f"http://127.0.0.1:{free_port()}",
+                       P + "metrics.port": str(free_port()), **seaweed.broker_overrides()})
+    b.start()
+    yield b
+    b.stop(60)
+
+
+@pytest.fixture(scope="module")
+def spark(broker: BrokerProcess) -> Iterator[Any]:
+    """A Spark session of this test process on the broker's REST catalog, as `tabletopic sql` opens it."""
+    from tabletopic.spark import spark_session, stop_session
+
+    overrides = {k: v for k, v in broker.overrides.items() if k.startswith(P + "catalog.")}
+    session = spark_session(broker_config(None, {"log.dirs": str(broker.data_dir), **overrides}),
+                            app_name="s3-tests")
+    yield session
+    stop_session(session)
+
+
+def create(b: BrokerProcess, topic: str, partitions: int = 2, **conf: str) -> None:
+    settings = {P + "enable": "true", P + "commit.interval.ms": "500",
+                **{P + k.replace("__", ".").replace("_", "."): v for k, v in conf.items()}}
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1, config=settings)])[topic].result(30)
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    out = []
+    for r in rows:
+        md = r["_kafka_metadata"]
+        out.append((md["partition"], md["offset"], r["_kafka_key"], r["_kafka_value"],
+                    tuple(sorted(r["_kafka_header"] or [])), md["timestamp"]))
+    return sorted(out)
+
+
+def test_append_topic_in_s3_through_rest(broker: BrokerProcess, seaweed: SeaweedServer, spark: Any) -> None:
+    """Every record of the log once in the table, its files in the bucket; pyiceberg, DuckDB and Spark agree."""
+    topic = "s3_orders"
+    create(broker, topic)
+    produce(broker, topic, 3000)
+    tbl = wait_committed(broker, topic, timeout=120)
+    assert tbl.location().startswith(f"s3://{seaweed.bucket}/"), tbl.location()
+    assert all(f.startswith("s3://") for f in tbl.inspect.files().column("file_path").to_pylist())
+    want = normalize_log(log_rows(broker, topic, 2))
+    assert table_rows(tbl.scan().to_arrow().to_pylist()) == want
+    from tabletopic.readers import duckdb_connect, duckdb_scan
+
+    con = duckdb_connect()
+    try:
+        assert duckdb_scan(con, tbl).count("*").fetchone() == (len(want),)
+    finally:
+        con.close()
+    assert spark.sql(f"SELECT count(*) FROM default.{topic}").collect()[0][0] == len(want)
+
+
+def test_upserts_and_compaction_in_s3(broker: BrokerProcess, spark: Any) -> None:
+    """Upserts with CDC ops: Spark's MERGE writes position deletes into the bucket, compaction rewrites them away;
+    every reader returns the model before and after."""
+    topic = "s3_upserts"
+    create(broker, topic, convert_value_type="json", transform_value_type="flatten", id_columns="[id]",
+           upsert_enable="true", cdc_field="op", copy_on_write_max_bytes="0", compaction_enable="true",
+           compaction_interval_ms="3000")
+    changes = JsonChanges(broker, topic)
+    for i in range(300):
+        changes.change("I", i, name=f"n{i}", qty=i)
+    changes.flush()
+    wait_committed(broker, topic, timeout=300)
+    for i in range(0, 300, 3):
+        changes.change("U", i, name=f"u{i}", qty=i * 10)
+    for i in range(1, 300, 7):
+        changes.change("D", i)
+    changes.flush()
+    columns = ("id", "name", "qty")
+    tbl = assert_table(broker, topic, changes.model, columns)
+    rows = spark.sql(f"SELECT id, name, qty FROM default.{topic}").collect()
+    assert {r[0]: tuple(r) for r in rows} == model_view(changes.model, columns)
+    run = wait_maintenance_run(broker, topic, "a compaction that leaves no delete file",
+                               until=lambda run: not run.get("failures") and run.get("rewritten_data_files", 0) > 0)
+    tbl = catalog(broker).load_table(("default", topic))
+    assert delete_file_contents(tbl).get(1, 0) == 0, run
+    assert_table(broker, topic, changes.model, columns)
+
+
+def test_avro_values_evolve_the_table_in_s3(broker: BrokerProcess) -> None:
+    """Avro values by schema id through the broker's registry; a second schema version adds a field: the table
+    gets the column (a schema change by the Spark side process, on S3) and every record once."""
+    import json
+
+    from confluent_kafka import Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = "s3_avro"
+    create(broker, topic, 1, convert_value_type="by_schema_id", transform_value_type="flatten")
+    registry = SchemaRegistryClient({"url": broker.overrides["schema.registry.listeners"]})
+    v1 = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"},
+                                                        {"name": "name", "type": "string"}]}
+    v2 = {**v1, "fields": [*v1["fields"], {"name": "email", "type": ["null", "string"], "default": None}]}
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    want = {}
+    for version, ids in ((v1, range(50)), (v2, range(50, 100))):
+        ser = AvroSerializer(registry, json.dumps(version))
+        for i in ids:
+            value = {"id": i, "name": f"n{i}"} | ({"email": f"e{i}@x"} if version is v2 else {})
+            producer.produce(topic, value=ser(value, ctx))
+            want[i] = (f"n{i}", value.get("email"))
+    assert producer.flush(60) == 0
+    tbl = wait_committed(broker, topic, timeout=300)
+    assert "email" in [f.name for f in tbl.schema().fields]
+    rows = tbl.scan(selected_fields=("id", "name", "email")).to_arrow().to_pylist()
+    assert {r["id"]: (r["name"], r["email"]) for r in rows} == want
+
+
+def _assert_table_is_the_log(b: BrokerProcess, topic: str, partitions: int) -> None:
+    """The table holds every record of the log once, and every file its snapshots reference is in the bucket."""
+    from coordinator.table import referenced_files
+
+    tbl = wait_committed(b, topic, timeout=300)
+    assert table_rows(tbl.scan().to_arrow().to_pylist()) == normalize_log(log_rows(b, topic, partitions))
+    missing = [p for p in referenced_files(tbl) if not tbl.io.new_input(p).exists()]
+    assert missing == []
+
+
+def test_object_store_and_catalog_killed_mid_stream(broker: BrokerProcess, seaweed: SeaweedServer) -> None:
+    """kill -9 of the S3 server and REST catalog while rounds commit, three times: the broker keeps acknowledging
+    records meanwhile, its rounds wait for the server and retry, and the table ends up equal to the log."""
+    topic = "s3_outage"
+    create(broker, topic, 2, commit_interval_ms="300")
+    sent = 0
+    for _ in range(3):
+        sent += produce(broker, topic, 1500, start=sent)
+        seaweed.kill()  # rounds are in flight every 300 ms: some die mid-upload or mid-commit
+        assert produce(broker, topic, 500, start=sent) == 500  # Kafka clients are served through the outage
+        sent += 500
+        time.sleep(2)
+        seaweed.start()
+    _assert_table_is_the_log(broker, topic, 2)
+
+
+def test_broker_killed_mid_stream_in_s3(broker: BrokerProcess) -> None:
+    """kill -9 of the broker while it streams into S3: after the restart the table holds every acknowledged
+    record once."""
+    topic = "s3_crash"
+    create(broker, topic, 2, commit_interval_ms="300")
+    sent = produce(broker, topic, 3000)
+    time.sleep(0.5)
+    broker.kill()
+    broker.start()
+    sent += produce(broker, topic, 1000, start=sent)
+    _assert_table_is_the_log(broker, topic, 2)
