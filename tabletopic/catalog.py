@@ -243,7 +243,7 @@ def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | Non
     from pyiceberg.catalog import load_catalog as pyiceberg_load_catalog
 
     props = config.catalog_properties
-    log.info("catalog %s: %s at %s", name, catalog_type, props.get("uri"))
+    log.info("catalog %s: %s at %s", name, catalog_type, _redact(props.get("uri", "")))
     return pyiceberg_load_catalog(name, **props)
 
 

@@ -257,6 +257,11 @@ def catalog_conf(config: BrokerConfig) -> tuple[dict[str, str], list[Path]]:
     if uses_object_store(config):
         conf.update(s3a_conf(config.catalog_properties))
         jars.extend(s3a_jars())
+        # the S3 settings stay catalog properties too: the side process reads a round's change files with
+        # pyiceberg's FileIO built from them (_file_io), whatever the catalog type
+        for key, value in config.catalog_properties.items():
+            if key.startswith(("s3.", "client.")):
+                conf.setdefault(f"{prefix}.{key}", value)
     conf[f"{prefix}.cache-enabled"] = "false"
     # unqualified names resolve in the namespace the broker creates tables in: SELECT ... FROM orders
     conf.setdefault(f"{prefix}.default-namespace", config.table_namespace)

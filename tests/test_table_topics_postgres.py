@@ -16,6 +16,8 @@ from configs.model import BrokerConfig, load_properties
 from tabletopic.catalog import CatalogNotFoundError, broker_config, load_catalog
 from tests.helpers.postgres import PostgresServer
 from tests.helpers.procs import BrokerProcess
+from tests.helpers.seaweed import PLAIN_BUCKET, SeaweedServer
+from tests.helpers.upserts import JsonChanges, assert_table, wait_committed
 from tests.test_table_topics import create, end_offsets, log_rows, normalize_log, produce
 
 CATALOG_URI = "automq.table.topic.catalog.uri"
@@ -92,5 +94,33 @@ def test_postgres_catalog_end_to_end(tmp_path: Path, pg: PostgresServer) -> None
         finally:
             stop_session(spark)
         assert n == 1500
+    finally:
+        b.stop()
+
+
+def test_postgres_catalog_with_an_s3_warehouse(tmp_path: Path, pg: PostgresServer, seaweed: SeaweedServer) -> None:
+    """The PostgreSQL catalog keeps its tables in an S3 warehouse: the workers' files and the metadata go to the
+    bucket, and upserts are merged there by the Spark side process (Iceberg's JdbcCatalog over S3A)."""
+    overrides = {CATALOG_URI: pg.url, "automq.table.topic.catalog.warehouse": f"s3://{PLAIN_BUCKET}/wh",
+                 **{f"automq.table.topic.catalog.{k}": v for k, v in seaweed.s3_properties().items()}}
+    b = BrokerProcess(tmp_path / "data", overrides=overrides)
+    b.start()
+    try:
+        create(b, "pg_s3_orders", 2, enable="true", commit_interval_ms="400")
+        create(b, "pg_s3_upserts", 1, enable="true", commit_interval_ms="400", convert_value_type="json",
+               transform_value_type="flatten", id_columns="[id]", upsert_enable="true", cdc_field="op")
+        produce(b, "pg_s3_orders", 1000)
+        changes = JsonChanges(b, "pg_s3_upserts")
+        for i in range(100):
+            changes.change("I", i, name=f"n{i}")
+        for i in range(0, 100, 4):
+            changes.change("D", i)
+        changes.flush()
+        tbl = wait_committed(b, "pg_s3_orders", timeout=120)
+        assert tbl.location().startswith(f"s3://{PLAIN_BUCKET}/wh/"), tbl.location()
+        assert tbl.scan().to_arrow().num_rows == 1000
+        tbl = assert_table(b, "pg_s3_upserts", changes.model, ("id", "name"))
+        assert all(f.startswith(f"s3://{PLAIN_BUCKET}/") for f in tbl.inspect.files().column("file_path").to_pylist())
+        assert not (b.data_dir / "iceberg").exists()  # nothing of the tables on local disk
     finally:
         b.stop()

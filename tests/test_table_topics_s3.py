@@ -188,3 +188,26 @@ def test_broker_killed_mid_stream_in_s3(broker: BrokerProcess) -> None:
     broker.start()
     sent += produce(broker, topic, 1000, start=sent)
     _assert_table_is_the_log(broker, topic, 2)
+
+
+def test_credentials_are_never_shown(broker: BrokerProcess, seaweed: SeaweedServer) -> None:
+    """The catalog's secret and the S3 secret key appear nowhere: not in kafka-configs' describe of the broker
+    (marked sensitive, value null), not in the broker's log (its Spark side process's included), not in
+    ``tabletopic tables``."""
+    import subprocess
+    import sys
+
+    from tests.helpers.seaweed import SECRET_KEY
+
+    describe = subprocess.run([sys.executable, "-m", "tabletopic.cli.kafka_configs", "--bootstrap-server",
+                               broker.bootstrap, "--entity-type", "brokers", "--entity-name", "1", "--describe",
+                               "--all"], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"  {P}catalog.s3.secret-access-key=null sensitive=true" in describe
+    assert f"  {P}catalog.credential=null sensitive=true" in describe
+    assert f"  {P}catalog.s3.endpoint={seaweed.endpoint} sensitive=false" in describe
+    overrides = [f"--override={k}={v}" for k, v in broker.overrides.items() if k.startswith(P + "catalog.")]
+    tables = subprocess.run([sys.executable, "-m", "tabletopic", "tables", f"--override=log.dirs={broker.data_dir}",
+                             *overrides], capture_output=True, text=True, timeout=120, check=False)
+    assert tables.returncode == 0, tables.stderr
+    for text in (describe, tables.stdout, tables.stderr, broker.log_text()):
+        assert SECRET_KEY not in text

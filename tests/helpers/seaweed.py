@@ -27,8 +27,9 @@ from pathlib import Path
 from tests.helpers.procs import free_port
 
 ACCESS_KEY = "tabletopic"
-SECRET_KEY = "tabletopic-secret-key"  # noqa: S105 - a throwaway local server's key
+SECRET_KEY = "tabletopic-secret-key"
 BUCKET = "warehouse"
+PLAIN_BUCKET = "lake"  # an ordinary S3 bucket, for warehouses of other catalogs (the table bucket serves REST only)
 # weed mini's components and the flags naming their ports (each gRPC port is chosen too: its default is the
 # HTTP port + 10000, which may be taken or out of range)
 _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
@@ -97,7 +98,7 @@ class SeaweedServer:
     def command(self) -> list[str]:
         cmd = [str(self.binary), "mini", f"-dir={self.dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.lance=0",
-               f"-tableBucket={self.bucket}"]
+               f"-tableBucket={self.bucket}", f"-bucket={PLAIN_BUCKET}"]
         cmd += [f"-{flag}={port}" for flag, port in self.ports.items()]
         return cmd
 
@@ -124,11 +125,11 @@ class SeaweedServer:
         form = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": ACCESS_KEY,
                                        "client_secret": SECRET_KEY, "scope": "catalog"}).encode()
         try:
-            with urllib.request.urlopen(f"{self.rest_uri}/v1/oauth/tokens", form, timeout=2) as r:  # noqa: S310
+            with urllib.request.urlopen(f"{self.rest_uri}/v1/oauth/tokens", form, timeout=2) as r:
                 token = json.load(r)["access_token"]
             req = urllib.request.Request(f"{self.rest_uri}/v1/{self.bucket}/namespaces",
                                          headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(req, timeout=2):  # noqa: S310 - a loopback http URL built here
+            with urllib.request.urlopen(req, timeout=2):
                 return True
         except (OSError, ValueError, KeyError):
             return False
@@ -136,7 +137,7 @@ class SeaweedServer:
     @staticmethod
     def _answers(url: str) -> bool:
         try:
-            with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - a loopback http URL built here
+            with urllib.request.urlopen(url, timeout=2):
                 return True
         except urllib.error.HTTPError:
             return True  # any HTTP answer: the server is up

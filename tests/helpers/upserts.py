@@ -72,9 +72,9 @@ def catalog(b: BrokerProcess) -> Catalog:
     """The broker's catalog: its embedded SQLite catalog, or the one its ``automq.table.topic.catalog.*`` overrides
     name (a REST catalog over S3, say)."""
     props = {k[len(CATALOG_PREFIX):]: v for k, v in b.overrides.items() if k.startswith(CATALOG_PREFIX)}
-    if props.get("type", "sql") != "sql":
+    if props.pop("type", "sql") != "sql":
         return load_catalog("tabletopic", **props)
-    return SqlCatalog("tabletopic", uri=b.catalog_uri, warehouse=b.warehouse)
+    return SqlCatalog("tabletopic", **{"uri": b.catalog_uri, "warehouse": b.warehouse, **props})
 
 
 def end_offsets(b: BrokerProcess, topic: str) -> dict[int, int]:
