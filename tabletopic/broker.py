@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from configs.model import BrokerConfig
-from tabletopic.catalog import load_catalog
+from tabletopic.catalog import open_broker_catalog
 from tabletopic.datadir import DataDirLock
 from tabletopic.groups import GroupConfig, GroupCoordinator
 from tabletopic.log.manager import LogManager
@@ -92,7 +92,7 @@ class Broker:
             self.registry = RegistryServer(self.topics, self.logs, self.config.schema_registry_listeners)
             await self.registry.start()
         # the broker is the one process that creates the catalog (readers only open it)
-        catalog = await asyncio.to_thread(load_catalog, self.config, create=True)
+        catalog = await asyncio.to_thread(open_broker_catalog, self.config)
         if catalog is not None:
             self.tables = TableTopicHost(self, catalog, self.metrics, pool_size=self.config.conversion_pool_size)
             await self.tables.start()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
 import configs
@@ -245,6 +246,64 @@ def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | Non
     props = config.catalog_properties
     log.info("catalog %s: %s at %s", name, catalog_type, _redact(props.get("uri", "")))
     return pyiceberg_load_catalog(name, **props)
+
+
+class DeferredCatalog:
+    """A catalog opened at its first use that succeeds: until then every use raises the error of the last
+    attempt (an outage, which the callers retry: rounds with back-off, topic creation with its error).
+
+    A REST catalog (or a PostgreSQL server) that cannot be reached when the broker starts must not keep the broker
+    from serving Kafka clients; its table topics wait for it instead. Attribute access is delegated to the opened
+    catalog, so it stands wherever a pyiceberg ``Catalog`` is used (tables it loads name the real catalog)."""
+
+    def __init__(self, name: str, open_catalog: Callable[[], Catalog]) -> None:
+        self.name = name
+        self._open = open_catalog
+        self._catalog: Catalog | None = None
+        self._lock = threading.Lock()
+
+    def opened(self) -> Catalog:
+        """The catalog, opened now if it was not yet; raises what opening raises."""
+        with self._lock:
+            if self._catalog is None:
+                self._catalog = self._open()
+                log.warning("catalog %s: reachable now, table topics go on", self.name)
+            return self._catalog
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.opened(), attr)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether opening a catalog failed for an outage (a refused or broken connection, a timeout, a database that
+    is down), not for its settings. requests' errors are OSErrors."""
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    try:
+        from sqlalchemy.exc import OperationalError
+    except ImportError:  # pragma: no cover - sqlalchemy comes with pyiceberg[sql-*]
+        return False
+    return isinstance(exc, OperationalError)
+
+
+def open_broker_catalog(config: BrokerConfig) -> Catalog | None:
+    """The broker's catalog (``load_catalog(config, create=True)``), or, when it cannot be reached now, a
+    :class:`DeferredCatalog` that opens it once it can; None when ``catalog.type`` is unset. Wrong settings
+    still raise."""
+    try:
+        return load_catalog(config, create=True)
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        log.warning("catalog %s cannot be reached (%s: %s): the broker serves Kafka clients meanwhile and table "
+                    "topics wait for the catalog", config.catalog_name, type(exc).__name__, exc)
+
+        def reopen() -> Catalog:
+            catalog = load_catalog(config, create=True)
+            assert catalog is not None  # the type is set: load_catalog returned or raised before
+            return catalog
+
+        return cast("Catalog", DeferredCatalog(config.catalog_name, reopen))
 
 
 def _redact(uri: str) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tabletopic.catalog import broker_config
@@ -211,3 +213,29 @@ def test_credentials_are_never_shown(broker: BrokerProcess, seaweed: SeaweedServ
     assert tables.returncode == 0, tables.stderr
     for text in (describe, tables.stdout, tables.stderr, broker.log_text()):
         assert SECRET_KEY not in text
+
+
+def test_broker_starts_while_the_catalog_is_down(tmp_path: Path) -> None:
+    """A broker restarted while its REST catalog and object store cannot be reached serves Kafka clients anyway;
+    its table topic waits, and once the server is back the table holds every record acknowledged meanwhile.
+    (Creating a table topic needs the catalog: it is refused while the catalog is down, saying why.)"""
+    server = SeaweedServer()
+    b = BrokerProcess(tmp_path / "data", server.broker_overrides())
+    try:
+        server.start()
+        b.start()
+        create(b, "s3_late", 2)
+        assert produce(b, "s3_late", 500) == 500
+        server.kill()
+        b.stop()
+        b.start()
+        assert produce(b, "s3_late", 500, start=500) == 500
+        assert "table topics wait for the catalog" in b.log_text()
+        with pytest.raises(KafkaException, match="could not check the new configs of topic s3_other"):
+            create(b, "s3_other", 1)
+        server.start()
+        assert produce(b, "s3_late", 500, start=1000) == 500
+        _assert_table_is_the_log(b, "s3_late", 2)
+    finally:
+        b.stop()
+        server.stop()
