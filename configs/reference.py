@@ -159,7 +159,9 @@ existing table) are checked when they are set.
 
 def _passthrough() -> list[str]:
     words = {
-        "automq.table.topic.catalog.": "passed to the Iceberg catalog (`uri`, `warehouse`, `credential`, ...)",
+        "automq.table.topic.catalog.": "passed to the Iceberg catalog (`uri`, `warehouse`, `credential`, ...); "
+        "its S3 settings are Iceberg's S3 FileIO names under the same prefix (`s3.endpoint`, `s3.access-key-id`, "
+        "...: [object-storage.md](object-storage.md#the-settings))",
         "automq.table.topic.schema.registry.config.": "passed to the schema registry client (only the keys listed "
         "in [table-topics.md](table-topics.md#converters); another key stops the broker at start)",
         "spark.": "passed unchanged to the Spark side process's session and to `tabletopic sql` "
