@@ -392,6 +392,8 @@ class CommitResult:
     attempts: int
     reason: str = ""
     commit_ms: float = 0.0  # time spent in the catalog commit(s)
+    # the commit raised (the catalog or the store failed: 5xx, 429, a time-out) and reading the table back decided it
+    unknown_outcome: bool = False
 
 
 def _without_pyiceberg_retries(tbl: Table) -> Table:
@@ -594,7 +596,8 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
                     f"round {rc.commit_id}: commit raised {type(e).__name__}: {e}; reading the table back "
                     f"raised {type(e2).__name__}: {e2}") from e2
             log.warning("round %s resolved as %s after the unknown outcome", rc.commit_id, outcome)
-            return CommitResult(outcome, fresh, attempt, f"unknown outcome resolved: {e}", commit_s * 1000)
+            return CommitResult(outcome, fresh, attempt, f"unknown outcome resolved: {type(e).__name__}: {e}",
+                                commit_s * 1000, unknown_outcome=True)
         commit_s += time.perf_counter() - t0
         return CommitResult(Outcome.COMMITTED, committed, attempt, "", commit_s * 1000)
     reason = f"gave up after {max_retries + 1} conflicting commits"

@@ -133,6 +133,11 @@ class MergeError(RuntimeError):
     """An upsert/CDC round's merge did not run to the end: the round was aborted (its offsets stay)."""
 
 
+class CommitOutageError(RuntimeError):
+    """A round's commit failed (the catalog or the store answered an error, or nothing) and the table read back
+    does not hold it: the round was aborted, its files deleted, and it counts as a failed round (back-off)."""
+
+
 class CoordinatorNotReadyError(RuntimeError):
     """The table is not loaded yet (catalog unreachable at start; retried every interval)."""
 
@@ -406,8 +411,9 @@ class TableTopicCoordinator:
         self._next_due = max(due, self._last_round_end + MIN_ROUND_PAUSE_S)
 
     async def _run(self) -> None:
-        """The loop: a failing round is logged and retried after an exponential back-off starting at the commit
-        interval; a round that timed out, answered MORE_DATA or was aborted is followed by the next at once."""
+        """The loop: a failing round (an outage) is logged and retried after an exponential back-off starting at the
+        commit interval; a round that timed out, answered MORE_DATA or was aborted (a conflict) is followed by the
+        next at once."""
         loop = asyncio.get_running_loop()
         while not self._stopping:
             while not self._stopping and not self._triggered:
@@ -796,7 +802,8 @@ class TableTopicCoordinator:
         return replace(rnd, checkpoint=cp)
 
     async def _commit(self, rnd: _Round, answers: _Answers) -> RoundReport:
-        """The Iceberg commit, then phase COMMITTED (or ABORTED when it did not land)."""
+        """The Iceberg commit, then phase COMMITTED (or ABORTED when it did not land; CommitOutageError raised when it
+        did not land because the catalog or the store failed)."""
         dead = answers.dead_letter_files
         if dead and self._dead_letter_table is None:  # the first dead letters: the table they go to, first
             self._dead_letter_table = await asyncio.to_thread(load_or_create_dead_letter_table, self._catalog,
@@ -826,6 +833,11 @@ class TableTopicCoordinator:
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
             self._remember(rnd.commit_id, ())
             self.aborted_rounds += 1
+            if result.unknown_outcome:
+                # an outage, not a conflict: the next round waits for the failed rounds' back-off instead of coming
+                # at once, rewriting the round's files and committing again as fast as it can against a catalog that
+                # answers 429 or 503 (no commit id in the message: the rate-limited log sees one condition)
+                raise CommitOutageError(f"the round's commit did not land (its files were deleted): {result.reason}")
             return RoundReport(RoundOutcome.ABORTED, rnd.commit_id, offsets=committed_offsets(result.table),
                                commit_attempts=result.attempts, error=result.reason, **answers.report_fields())
         await self._save(rnd.checkpoint.advance(Phase.COMMITTED, self._now_ms()))

@@ -168,10 +168,13 @@ def test_unknown_outcome_that_did_not_land_is_redone_from_the_table(tmp_path: Pa
         async with Harness(tmp_path, logs=logs, catalog=cat) as h:
             cat.commit_faults = ["before"]
             r = await h.coord.trigger_round()
-            assert r.outcome is RoundOutcome.ABORTED, r
+            # read back, not in the table: aborted, and a failed round (an outage: the next one backs off)
+            assert r.outcome is RoundOutcome.FAILED and "did not land" in (r.error or ""), r
+            cp = CheckpointStore(tmp_path / "state" / TOPIC).load()
+            assert cp is not None and cp.phase is Phase.ABORTED and h.coord.aborted_rounds == 1
             first_files = [f for w in h.workers for f in w.written]
             assert first_files and not any(file_exists(f) for f in first_files)
-            # an aborted round schedules a quick one: it redoes the round from the table's offsets
+            # the next round redoes the round from the table's offsets
             r2 = await h.coord.trigger_round()
             assert r2.outcome in (RoundOutcome.COMMITTED, RoundOutcome.IDLE)
             tbl = h.table()
