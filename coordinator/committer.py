@@ -44,7 +44,13 @@ from configs.table_schema import partition_by_text as canonical_partition_by
 from configs.table_schema import partition_spec, table_schema
 from configs.table_topic import FORMAT_VERSION, RESERVED_PREFIX, TableTopicConfig
 from coordinator import metadata_copies  # noqa: F401 (commits cost what a table's snapshots cost to copy)
-from coordinator.contract import DEAD_LETTER_SCHEMA, DataFile, dead_letter_location, file_spec_id
+from coordinator.contract import (
+    DEAD_LETTER_SCHEMA,
+    LEGACY_DEAD_LETTER_FIELD_IDS,
+    DataFile,
+    dead_letter_location,
+    file_spec_id,
+)
 from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (
     APPENDED_PROPERTY,
@@ -222,19 +228,26 @@ def prepare_merge_table(tbl: Table, writer: TableWriter | None = None) -> Table:
 
 
 def _ours(tbl: Table, main: Table) -> Table:
-    """``tbl`` when it is ``main``'s dead-letter table with the field ids the workers write; else raises."""
+    """``tbl`` when it is ``main``'s dead-letter table with the columns the workers write, by one of the two
+    layouts of field ids (:data:`DEAD_LETTER_SCHEMA`'s, or the legacy one of older tables); else raises."""
     owner = ".".join(main.name())
     if dead_letters_of(tbl) != owner:
         raise TableConflictError(
             f"table {'.'.join(tbl.name())} is not the dead-letter table of {owner} (its "
             f"{DEAD_LETTERS_OF_PROPERTY} is {dead_letters_of(tbl)!r}): the skipped records of {owner} wait until "
             f"it is renamed or dropped")
-    ids = {f.name: f.field_id for f in tbl.schema().fields}
+    fields = {f.name: f for f in tbl.schema().fields}
     for f in DEAD_LETTER_SCHEMA.fields:
-        if ids.get(f.name) != f.field_id:
-            raise TableConflictError(f"dead-letter table {'.'.join(tbl.name())}: column {f.name} is not field "
-                                     f"{f.field_id} of type {f.field_type} any more; drop the table (it is "
+        have = fields.get(f.name)
+        if have is None or str(have.field_type) != str(f.field_type):
+            raise TableConflictError(f"dead-letter table {'.'.join(tbl.name())}: column {f.name} of type "
+                                     f"{f.field_type} is missing or has another type; drop the table (it is "
                                      f"created again) or restore the column")
+    ids = {name: f.field_id for name, f in fields.items()}
+    if not any(all(ids.get(f.name) == layout[f.name] for f in DEAD_LETTER_SCHEMA.fields) for layout in
+               ({f.name: f.field_id for f in DEAD_LETTER_SCHEMA.fields}, LEGACY_DEAD_LETTER_FIELD_IDS)):
+        raise TableConflictError(f"dead-letter table {'.'.join(tbl.name())}: its columns have field ids "
+                                 f"{ids}, not those the workers write; drop the table (it is created again)")
     return tbl
 
 

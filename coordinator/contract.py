@@ -111,13 +111,19 @@ DEAD_LETTER_SCHEMA: Schema = assign_fresh_schema_ids(Schema(
     NestedField(4, "timestamp", TimestamptzType(), required=False),  # null for an undecodable batch
     NestedField(5, "key", BinaryType(), required=False),
     NestedField(6, "value", BinaryType(), required=False),  # an undecodable batch: its raw bytes
-    NestedField(7, "headers", MapType(8, StringType(), 9, BinaryType(), value_required=False), required=False),
-    NestedField(10, "reason", StringType(), required=True),
-    NestedField(11, "schema_id", IntegerType(), required=False),  # the Confluent header's id (by_schema_id)
-    NestedField(12, "detail", StringType(), required=False),
+    NestedField(7, "reason", StringType(), required=True),
+    NestedField(8, "schema_id", IntegerType(), required=False),  # the Confluent header's id (by_schema_id)
+    NestedField(9, "detail", StringType(), required=False),
+    NestedField(10, "headers", MapType(11, StringType(), 12, BinaryType(), value_required=False), required=False),
 ))
-"""The columns of a dead-letter table, with the field ids the committer's ``create_table`` gives them (pyiceberg
-assigns fresh ids in this same order), so files written before the table exists read back correctly."""
+"""The columns of a dead-letter table, with the field ids the committer's ``create_table`` gives them, so files
+written before the table exists read back correctly. The one nested column comes last: then every way of assigning
+fresh ids (pyiceberg's and Iceberg-Java's breadth-first, a REST server's depth-first) gives these same ids."""
+
+LEGACY_DEAD_LETTER_FIELD_IDS = {"topic": 1, "partition": 2, "offset": 3, "timestamp": 4, "key": 5, "value": 6,
+                                "headers": 7, "reason": 8, "schema_id": 9, "detail": 10}
+"""The field ids of dead-letter tables created before the headers column moved last (still read and written: the
+workers write an existing table's files with its own ids)."""
 
 
 def dead_letter_location(table_location: str) -> str:

@@ -342,3 +342,30 @@ def test_dead_letters_follow_the_tables_commit_once(tmp_path: Path) -> None:
     done = commit_round(result.table, RoundCommit("round-3", {0: 10}, {0: 12}, dead_letters_applied="round-1"))
     assert done.outcome is Outcome.COMMITTED and pending_dead_letters(done.table) is None
     assert commit_dead_letters(cat, done.table, cfg) is not None  # nothing pending: the table as it is
+
+
+def test_dead_letter_tables_of_the_legacy_layout_are_still_used(tmp_path: Path) -> None:
+    """A dead-letter table made before the headers column moved last (headers field 7, reason 8) is still the
+    topic's: found, accepted, and the workers write its files with its own field ids; a table whose columns have
+    other ids (the workers' first files would not read back) is refused, saying so."""
+    from pyiceberg.schema import Schema
+
+    from coordinator.committer import load_dead_letter_table
+    from coordinator.contract import LEGACY_DEAD_LETTER_FIELD_IDS
+
+    cat = make_catalog(tmp_path)
+    orders = load_or_create_table(cat, "orders", make_config())
+    by_name = {f.name: f for f in DEAD_LETTER_SCHEMA.fields}
+    legacy = Schema(*sorted(by_name.values(), key=lambda f: LEGACY_DEAD_LETTER_FIELD_IDS[f.name]))
+    dlq = cat.create_table(("kafka", "orders_dlq"), schema=legacy,
+                           properties={DEAD_LETTERS_OF_PROPERTY: "kafka.orders"})
+    assert {f.name: f.field_id for f in dlq.schema().fields} == LEGACY_DEAD_LETTER_FIELD_IDS
+    found = load_dead_letter_table(cat, orders)
+    assert found is not None and found.metadata_location == dlq.metadata_location
+    target = dead_letter_target(WriteTarget.from_table(orders), found)
+    assert target.schema.find_field("reason").field_id == 8
+    cat.drop_table(("kafka", "orders_dlq"))
+    odd = Schema(*[by_name[n] for n in ("detail", *[f.name for f in DEAD_LETTER_SCHEMA.fields if f.name != "detail"])])
+    cat.create_table(("kafka", "orders_dlq"), schema=odd, properties={DEAD_LETTERS_OF_PROPERTY: "kafka.orders"})
+    with pytest.raises(TableConflictError, match="its columns have field ids"):
+        load_dead_letter_table(cat, orders)

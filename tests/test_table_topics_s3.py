@@ -161,6 +161,9 @@ def _assert_table_is_the_log(b: BrokerProcess, topic: str, partitions: int) -> N
     assert table_rows(tbl.scan().to_arrow().to_pylist()) == normalize_log(log_rows(b, topic, partitions))
     missing = [p for p in referenced_files(tbl) if not tbl.io.new_input(p).exists()]
     assert missing == []
+    # no file of the current snapshot is cut short (an object appears whole or not at all)
+    for entry in tbl.inspect.files().select(["file_path", "file_size_in_bytes"]).to_pylist():
+        assert len(tbl.io.new_input(entry["file_path"])) == entry["file_size_in_bytes"], entry
 
 
 def test_object_store_and_catalog_killed_mid_stream(broker: BrokerProcess, seaweed: SeaweedServer) -> None:
@@ -239,3 +242,32 @@ def test_broker_starts_while_the_catalog_is_down(tmp_path: Path) -> None:
     finally:
         b.stop()
         server.stop()
+
+
+def test_dead_letters_in_s3(broker: BrokerProcess) -> None:
+    """``errors.tolerance=all``: records the converter cannot read go to the ``_dlq`` table beside the topic's, in
+    the bucket, each once; the good ones to the table."""
+    from tests.test_table_topic_dead_letters import BAD, REASON, produce_mixed
+
+    topic = "s3_dlq"
+    create(broker, topic, 2, convert_value_type="string", errors_tolerance="all")
+    produce_mixed(broker, topic, 700)
+    tbl = wait_committed(broker, topic, timeout=120)
+    log = log_rows(broker, topic, 2)
+    good = {(p, o) for p, o, _k, v, _h, _t in log if not (v or b"").startswith(BAD)}
+    bad = {(p, o) for p, o, _k, v, _h, _t in log if (v or b"").startswith(BAD)}
+    assert len(bad) == 100
+    main = [(r["_kafka_metadata"]["partition"], r["_kafka_metadata"]["offset"])
+            for r in tbl.scan().to_arrow().to_pylist()]
+    assert sorted(main) == sorted(good)
+    deadline = time.monotonic() + 60
+    dead: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and len(dead) < len(bad):
+        dlq = catalog(broker).load_table(("default", f"{topic}_dlq"))
+        dead = dlq.scan().to_arrow().to_pylist()
+        time.sleep(0.3)
+    assert dlq.location().startswith("s3://"), dlq.location()
+    assert sorted((d["partition"], d["offset"]) for d in dead) == sorted(bad)
+    assert {d["reason"] for d in dead} == {REASON}
+    # the REST server gave the table's columns their ids itself: those the workers wrote before it existed
+    assert [f.field_id for f in dlq.schema().fields] == list(range(1, 11))
