@@ -461,6 +461,11 @@ _broker(
             "after this long without an operation; the next schema change, upsert merge or maintenance step starts "
             "it again. 0: never stop it. Not an AutoMQ setting: tabletopic's own.",
             at_least(0), dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("table.topic.catalog.request.timeout.ms", Type.LONG, 60000,
+            "How long the broker waits for an answer of a REST catalog (automq.table.topic.catalog.type=rest) before "
+            "it gives the request up as an outage: a round's commit is then settled by reading the table back, and "
+            "the round retried with back-off. Not an AutoMQ setting: tabletopic's own.",
+            at_least(1), dynamic=False, origin=Origin.TABLETOPIC),
 )
 
 # ---- Kafka's topic settings: every one of Kafka 3.9 and 4.x, with Kafka's names, types, defaults, ranges and
@@ -922,6 +927,7 @@ class BrokerConfig:
     spark_master = _setting("spark.master", str)
     spark_driver_memory = _setting("spark.driver.memory", str)
     spark_idle_stop_ms = _setting("table.topic.spark.idle.stop.ms", int)
+    catalog_request_timeout_ms = _setting("table.topic.catalog.request.timeout.ms", int)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:

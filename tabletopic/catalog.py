@@ -245,7 +245,32 @@ def load_catalog(config: BrokerConfig, *, create: bool = False) -> Catalog | Non
 
     props = config.catalog_properties
     log.info("catalog %s: %s at %s", name, catalog_type, _redact(props.get("uri", "")))
-    return pyiceberg_load_catalog(name, **props)
+    opened = pyiceberg_load_catalog(name, **props)
+    _bound_requests(opened, config.catalog_request_timeout_ms / 1000)
+    return opened
+
+
+def _bound_requests(catalog: Catalog, timeout_s: float) -> None:
+    """Give a REST catalog's HTTP requests a time-out (``table.topic.catalog.request.timeout.ms``).
+
+    pyiceberg's RestCatalog sets none, so a catalog that accepts a connection and never answers would hold a
+    round's commit for ever; timed out, the commit's outcome is settled by reading the table back. The session is
+    pyiceberg's private ``_session``: catalogs without one are left as they are."""
+    from requests import Session
+    from requests.adapters import HTTPAdapter
+
+    session = getattr(catalog, "_session", None)
+    if not isinstance(session, Session):
+        return
+
+    class TimeoutAdapter(HTTPAdapter):
+        def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("timeout") is None:
+                kwargs["timeout"] = timeout_s
+            return super().send(request, *args, **kwargs)
+
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, TimeoutAdapter())
 
 
 class DeferredCatalog:

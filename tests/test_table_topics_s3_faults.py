@@ -50,7 +50,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory, seaweed: SeaweedServer, res
                                P + "catalog.oauth2-server-uri": f"{rest_proxy.url}/v1/oauth/tokens",
                                P + "catalog.s3.endpoint": s3_proxy.url}
     b = BrokerProcess(tmp_path_factory.mktemp("s3-faults") / "data",
-                      {P + "metrics.port": str(free_port()), **seaweed.broker_overrides(), **catalog_through_proxies})
+                      {P + "metrics.port": str(free_port()), "table.topic.catalog.request.timeout.ms": "3000",
+                       **seaweed.broker_overrides(), **catalog_through_proxies})
     b.start()
     yield b
     b.stop(60)
@@ -171,3 +172,24 @@ def test_refused_commits_back_off(broker: BrokerProcess, rest_proxy: FaultProxy)
     assert all(gap >= 0.9 * interval_s * 2 ** i for i, gap in enumerate(gaps)), gaps
     _assert_table_is_the_log(broker, topic, 2)
     assert "resolved as ABORTED after the unknown outcome" in broker.log_text()
+
+
+def test_a_commit_whose_answer_never_comes_is_resolved_after_the_time_out(broker: BrokerProcess,
+                                                                         rest_proxy: FaultProxy) -> None:
+    """The catalog applies a commit and then does not answer: the broker gives the request up after
+    ``table.topic.catalog.request.timeout.ms`` (3 s here) and settles the round from the table, committed once."""
+    topic = "faults_hang"
+    create(broker, topic, 2, commit_interval_ms="300")
+    sent = produce(broker, topic, 300)
+    hang = rest_proxy.answer_late(8, method="POST", path=table_path(topic), times=1)
+    deadline = time.monotonic() + 60
+    while hang.hits < 1 and time.monotonic() < deadline:
+        sent += produce(broker, topic, 100, start=sent)
+        time.sleep(0.3)
+    assert hang.hits == 1, rest_proxy.faults
+    sent += produce(broker, topic, 200, start=sent)
+    _assert_table_is_the_log(broker, topic, 2)
+    ids = _commit_ids(broker, topic)
+    assert len(ids) == len(set(ids)), ids
+    text = broker.log_text()
+    assert "ReadTimeout" in text and "resolved as COMMITTED after the unknown outcome" in text, text[-3000:]

@@ -6,7 +6,9 @@ until :meth:`FaultProxy.clear`):
 - :meth:`FaultProxy.fail`: answer a status (503, 429, 500, ...) without forwarding: the server never sees it;
 - :meth:`FaultProxy.lose_answers`: forward, let the server apply it, then answer a status instead of its answer
   (a commit whose answer was lost: applied, but the client cannot know);
-- :meth:`FaultProxy.delay`: wait before answering (a slow server).
+- :meth:`FaultProxy.delay`: wait before answering (a slow server);
+- :meth:`FaultProxy.answer_late`: forward, let the server apply it, then hold its answer back (a server that hangs
+  after doing the work: the client's time-out fires on an applied request).
 An error answer has the body the client expects of its server (``flavor``): S3's XML ``<Error>`` or the Iceberg
 REST catalog's JSON ``ErrorResponse``. A fault may be ``after`` another: it applies only once that one fired.
 
@@ -30,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Literal
 
-Action = Literal["fail", "lose", "delay"]
+Action = Literal["fail", "lose", "delay", "late"]
 Flavor = Literal["s3", "rest", "plain"]
 
 # headers of one connection, not of the request (RFC 9110 7.6.1), and Expect (the proxy already has the body)
@@ -181,6 +183,12 @@ class FaultProxy:
         return self._add("delay", method=method, path=path, delay_s=delay_s, times=times, seconds=seconds,
                          after=after)
 
+    def answer_late(self, delay_s: float, *, method: str | None = None, path: str = "", times: int | None = None,
+                    seconds: float | None = None, after: Fault | None = None) -> Fault:
+        """Forward matching requests, then wait ``delay_s`` before passing the server's answer on."""
+        return self._add("late", method=method, path=path, delay_s=delay_s, times=times, seconds=seconds,
+                         after=after)
+
     def clear(self) -> None:
         """Remove every fault: requests pass through again."""
         with self._lock:
@@ -221,7 +229,9 @@ class FaultProxy:
             answer = self._error(error.status, method)
         else:
             answer, upstream_status = self._forward(method, target, headers, body)
-            if error is not None:
+            if error is not None and error.action == "late":
+                time.sleep(error.delay_s)
+            elif error is not None:
                 answer = self._error(error.status, method)
         self._note(Seen(at, method, target, upstream_status, answer.status, actions))
         return answer
@@ -309,11 +319,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         body = self._body()
         answer = self.server.proxy.handle(self.command, self.path, list(self.headers.items()), body)
-        self.send_response_only(answer.status)  # the server's own Date and Server headers, if any
-        for name, value in answer.headers:
-            self.send_header(name, value)
-        self.end_headers()
-        if self.command != "HEAD" and answer.body:
-            self.wfile.write(answer.body)
+        try:
+            self.send_response_only(answer.status)  # the server's own Date and Server headers, if any
+            for name, value in answer.headers:
+                self.send_header(name, value)
+            self.end_headers()
+            if self.command != "HEAD" and answer.body:
+                self.wfile.write(answer.body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client gave up waiting (answer_late): nothing to tell it
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _serve
