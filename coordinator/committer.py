@@ -522,8 +522,10 @@ def _check_still_valid(tbl: Table, rc: RoundCommit) -> str | None:
     return None
 
 
-def remove_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = None) -> int:
-    """Delete ``paths`` (missing ones are fine), except those in ``keep``; returns how many were deleted."""
+def remove_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = None,
+                 failed: list[str] | None = None) -> int:
+    """Delete ``paths`` (missing ones are fine), except those in ``keep``; returns how many were deleted. Those
+    that could not be deleted (the store is down) are appended to ``failed``, for the caller to try again."""
     n = 0
     for path in paths:
         if keep and any(same_path(path, k) for k in keep):
@@ -536,11 +538,13 @@ def remove_files(tbl: Table, paths: Iterable[str], *, keep: set[str] | None = No
             pass
         except Exception as e:  # best effort: a leftover is an orphan, never a correctness problem
             log.warning("could not delete uncommitted file %s: %s", path, e)
+            if failed is not None:
+                failed.append(path)
     return n
 
 
-def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, paths: Iterable[str]
-                  ) -> tuple[Outcome, Table]:
+def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, paths: Iterable[str], *,
+                  failed: list[str] | None = None) -> tuple[Outcome, Table]:
     """Decide a round whose outcome is unknown by re-reading the table.
 
     Committed when the table names ``commit_id``; otherwise its files are deleted (sparing any file a
@@ -552,7 +556,7 @@ def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, path
         return Outcome.COMMITTED, tbl
     paths = list(paths)
     if paths:
-        remove_files(tbl, paths, keep=referenced_files(tbl))
+        remove_files(tbl, paths, keep=referenced_files(tbl), failed=failed)
     return Outcome.ABORTED, tbl
 
 
@@ -566,9 +570,10 @@ def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, writer: TableWriter | Non
 
 def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 writer: TableWriter | None = None) -> CommitResult:
+                 writer: TableWriter | None = None, failed: list[str] | None = None) -> CommitResult:
     """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once. A format v3 table is committed
-    through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries.
+    through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries. Files of an aborted
+    round that could not be deleted are appended to ``failed``.
 
     A clean conflict guarantees nothing landed: reload, check that the offsets are still the round's base offsets
     and the spec still the files' spec, try again up to ``max_retries`` times; if someone else moved the offsets or
@@ -584,7 +589,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
             problem = f"the table is format v{tbl.metadata.format_version} and no TableWriter is configured"
         if problem is not None:
             log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), problem)
-            remove_files(tbl, rc.paths)
+            remove_files(tbl, rc.paths, failed=failed)
             return CommitResult(Outcome.ABORTED, tbl, attempt, problem, commit_s * 1000)
         attempt_commit = _attempt(tbl, rc, int(clock() * 1000), writer)
         t0 = time.perf_counter()
@@ -603,7 +608,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
             log.warning("commit of round %s failed with an unknown outcome (%s: %s); re-reading the table",
                         rc.commit_id, type(e).__name__, e)
             try:
-                outcome, fresh = resolve_round(tbl.catalog, tbl.name(), rc.commit_id, rc.paths)
+                outcome, fresh = resolve_round(tbl.catalog, tbl.name(), rc.commit_id, rc.paths, failed=failed)
             except Exception as e2:
                 raise CommitOutcomeUnknownError(
                     f"round {rc.commit_id}: commit raised {type(e).__name__}: {e}; reading the table back "
@@ -615,7 +620,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
         return CommitResult(Outcome.COMMITTED, committed, attempt, "", commit_s * 1000)
     reason = f"gave up after {max_retries + 1} conflicting commits"
     log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), reason)
-    remove_files(tbl, rc.paths)
+    remove_files(tbl, rc.paths, failed=failed)
     return CommitResult(Outcome.ABORTED, tbl, max_retries + 1, reason, commit_s * 1000)
 
 

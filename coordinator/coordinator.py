@@ -305,6 +305,8 @@ class TableTopicCoordinator:
         self._last_offsets: dict[int, int] = {}
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
+        # files of aborted rounds whose deletion failed (the store was down): tried again after committed rounds
+        self._undeleted: list[str] = []
 
         # Metrics, exported by the broker as they are (the round counters: class defaults).
         self.last_commit_duration_ms = 0.0  # the catalog commit of the last committed round
@@ -738,7 +740,7 @@ class TableTopicCoordinator:
 
     async def _abort_stopped(self, rnd: _Round, received: dict[int, CommitResponse]) -> RoundReport:
         """Stop requested while collecting answers: the round ends ABORTED, the files received are deleted."""
-        await asyncio.to_thread(remove_files, rnd.table, _paths(received.values()))
+        await asyncio.to_thread(remove_files, rnd.table, _paths(received.values()), failed=self._undeleted)
         await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
         self._remember(rnd.commit_id, ())
         self.aborted_rounds += 1
@@ -749,7 +751,7 @@ class TableTopicCoordinator:
         brings every partition up to the high watermark it saw (then idle rounds can be skipped)."""
         accepted, rejected_paths, blocked, more = self._classify(rnd.request, rnd.base, collected.responses)
         if rejected_paths:
-            await asyncio.to_thread(remove_files, rnd.table, rejected_paths)
+            await asyncio.to_thread(remove_files, rnd.table, rejected_paths, failed=self._undeleted)
         timed_out = tuple(sorted(set(rnd.partitions) - collected.responses.keys()))
         if timed_out:
             self._conditions.log("timed-out", logging.WARNING, "table topic %s: round %s timed out after %.1f s "
@@ -796,7 +798,7 @@ class TableTopicCoordinator:
         except Exception:
             # No commit was tried, so the files may go (should the checkpoint have reached the disk anyway,
             # resolving it finds no commit id in the table).
-            await asyncio.to_thread(remove_files, rnd.table, cp.paths)
+            await asyncio.to_thread(remove_files, rnd.table, cp.paths, failed=self._undeleted)
             self._remember(rnd.commit_id, ())
             raise
         return replace(rnd, checkpoint=cp)
@@ -817,11 +819,13 @@ class TableTopicCoordinator:
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
             commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock,
-            writer=self._writer))
+            writer=self._writer, failed=self._undeleted))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
         if answers.change_files and result.outcome is Outcome.COMMITTED:  # the merge read them: never needed again
-            await asyncio.to_thread(remove_files, result.table, answers.change_files)
+            await asyncio.to_thread(remove_files, result.table, answers.change_files, failed=self._undeleted)
+        if result.outcome is Outcome.COMMITTED and self._undeleted:
+            await self._delete_again(result.table)
         if result.outcome is Outcome.COMMITTED and dead:
             try:
                 await self._apply_dead_letters(result.table, dead)
@@ -862,7 +866,7 @@ class TableTopicCoordinator:
                 self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys,
                                                       rewrite=self._rewrite_wanted(_total_files_size(rnd.table)))))
         except Exception as e:
-            await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths)
+            await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths, failed=self._undeleted)
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
             self._remember(rnd.commit_id, ())
             self.aborted_rounds += 1
@@ -984,6 +988,15 @@ class TableTopicCoordinator:
             return
         out.responses[r.partition] = r
 
+    async def _delete_again(self, tbl: Table) -> None:
+        """Try again to delete the files of aborted rounds that could not be deleted before (sparing any file a
+        snapshot references); what fails again stays listed."""
+        retry, self._undeleted = self._undeleted, []
+        n = await asyncio.to_thread(lambda: remove_files(tbl, retry, keep=referenced_files(tbl),
+                                                         failed=self._undeleted))
+        log.info("table topic %s: deleted %d file(s) of aborted rounds left while the store was failing (%d left)",
+                 self.topic, n, len(self._undeleted))
+
     async def _drop_stale(self, r: CommitResponse) -> None:
         """Drop an answer of another round, deleting its files unless a committed round included them."""
         self.stale_responses += 1
@@ -996,13 +1009,13 @@ class TableTopicCoordinator:
         included = self._recent_rounds.get(r.commit_id)
         if included is not None:
             doomed = [p for p in paths if not any(same_path(p, k) for k in included)]
-            await asyncio.to_thread(remove_files, tbl, doomed)
+            await asyncio.to_thread(remove_files, tbl, doomed, failed=self._undeleted)
         elif commit_landed(tbl, r.commit_id):
             # A round from before this coordinator started that did land: spare whatever the tables reference.
             await asyncio.to_thread(lambda: remove_files(
                 tbl, paths, keep=referenced_files(tbl) | self._committed_dead_letter_files(tbl)))
         else:
-            await asyncio.to_thread(remove_files, tbl, paths)
+            await asyncio.to_thread(remove_files, tbl, paths, failed=self._undeleted)
 
     def _classify(self, request: CommitRequest, base: dict[int, int], responses: dict[int, CommitResponse]
                   ) -> tuple[dict[int, CommitResponse], list[str], tuple[int, ...], tuple[int, ...]]:
