@@ -305,9 +305,7 @@ class TableTopicCoordinator:
         self._last_offsets: dict[int, int] = {}
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()
-        # files of aborted rounds whose deletion failed (the store was down): tried again after committed rounds
-        self._undeleted: list[str] = []
-
+        self._undeleted: list[str] = []  # aborted rounds' files not deleted (the store was down): tried again
         # Metrics, exported by the broker as they are (the round counters: class defaults).
         self.last_commit_duration_ms = 0.0  # the catalog commit of the last committed round
         self.last_round_duration_ms = 0.0

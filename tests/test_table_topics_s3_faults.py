@@ -13,13 +13,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from coordinator.table import SUMMARY_COMMIT_ID
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.procs import BrokerProcess, free_port
-from tests.helpers.seaweed import SeaweedServer
+from tests.helpers.seaweed import PLAIN_BUCKET, SeaweedServer
 from tests.helpers.upserts import catalog
 from tests.test_metrics import scrape
 from tests.test_table_topics import produce
@@ -193,3 +194,47 @@ def test_a_commit_whose_answer_never_comes_is_resolved_after_the_time_out(broker
     assert len(ids) == len(set(ids)), ids
     text = broker.log_text()
     assert "ReadTimeout" in text and "resolved as COMMITTED after the unknown outcome" in text, text[-3000:]
+
+
+_WRITE_LARGE = """
+import os, sys
+from pyiceberg.io.pyarrow import PyArrowFileIO
+io = PyArrowFileIO({k: v for k, v in (a.split("=", 1) for a in sys.argv[2:])})
+with io.new_output(sys.argv[1]).create(overwrite=True) as out:
+    for _ in range(6):
+        out.write(os.urandom(4 << 20))
+"""
+
+
+def test_large_files_upload_in_parts_and_appear_whole_or_not_at_all(seaweed: SeaweedServer, s3_proxy: FaultProxy,
+                                                                     tmp_path: Path) -> None:
+    """A 24 MiB file is uploaded in parts (S3 multipart: create, parts, complete) through the FileIO the workers
+    use, and reads back whole; a writer killed -9 between parts leaves no object: nothing half-written is seen."""
+    import subprocess
+    import sys
+
+    props = {**seaweed.s3_properties(), "s3.endpoint": s3_proxy.url}
+    args = [f"{k}={v}" for k, v in props.items()]
+    script = tmp_path / "write_large.py"
+    script.write_text(_WRITE_LARGE)
+    whole = f"s3://{PLAIN_BUCKET}/large/whole.bin"
+    start = len(s3_proxy.seen)
+    subprocess.run([sys.executable, str(script), whole, *args], check=True, timeout=120)
+    seen = s3_proxy.seen[start:]
+    assert any(s.method == "POST" and "uploads" in s.target for s in seen), seen
+    assert sum(1 for s in seen if s.method == "PUT" and "partNumber=" in s.target) >= 2, seen
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    io = PyArrowFileIO(seaweed.s3_properties())
+    assert len(io.new_input(whole)) == 24 << 20
+    cut = f"s3://{PLAIN_BUCKET}/large/cut.bin"
+    slow = s3_proxy.delay(30, method="PUT", path="partNumber=2")  # the writer waits there: kill it then
+    proc = subprocess.Popen([sys.executable, str(script), cut, *args])
+    deadline = time.monotonic() + 60
+    while slow.hits < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert slow.hits == 1
+    proc.kill()
+    proc.wait(30)
+    s3_proxy.clear()
+    assert not io.new_input(cut).exists()
