@@ -443,7 +443,7 @@ _broker(
             "Processes that convert table topic records into Parquet files, shared by all table topics "
             "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
             at_least(1), dynamic=False, origin=Origin.TABLETOPIC),
-    # ---- The Spark side process (tabletopic.spark_service): every broker setting starting with spark. goes to its
+    # ---- The Spark side process (tabletopic.spark.service): every broker setting starting with spark. goes to its
     # Spark session (and to `tabletopic sql`'s); the two below are declared for their defaults and checks.
     Setting("spark.master", Type.STRING, "local[4]",
             "Spark master of the broker's Spark side process (schema evolution; started when a table first needs "

@@ -6,7 +6,8 @@ small transactions of their own. :func:`commit_round` commits a round exactly on
 nothing: its data files (or its staged merge published), the ``tabletopic.offsets`` / ``tabletopic.commit-id``
 properties, its pending dead letters and the snapshot expiry; :func:`commit_dead_letters` then adds those dead
 letters to the dead-letter table, once; :func:`resolve_round` decides a round whose outcome was unknown. A format v3
-table gets the same writes as a :class:`~coordinator.table_writer.TableUpdate` through the injected TableWriter.
+table gets the same writes as a :class:`~coordinator.table_writer.TableUpdate` through the injected table engine
+(:class:`coordinator.engine.TableEngine`).
 
 Rules: a clean conflict (``CommitFailedException``, ``ValidationException``: nothing landed) is retried only after
 checking again that the table's offsets are the round's base; any other failure is resolved by reading the table
@@ -51,6 +52,7 @@ from coordinator.contract import (
     dead_letter_location,
     file_spec_id,
 )
+from coordinator.engine import TableEngine
 from coordinator.merge import MERGE_TABLE_PROPERTIES, StagedMerge
 from coordinator.table import (
     APPENDED_PROPERTY,
@@ -79,7 +81,6 @@ from coordinator.table_writer import (
     WRITER_FORMAT_VERSION,
     AddedFile,
     TableUpdate,
-    TableWriter,
     WriterMissingError,
     commit_update,
     written_by_writer,
@@ -100,11 +101,11 @@ def _desired_spec(schema: Schema, cfg: TableTopicConfig) -> PartitionSpec | str:
         return f"not applied: {e}"
 
 
-def apply_update(tbl: Table, update: TableUpdate, writer: TableWriter | None = None) -> Table:
+def apply_update(tbl: Table, update: TableUpdate, engine: TableEngine | None = None) -> Table:
     """Commit ``update``'s properties and partition-spec changes on ``tbl`` (pyiceberg; a format v3 table through
-    ``writer``, :mod:`coordinator.table_writer`); returns the current table."""
+    ``engine``, :mod:`coordinator.table_writer`); returns the current table."""
     if written_by_writer(tbl):
-        return commit_update(tbl, update, writer)
+        return commit_update(tbl, update, engine)
     txn = tbl.transaction()
     if update.set_properties:
         txn.set_properties(dict(update.set_properties))
@@ -122,14 +123,14 @@ def apply_update(tbl: Table, update: TableUpdate, writer: TableWriter | None = N
     return txn.commit_transaction()
 
 
-def _record_problem(tbl: Table, problem: str | None, writer: TableWriter | None = None) -> Table:
+def _record_problem(tbl: Table, problem: str | None, engine: TableEngine | None = None) -> Table:
     """Set (or clear, with None) :data:`PARTITION_BY_PROBLEM_PROPERTY`; a no-op when it already says that."""
     if partition_by_problem(tbl) == problem:
         return tbl
     if problem is None:
-        return apply_update(tbl, TableUpdate(remove_properties=(PARTITION_BY_PROBLEM_PROPERTY,)), writer)
+        return apply_update(tbl, TableUpdate(remove_properties=(PARTITION_BY_PROBLEM_PROPERTY,)), engine)
     log.error("table %s: %s; keeping the current partitioning", ".".join(tbl.name()), problem)
-    return apply_update(tbl, TableUpdate(set_properties={PARTITION_BY_PROBLEM_PROPERTY: problem}), writer)
+    return apply_update(tbl, TableUpdate(set_properties={PARTITION_BY_PROBLEM_PROPERTY: problem}), engine)
 
 
 class TableConflictError(Exception):
@@ -174,10 +175,10 @@ def default_location(catalog: Catalog, ident: tuple[str, ...]) -> str | None:
     return str(resolve(None, Catalog.namespace_to_string(ident[:-1]), ident[-1]))
 
 
-def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, writer: TableWriter | None = None
+def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, engine: TableEngine | None = None
                          ) -> Table:
     """Load the topic's table, creating namespace and table (schema, spec and :func:`table_properties` from
-    ``cfg``) if needed: format v2 by pyiceberg, format v3 through ``writer`` (:mod:`coordinator.table_writer`).
+    ``cfg``) if needed: format v2 by pyiceberg, format v3 through ``engine`` (:mod:`coordinator.table_writer`).
 
     A table another process created first (TableAlreadyExistsError) is loaded instead; a dead-letter table of that
     name raises :class:`TableConflictError`.
@@ -199,10 +200,10 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, wr
         properties[PARTITION_BY_PROPERTY] = partition_by_text(cfg)
     try:
         if properties[FORMAT_VERSION] == str(WRITER_FORMAT_VERSION):
-            if writer is None:
+            if engine is None:
                 raise WriterMissingError(f"table {'.'.join(ident)} is to be format v3: it is created and committed "
                                          "through the broker's Spark side process, and none is configured")
-            writer.create_table(ident, table_schema(cfg), spec, properties, default_location(catalog, ident))
+            engine.create_table(ident, table_schema(cfg), spec, properties, default_location(catalog, ident))
             tbl = catalog.load_table(ident)
         else:
             tbl = catalog.create_table(ident, schema=table_schema(cfg), partition_spec=spec, properties=properties)
@@ -213,7 +214,7 @@ def load_or_create_table(catalog: Catalog, topic: str, cfg: TableTopicConfig, wr
     return tbl
 
 
-def prepare_merge_table(tbl: Table, writer: TableWriter | None = None) -> Table:
+def prepare_merge_table(tbl: Table, engine: TableEngine | None = None) -> Table:
     """Give an upsert/CDC table the properties its merges need (:data:`MERGE_TABLE_PROPERTIES`) when it lacks
     them (a table created for appends, then switched to upserts), and the workers' Parquet codec when it names
     none (a table created before the broker named it: see :func:`table_properties`); returns the current table."""
@@ -222,7 +223,7 @@ def prepare_merge_table(tbl: Table, writer: TableWriter | None = None) -> Table:
         missing[TableProperties.PARQUET_COMPRESSION] = TableProperties.PARQUET_COMPRESSION_DEFAULT
     if not missing:
         return tbl
-    tbl = apply_update(tbl, TableUpdate(set_properties=missing), writer)
+    tbl = apply_update(tbl, TableUpdate(set_properties=missing), engine)
     log.info("table %s: set %s for upserts", ".".join(tbl.name()), missing)
     return tbl
 
@@ -288,7 +289,7 @@ def partition_by_text(cfg: TableTopicConfig) -> str:
     return canonical_partition_by(cfg.partition_by)
 
 
-def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig, writer: TableWriter | None = None) -> Table:
+def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig, engine: TableEngine | None = None) -> Table:
     """Make the table's default spec match ``partition.by`` (add/remove fields); returns the current table.
 
     Only a *changed* ``partition.by`` is applied: the value last applied is recorded in the table
@@ -303,14 +304,14 @@ def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig, writer: TableWriter
     """
     text = partition_by_text(cfg)
     if tbl.properties.get(PARTITION_BY_PROPERTY) == text:
-        return _record_problem(tbl, None, writer)
+        return _record_problem(tbl, None, engine)
     desired = _desired_spec(tbl.schema(), cfg)
     if isinstance(desired, str):
-        return _record_problem(tbl, desired, writer)
+        return _record_problem(tbl, desired, engine)
     want = _spec_key(desired)
     have = _spec_key(tbl.spec())
     if want == have:
-        return _record_problem(tbl, None, writer)
+        return _record_problem(tbl, None, engine)
     schema = tbl.schema()
     added: list[tuple[str, str, str]] = []
     for f in desired.fields:
@@ -323,7 +324,7 @@ def evolve_partition_spec(tbl: Table, cfg: TableTopicConfig, writer: TableWriter
         remove_properties=(PARTITION_BY_PROBLEM_PROPERTY,) if partition_by_problem(tbl) is not None else (),
         remove_spec_fields=tuple(f.name for f in tbl.spec().fields
                                  if (f.source_id, str(f.transform), f.name) not in want),
-        add_spec_fields=tuple(added)), writer)
+        add_spec_fields=tuple(added)), engine)
     log.info("evolved the partition spec of %s to %s (spec id %d) for partition.by=%s", ".".join(tbl.name()),
              tbl.spec(), tbl.spec().spec_id, text)
     return tbl
@@ -461,7 +462,7 @@ def _round_summary(rc: RoundCommit) -> dict[str, str]:
 
 
 def round_update(tbl: Table, rc: RoundCommit, now_ms: int) -> TableUpdate:
-    """The round's single commit over a format v3 ``tbl``, for the TableWriter: what :func:`build_transaction` does
+    """The round's single commit over a format v3 ``tbl``, for the table engine: what :func:`build_transaction` does
     on a format v2 table (the snapshots to expire are chosen on ``tbl`` as it is, before the round's snapshot)."""
     props, removed = _round_properties(tbl, rc)
     staged = None if rc.merge is None else rc.merge.snapshot_id
@@ -560,19 +561,19 @@ def resolve_round(catalog: Catalog, ident: tuple[str, ...], commit_id: str, path
     return Outcome.ABORTED, tbl
 
 
-def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, writer: TableWriter | None) -> Callable[[], Table]:
-    """One commit attempt of ``rc`` on ``tbl``: pyiceberg's transaction, or the TableWriter's for format v3."""
+def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, engine: TableEngine | None) -> Callable[[], Table]:
+    """One commit attempt of ``rc`` on ``tbl``: pyiceberg's transaction, or the table engine's for format v3."""
     if written_by_writer(tbl):
         update = round_update(tbl, rc, now_ms)
-        return lambda: commit_update(tbl, update, writer)
+        return lambda: commit_update(tbl, update, engine)
     return build_transaction(tbl, rc, now_ms).commit_transaction
 
 
 def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 writer: TableWriter | None = None, failed: list[str] | None = None) -> CommitResult:
+                 engine: TableEngine | None = None, failed: list[str] | None = None) -> CommitResult:
     """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once. A format v3 table is committed
-    through ``writer`` (:mod:`coordinator.table_writer`), with the same checks and retries. Files of an aborted
+    through ``engine`` (:mod:`coordinator.table_writer`), with the same checks and retries. Files of an aborted
     round that could not be deleted are appended to ``failed``.
 
     A clean conflict guarantees nothing landed: reload, check that the offsets are still the round's base offsets
@@ -585,13 +586,13 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
         if attempt > 1 or (attempt == 1 and rc.merge is not None):  # a merge's snapshot is newer than ``tbl``
             tbl = tbl.catalog.load_table(tbl.name())
         problem = _check_still_valid(tbl, rc)
-        if problem is None and written_by_writer(tbl) and writer is None:
-            problem = f"the table is format v{tbl.metadata.format_version} and no TableWriter is configured"
+        if problem is None and written_by_writer(tbl) and engine is None:
+            problem = f"the table is format v{tbl.metadata.format_version} and no table engine is configured"
         if problem is not None:
             log.warning("aborting round %s of %s: %s", rc.commit_id, ".".join(tbl.name()), problem)
             remove_files(tbl, rc.paths, failed=failed)
             return CommitResult(Outcome.ABORTED, tbl, attempt, problem, commit_s * 1000)
-        attempt_commit = _attempt(tbl, rc, int(clock() * 1000), writer)
+        attempt_commit = _attempt(tbl, rc, int(clock() * 1000), engine)
         t0 = time.perf_counter()
         try:
             committed = attempt_commit()

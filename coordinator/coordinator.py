@@ -67,8 +67,9 @@ from coordinator.contract import (
     dead_letter_location,
     file_spec_id,
 )
-from coordinator.evolution import Evolver, SchemaChanges
-from coordinator.merge import REASON_UNKNOWN_KEY_DELETE, Merger, MergeRefusedError, MergeRequest, MergeResult
+from coordinator.engine import EngineRefusedError, TableEngine
+from coordinator.evolution import SchemaChanges
+from coordinator.merge import REASON_UNKNOWN_KEY_DELETE, MergeRequest, MergeResult
 from coordinator.state import Checkpoint, CheckpointStore, Phase
 from coordinator.table import (
     TOPIC_ID_PROPERTY,
@@ -80,7 +81,6 @@ from coordinator.table import (
     referenced_files,
     same_path,
 )
-from coordinator.table_writer import TableWriter
 from tabletopic.faults import crash_point, fail_point
 from tabletopic.logs import ConditionLog
 
@@ -254,9 +254,7 @@ class TableTopicCoordinator:
         on_round: Callable[[RoundReport], None] | None = None,
         topic_id: str | None = None,
         partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
-        schema_evolver: Evolver | None = None,
-        merger: Merger | None = None,
-        table_writer: TableWriter | None = None,
+        engine: TableEngine | None = None,
         rewrite_wanted: Callable[[int], bool] | None = None,
     ) -> None:
         self.topic = topic
@@ -272,13 +270,12 @@ class TableTopicCoordinator:
         self._clock = clock
         self._on_round = on_round  # observer of every round's report (metrics), called on the loop
         self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
-        # what workers ask the table to take in; what applies an upsert/CDC round's change files (coordinator.merge);
-        # what writes a format v3 table's metadata (coordinator.table_writer); what is asked before each merge
-        # (event loop) with the table's size in bytes (-1: unknown): True when that round is to write the table again
-        # (copy-on-write, or its maintenance left the compaction to it: coordinator.maintenance.take_round_rewrite)
-        self._partition_log, self._merger, self._writer, self._rewrite_wanted = (
-            partition_log, merger, table_writer, rewrite_wanted or _never)
-        self.schema_changes = SchemaChanges(topic, catalog, schema_evolver)
+        # the table engine (coordinator.engine): the changes workers ask the table to take in, upsert/CDC rounds'
+        # merges (coordinator.merge), a format v3 table's metadata (coordinator.table_writer); what is asked before
+        # each merge (event loop) with the table's size in bytes (-1: unknown): True when that round is to write the
+        # table again (copy-on-write, or its maintenance left the compaction to it: TableMaintenance.take_round_rewrite)
+        self._partition_log, self._engine, self._rewrite_wanted = partition_log, engine, rewrite_wanted or _never
+        self.schema_changes = SchemaChanges(topic, catalog, engine)
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
 
@@ -528,7 +525,7 @@ class TableTopicCoordinator:
         except Exception as e:
             self._failures += 1
             self.failed_rounds += 1
-            if isinstance(e, MergeError) and isinstance(e.__cause__, MergeRefusedError):
+            if isinstance(e, MergeError) and isinstance(e.__cause__, EngineRefusedError):
                 return self._block_rounds(e)
             self._conditions.log(
                 "round-failed", logging.ERROR, "table topic %s: commit round failed (%d in a row), retrying with "
@@ -555,7 +552,7 @@ class TableTopicCoordinator:
     async def _initialize(self) -> None:
         cfg = self._config_provider()
         cp = await asyncio.to_thread(self._store.load)
-        tbl = await asyncio.to_thread(load_or_create_table, self._catalog, self.topic, cfg, self._writer)
+        tbl = await asyncio.to_thread(load_or_create_table, self._catalog, self.topic, cfg, self._engine)
         self._checkpoint = cp
         self._table = tbl
         if cp is not None and cp.phase is Phase.PRE_COMMIT:
@@ -817,7 +814,7 @@ class TableTopicCoordinator:
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
             commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock,
-            writer=self._writer, failed=self._undeleted))
+            engine=self._engine, failed=self._undeleted))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table
         if answers.change_files and result.outcome is Outcome.COMMITTED:  # the merge read them: never needed again
@@ -855,14 +852,15 @@ class TableTopicCoordinator:
         mode = rnd.request.change_mode
         t0 = time.perf_counter()
         try:
-            if self._merger is None or mode is None:
-                raise MergeError(f"table topic {self.topic}: upserts need a merger (the broker's Spark side "
+            if self._engine is None or mode is None:
+                raise MergeError(f"table topic {self.topic}: upserts need a table engine (the broker's Spark side "
                                  "process), and none is configured")
             crash_point("coordinator-before-merge")
             fail_point("coordinator-merge", self.topic)
             merged = await asyncio.shield(asyncio.to_thread(
-                self._merger, rnd.table, MergeRequest(rnd.commit_id, answers.change_files, mode.keys,
-                                                      rewrite=self._rewrite_wanted(_total_files_size(rnd.table)))))
+                self._engine.merge, rnd.table.name(), MergeRequest(
+                    rnd.commit_id, answers.change_files, mode.keys,
+                    rewrite=self._rewrite_wanted(_total_files_size(rnd.table)))))
         except Exception as e:
             await asyncio.to_thread(remove_files, rnd.table, rnd.checkpoint.paths, failed=self._undeleted)
             await self._save(rnd.checkpoint.advance(Phase.ABORTED, self._now_ms()))
@@ -931,12 +929,12 @@ class TableTopicCoordinator:
             self.schema_changes.apply(tbl)
         tbl = self._catalog.load_table(tbl.name())  # a new object: workers may be reading the old one
         if cfg.delta_write:
-            tbl = prepare_merge_table(tbl, self._writer)
+            tbl = prepare_merge_table(tbl, self._engine)
         # first round, partition.by changed, or a schema change may have added the columns it names (a table whose
         # columns come from the records has none of them at first)
         if cfg.partition_by != self._partition_by_seen or (
                 self.partition_by_problem is not None and tbl.schema().schema_id != self._partition_by_schema):
-            tbl = evolve_partition_spec(tbl, cfg, self._writer)
+            tbl = evolve_partition_spec(tbl, cfg, self._engine)
             self._partition_by_seen = cfg.partition_by
             self._partition_by_schema = tbl.schema().schema_id
         self.partition_by_problem = partition_by_problem(tbl)

@@ -3,38 +3,35 @@
 A worker that meets a record the table cannot hold yet (a new field, a wider type; see ``worker.evolution``)
 hands over the records before it and names the change in its answer (``CommitResponse.table_change``: Iceberg
 schema JSON of what the table must take in, merged by name). The coordinator commits that round first, then
-applies the change before its next round, through the injected evolver (the broker's Spark side process), from
-a thread. Order matters for crashes: a crash after the commit and before the change, or after the change and
-before the next commit, converges on restart (the worker re-reads from the committed offsets and either asks
-again or finds the columns there). A change that fails is logged; the worker asks again next round, so no
-record is skipped.
+applies the change before its next round through the table engine
+(:meth:`coordinator.engine.TableEngine.evolve_schema`: the broker's Spark side process), from a thread. Order
+matters for crashes: a crash after the commit and before the change, or after the change and before the next
+commit, converges on restart (the worker re-reads from the committed offsets and either asks again or finds the
+columns there). A change that fails is logged; the worker asks again next round, so no record is skipped.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
+from coordinator.engine import TableEngine
 from tabletopic.faults import crash_point
 from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
 
-Evolver = Callable[[Table, str], None]
-"""Applies one change (Iceberg schema JSON, union by name) to the table; blocking."""
-
 
 class SchemaChanges:
-    """The pending table changes of one table topic and the evolver that applies them."""
+    """The pending table changes of one table topic and the engine that applies them."""
 
-    def __init__(self, topic: str, catalog: Catalog, evolver: Evolver | None) -> None:
+    def __init__(self, topic: str, catalog: Catalog, engine: TableEngine | None) -> None:
         self.topic = topic
         self._catalog = catalog
-        self._evolver = evolver
+        self._engine = engine
         self._pending: list[str] = []
         self._conditions = ConditionLog(log)
         self.applied = 0  # a metric
@@ -52,9 +49,9 @@ class SchemaChanges:
         """Apply every pending change to ``tbl`` (blocking: call from a thread)."""
         changes, self._pending = self._pending, []
         for change in changes:
-            if self._evolver is None:
+            if self._engine is None:
                 self._conditions.log("evolve", logging.ERROR, "table topic %s: records need a table change, but no "
-                                     "schema evolver is configured; the partitions wait at them", self.topic,
+                                     "table engine is configured; the partitions wait at them", self.topic,
                                      state="none")
                 self.failing = True
                 return
@@ -62,7 +59,7 @@ class SchemaChanges:
             before = tbl.schema().schema_id
             crash_point("coordinator-before-schema-change")
             try:
-                self._evolver(tbl, change)
+                self._engine.evolve_schema(tbl.name(), change)
             except Exception as e:  # the worker asks again at its next round: no record is lost
                 self.failing = True
                 self._conditions.log("evolve", logging.ERROR, "table topic %s: evolving table %s failed: %s: %s",

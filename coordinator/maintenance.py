@@ -2,10 +2,10 @@
 ``compaction.*`` setting does, for users: docs/operations.md, "Compaction and maintenance").
 
 One :class:`TableMaintenance` per table topic, started by the plugin host next to the coordinator. Every
-``compaction.interval.ms`` a run reads the settings, looks at the table with pyiceberg and calls the Spark side
-process (:mod:`tabletopic.spark`) once per step that has work: rewrite data files (in two bounded passes,
-:meth:`MaintenancePolicy.bounded_pass`), expire snapshots, rewrite manifests, remove orphan files
-(:func:`orphan_candidates`). The coordinator calls on the event loop: :meth:`TableMaintenance.note_delete_files`
+``compaction.interval.ms`` a run reads the settings, looks at the table with pyiceberg and calls the table engine
+(:class:`coordinator.engine.TableEngine`: the Spark side process) once per step that has work: rewrite data files
+(in two bounded passes, :meth:`MaintenancePolicy.bounded_pass`), expire snapshots, rewrite manifests, remove orphan
+files (:func:`orphan_candidates`). The coordinator calls on the event loop: :meth:`TableMaintenance.note_delete_files`
 and :meth:`TableMaintenance.note_idle` bring a run forward, :meth:`TableMaintenance.take_round_rewrite` says which
 upsert rounds write the whole table again (:mod:`coordinator.merge`). A run that did something logs one
 ``[MAINTENANCE]`` line, reports to ``on_run`` (metrics) and records itself for ``tabletopic tables``
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
@@ -43,6 +43,7 @@ from coordinator.contract import (
     DEAD_LETTER_FILE_PREFIX,
     parse_data_file_name,
 )
+from coordinator.engine import EngineOperationError, EngineUnavailableError, TableEngine
 from coordinator.listing import list_files, path_key, within
 from coordinator.table import (
     OFFSETS_PROPERTY,
@@ -55,7 +56,6 @@ from coordinator.table import (
 )
 from tabletopic.durable import atomic_write_json
 from tabletopic.logs import ConditionLog
-from tabletopic.spark_service import SparkOperationError, SparkServiceError
 
 log = logging.getLogger(__name__)
 
@@ -73,21 +73,6 @@ STEP_DATA_BY_ROUND = "rewrite_data_files_by_round"  # a round rewrote the table 
 STEP_EXPIRE = "expire_snapshots"
 STEP_MANIFESTS = "rewrite_manifests"
 STEP_ORPHANS = "remove_orphan_files"
-
-
-class SparkMaintenance(Protocol):
-    """The maintenance operations of the broker's Spark side process (``tabletopic.spark_service.SparkService``);
-    blocking, one at a time. Raise SparkOperationError when Spark ran the step and it failed, SparkServiceError
-    when the process could not run it."""
-
-    def rewrite_data_files(self, table: tuple[str, ...], options: Mapping[str, str]) -> dict[str, int]: ...
-
-    def rewrite_manifests(self, table: tuple[str, ...]) -> dict[str, int]: ...
-
-    def expire_snapshots(self, table: tuple[str, ...], older_than_ms: int, retain_last: int) -> dict[str, int]: ...
-
-    def remove_orphan_files(self, table: tuple[str, ...], candidates: Sequence[tuple[str, int]],
-                            older_than_ms: int) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +213,8 @@ class _Totals:
                    len(snapshot.manifests(tbl.io)))
 
 
-class _SparkDownError(Exception):
-    """The Spark side process could not run a step: the rest of the run waits for the next one."""
+class _EngineDownError(Exception):
+    """The table engine (the Spark side process) could not run a step: the rest of the run waits for the next one."""
 
 
 @dataclass
@@ -266,13 +251,13 @@ class TableMaintenance:
     """The maintenance loop of one table topic's table (see the module doc)."""
 
     def __init__(self, topic: str, *, catalog: Catalog, config_provider: Callable[[], TableTopicConfig],
-                 spark: SparkMaintenance | None, state_dir: Path | None = None, topic_id: str | None = None,
+                 engine: TableEngine | None, state_dir: Path | None = None, topic_id: str | None = None,
                  on_run: Callable[[MaintenanceReport], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.topic = topic
         self._catalog = catalog
         self._config_provider = config_provider
-        self._spark = spark
+        self._engine = engine
         self._state_dir = state_dir
         self._topic_id = topic_id
         self._on_run = on_run
@@ -341,7 +326,7 @@ class TableMaintenance:
 
     def note_rewrite_refused(self, why: str) -> None:
         """A round asked to rewrite the table merged instead, Spark having refused the rewrite (event loop; ``why``
-        its analysis error: :func:`tabletopic.spark.merge_changes`). Until the table's schema changes the runs
+        its analysis error: ``tabletopic.spark.merge.merge_changes``). Until the table's schema changes the runs
         rewrite the table themselves: handed off again, every round might be refused again and the table never
         compacted."""
         if self._refused is None:
@@ -453,7 +438,7 @@ class TableMaintenance:
     def run_once(self, cfg: TableTopicConfig, *, settle: bool = False) -> MaintenanceReport | None:
         """Run the steps that have work; None when none had (or the table does not exist yet). ``settle``: every
         data file with deletes is rewritten (:meth:`note_idle`)."""
-        if self._spark is None:
+        if self._engine is None:
             return None
         ident = catalog_identifier(self.topic, cfg)
         try:
@@ -474,7 +459,7 @@ class TableMaintenance:
                 if self._stopping:
                     break
                 tbl = step(tbl, policy, report)
-        except _SparkDownError:
+        except _EngineDownError:
             pass
         if not report.steps and not report.failures:
             return None
@@ -522,7 +507,7 @@ class TableMaintenance:
         for attempt in (1, 2):
             try:
                 result = run()
-            except SparkOperationError as e:
+            except EngineOperationError as e:
                 conflict = any(c in f"{e.kind} {e.message}" for c in _CONFLICTS)
                 if conflict and attempt == 1:
                     log.info("table topic %s: %s lost a commit race (%s); trying once more", self.topic, step,
@@ -530,9 +515,9 @@ class TableMaintenance:
                     continue
                 report.failures[step] = f"{e.kind}: {e.message}"
                 return None
-            except SparkServiceError as e:
+            except EngineUnavailableError as e:
                 report.failures[step] = str(e)
-                raise _SparkDownError from e
+                raise _EngineDownError from e
             if step not in report.steps:  # a step of two passes is named once
                 report.steps.append(step)
             return result
@@ -547,7 +532,8 @@ class TableMaintenance:
 
     def _rewrite_data(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
         """Bin-pack small data files and apply deletes (Iceberg's position-delete compaction cannot run on these
-        tables: :func:`tabletopic.spark.rewrite_data_files`, which also waits for a staged merge to be published).
+        tables: ``tabletopic.spark.maintenance.rewrite_data_files``, which also waits for a staged merge to be
+        published).
         Only when the table changed since this step last ran, or to settle; left to the next round on a small
         upsert table (:meth:`_leave_to_round`)."""
         totals = _Totals.of(tbl)
@@ -586,10 +572,10 @@ class TableMaintenance:
     def _rewrite_pass(self, tbl: Table, options: Mapping[str, str], report: MaintenanceReport
                       ) -> dict[str, int] | None:
         """One RewriteDataFiles call, added to ``report``; its figures, None when it failed or was skipped."""
-        assert self._spark is not None
-        spark = self._spark
+        assert self._engine is not None
+        engine = self._engine
         out: dict[str, int] | None = self._step(report, STEP_DATA,
-                                                lambda: spark.rewrite_data_files(tbl.name(), options))
+                                                lambda: engine.rewrite_data_files(tbl.name(), options))
         if out is None or out.get("skipped"):
             return None
         report.rewritten_data_files += out["rewritten_data_files"]
@@ -627,11 +613,11 @@ class TableMaintenance:
         now_ms = int(self._clock() * 1000)
         if not snapshots_to_expire(tbl.metadata, policy.expire, now_ms):
             return tbl
-        assert self._spark is not None
-        spark = self._spark
+        assert self._engine is not None
+        engine = self._engine
         cutoff = now_ms - policy.expire.older_than_hours * 3_600_000
         out = self._step(report, STEP_EXPIRE,
-                         lambda: spark.expire_snapshots(tbl.name(), cutoff, policy.expire.retain_last))
+                         lambda: engine.expire_snapshots(tbl.name(), cutoff, policy.expire.retain_last))
         if out is not None:
             report.snapshots_expired += out["snapshots_expired"]
             report.expired_files_deleted += out["data_files"] + out["delete_files"]
@@ -642,9 +628,9 @@ class TableMaintenance:
         one)."""
         if _Totals.of(tbl).manifests < policy.min_input_manifests:
             return tbl
-        assert self._spark is not None
-        spark = self._spark
-        self._step(report, STEP_MANIFESTS, lambda: spark.rewrite_manifests(tbl.name()))
+        assert self._engine is not None
+        engine = self._engine
+        self._step(report, STEP_MANIFESTS, lambda: engine.rewrite_manifests(tbl.name()))
         return self._reload(tbl)
 
     def _remove_orphans(self, tbl: Table, policy: MaintenancePolicy, report: MaintenanceReport) -> Table:
@@ -670,10 +656,10 @@ class TableMaintenance:
             return tbl
         if not candidates:
             return tbl
-        assert self._spark is not None
-        spark = self._spark
+        assert self._engine is not None
+        engine = self._engine
         deleted = self._step(report, STEP_ORPHANS,
-                             lambda: spark.remove_orphan_files(tbl.name(), candidates, older_than_ms))
+                             lambda: engine.remove_orphan_files(tbl.name(), candidates, older_than_ms))
         if deleted:
             report.orphan_files_deleted += len(deleted)
             log.info("table topic %s: deleted %d orphan file(s) of %s, e.g. %s", self.topic, len(deleted),

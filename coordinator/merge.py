@@ -2,9 +2,10 @@
 
 For a topic with ``upsert.enable`` or ``cdc.field`` the round's request carries a
 :class:`~coordinator.contract.ChangeMode` and the workers answer with change files (:mod:`worker.changes`). After the
-PRE_COMMIT checkpoint the coordinator hands them to the injected :data:`Merger` (the Spark side process: ``MERGE
-INTO``, merge-on-read, or with :attr:`MergeRequest.rewrite` the whole table written again), which **stages** the
-result: a snapshot ``main`` does not point to (write-audit-publish, :data:`MERGE_TABLE_PROPERTIES`). The round's
+PRE_COMMIT checkpoint the coordinator hands them to the table engine
+(:meth:`coordinator.engine.TableEngine.merge`, the Spark side process: ``MERGE INTO``, merge-on-read, or with
+:attr:`MergeRequest.rewrite` the whole table written again), which **stages** the result: a snapshot ``main`` does
+not point to (write-audit-publish, :data:`MERGE_TABLE_PROPERTIES`). The round's
 transaction (:func:`coordinator.committer.commit_round`) then moves ``main`` to it and writes the offsets in the
 same catalog commit, asserting that ``main`` is still the snapshot the merge started from.
 
@@ -17,11 +18,9 @@ they are deleted once the round is over, whatever its outcome, and any a crash l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from pyiceberg.table import Table
 
 REASON_UNKNOWN_KEY_DELETE = "unknown_key_delete"
 """Deletes of keys the table did not have: no-ops, counted among the skipped records under this reason."""
@@ -33,13 +32,6 @@ MERGE_TABLE_PROPERTIES = {
     "write.wap.enabled": "true",  # the merge is staged, then published by the round's commit
 }
 """What an upsert/CDC table needs (set at creation, and on an existing table when upserts are turned on)."""
-
-
-class MergeRefusedError(RuntimeError):
-    """Raised by a :data:`Merger` when the merge ran and was refused for what it was given (Spark's analysis of
-    the statement, an argument): the same round would fail the same way, so the coordinator blocks the table's
-    rounds until its settings change or the broker restarts, instead of retrying. Any other exception of a merger
-    is an outage, retried with back-off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +84,7 @@ class MergeResult:
 
     @classmethod
     def from_spark(cls, result: Mapping[str, Any]) -> MergeResult:
-        """From :func:`tabletopic.spark.merge_changes`' result."""
+        """From the Spark side process's merge result (``tabletopic.spark.merge.merge_changes``)."""
         snapshot_id = result.get("snapshot_id")
         parent = result.get("parent_id")
         staged = None if snapshot_id is None else StagedMerge(int(snapshot_id), None if parent is None else int(parent))
@@ -101,7 +93,3 @@ class MergeResult:
         return cls(staged, int(result.get("absent_deletes", 0)), dict(result.get("summary", {})),
                    None if rewrite is None else {str(k): int(v) for k, v in rewrite.items()},
                    None if refused is None else str(refused))
-
-
-Merger = Callable[[Table, MergeRequest], MergeResult]
-"""Stages one round's merge on the table (blocking); raises when it did not run to the end."""

@@ -1,41 +1,40 @@
-"""Format v3 tables: every write to their metadata goes through an injected :class:`TableWriter`.
+"""Format v3 tables: every write to their metadata goes through the table engine.
 
 pyiceberg 0.12 reads format v3 tables but cannot write their metadata (docs/design-notes.md, "Format v3 tables
 through Iceberg's Java API"), so the committer (:mod:`coordinator.committer`) hands each catalog write on such a
-table to a TableWriter, the broker's Spark side process (injected by the plugin host, as the
-:data:`coordinator.merge.Merger` is), as one :class:`TableUpdate` (:func:`commit_update`). The committer still
-decides everything as for format 2: what a round commits, the checks before each attempt, the conflict retries,
-the resolution of unknown outcomes.
+table to the injected :class:`coordinator.engine.TableEngine` (the broker's Spark side process) as one
+:class:`TableUpdate` (:func:`commit_update`). The committer still decides everything as for format 2: what a round
+commits, the checks before each attempt, the conflict retries, the resolution of unknown outcomes.
 
-Rules: the writer applies an update once, on exactly the metadata the committer checked, and never retries by itself
-(:meth:`TableWriter.commit`). Dead-letter tables stay format 2 (they hold no deletes; pyiceberg commits them).
+Rules: the engine applies an update once, on exactly the metadata the committer checked, and never retries by
+itself (:meth:`coordinator.engine.TableEngine.commit_update`). Dead-letter tables stay format 2 (they hold no
+deletes; pyiceberg commits them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from coordinator.contract import DataFile, file_spec_id
+from coordinator.engine import TableEngine
 
 WRITER_FORMAT_VERSION = 3
-"""Tables of this format version and later are written through the TableWriter."""
+"""Tables of this format version and later are written through the table engine."""
 
 
 class WriterMissingError(Exception):
-    """A format v3 table, and no TableWriter to write it (no Spark side process): nothing is written."""
+    """A format v3 table, and no table engine to write it (no Spark side process): nothing is written."""
 
 
 @dataclass(frozen=True, slots=True)
 class AddedFile:
     """A data file to append: its location, the partition spec it was written with and its partition values (in
     the spec's field order, Iceberg's internal representation: ints for dates, days, hours and buckets, ...). The
-    writer reads its metrics from the Parquet footer itself, as Iceberg-Java's own writers do."""
+    engine reads its metrics from the Parquet footer itself, as Iceberg-Java's own writers do."""
 
     path: str
     spec_id: int
@@ -75,39 +74,21 @@ class TableUpdate:
                 "summary": dict(self.summary), "publish": self.publish, "expire": list(self.expire)}
 
 
-class TableWriter(Protocol):
-    """Writes format v3 tables' metadata (blocking)."""
-
-    def create_table(self, identifier: tuple[str, ...], schema: Schema, spec: PartitionSpec,
-                     properties: Mapping[str, str], location: str | None = None) -> None:
-        """Create the table (``properties`` hold its ``format-version``); TableAlreadyExistsError when one of that
-        name exists."""
-
-    def commit(self, identifier: tuple[str, ...], base_metadata_location: str, update: TableUpdate) -> None:
-        """Commit ``update`` on the table as it is at ``base_metadata_location``, once: one Iceberg transaction on
-        exactly that metadata, the catalog pointer moved with one compare-and-set from that location.
-
-        Never retries by itself: Iceberg-Java's transaction retry, like pyiceberg's, re-applies the property update
-        on whatever is current, which would move offsets someone else moved. CommitFailedException (the table moved
-        on, or another commit won the swap) or ValidationException: nothing landed, the committer reads the table
-        again, checks and retries; any other exception: the outcome is unknown."""
-
-
 def written_by_writer(tbl: Table) -> bool:
-    """True for a table whose metadata only the TableWriter can write (format v3 and later: created with
+    """True for a table whose metadata only the table engine can write (format v3 and later: created with
     ``format-version=3`` among ``iceberg.auto-create.properties``, or upgraded by hand)."""
     return tbl.metadata.format_version >= WRITER_FORMAT_VERSION
 
 
-def the_writer(tbl: Table, writer: TableWriter | None) -> TableWriter:
-    """``writer``, or WriterMissingError naming the table."""
-    if writer is None:
+def the_writer(tbl: Table, engine: TableEngine | None) -> TableEngine:
+    """``engine``, or WriterMissingError naming the table."""
+    if engine is None:
         raise WriterMissingError(f"table {'.'.join(tbl.name())} is format v{tbl.metadata.format_version}: its "
                                  "commits go through the broker's Spark side process, and none is configured")
-    return writer
+    return engine
 
 
-def commit_update(tbl: Table, update: TableUpdate, writer: TableWriter | None) -> Table:
-    """Commit ``update`` on ``tbl`` (as loaded) through ``writer``; returns the table reloaded."""
-    the_writer(tbl, writer).commit(tbl.name(), tbl.metadata_location, update)
+def commit_update(tbl: Table, update: TableUpdate, engine: TableEngine | None) -> Table:
+    """Commit ``update`` on ``tbl`` (as loaded) through ``engine``; returns the table reloaded."""
+    the_writer(tbl, engine).commit_update(tbl.name(), tbl.metadata_location, update)
     return tbl.catalog.load_table(tbl.name())

@@ -9,7 +9,7 @@ committed; computed at scrape time, so it keeps growing while commits stall) and
 Every metric lives in the :class:`TableTopicMetrics` instance's own ``CollectorRegistry``: nothing is global, so
 two brokers (or tests) in one process never share series.
 
-The ``tabletopic_spark_*`` families describe the broker's Spark side process (``tabletopic.spark_service``); they
+The ``tabletopic_spark_*`` families describe the broker's Spark side process (``tabletopic.spark.service``); they
 are read from its status at scrape time (:meth:`TableTopicMetrics.watch_spark`).
 """
 
@@ -31,8 +31,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from configs.model import BrokerConfig, jvm_size_bytes
-from tabletopic.spark_service import STATES as SPARK_STATES
-from tabletopic.spark_service import SparkStatus
+from tabletopic.spark.service import STATES as SPARK_STATES
+from tabletopic.spark.service import SparkStatus
 
 log = logging.getLogger(__name__)
 

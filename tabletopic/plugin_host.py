@@ -5,7 +5,8 @@ When the broker has a catalog (``automq.table.topic.catalog.type``), :class:`Tab
 partition 0's leader; this single-node broker leads every partition), one
 :class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel, and one
 :class:`~coordinator.maintenance.TableMaintenance`. It injects what they need of the broker: each partition's log,
-the Spark side process (merges, schema changes, :class:`SparkTableWriter`) and the conversion process pool. It
+the table engine (:class:`~tabletopic.spark.engine.SparkTableEngine` over the Spark side process) and the
+conversion process pool. It
 follows topic changes (:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and
 its columns") and gives the broker its table checks (:meth:`TableTopicHost.check_config_change`).
 
@@ -25,10 +26,6 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError, ValidationException
-from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
 
 from configs.model import local_http_url
 from configs.table_topic import (
@@ -46,10 +43,9 @@ from configs.table_topic import (
     SchemaType,
     TableTopicConfig,
 )
-from coordinator.contract import CHANGE_OFFSET_COLUMN, CHANGE_OP_COLUMN, CHANGE_PARTITION_COLUMN, InProcessChannel
+from coordinator.contract import InProcessChannel
 from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.maintenance import TableMaintenance
-from coordinator.merge import MergeRefusedError, MergeRequest, MergeResult
 from coordinator.table import (
     appends_conflict,
     catalog_identifier,
@@ -60,11 +56,10 @@ from coordinator.table import (
     id_columns_conflict,
     value_layout_conflict,
 )
-from coordinator.table_writer import TableUpdate
 from tabletopic.errors import InvalidConfigError
-from tabletopic.faults import fail_point
 from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
-from tabletopic.spark_service import SparkOperationError, SparkService
+from tabletopic.spark.engine import SparkTableEngine
+from tabletopic.spark.service import SparkService
 from tabletopic.table_status import TableStatus
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
 from worker.partition_worker import PartitionWorker
@@ -105,6 +100,7 @@ class TableTopicHost:
         self.base_dir = broker.data_dir / "__tables"
         self.schema_source: SchemaSource | None = None  # the registry the converters read, set at start
         self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
+        self.engine: SparkTableEngine | None = None  # the coordinators' and maintenance's table engine over it
 
     # ---- lifecycle ----
 
@@ -116,6 +112,7 @@ class TableTopicHost:
             self.schema_source = SchemaSource(url, self._broker.config.schema_registry_config)
         # not started until a table needs it; writes its first status file (a thread: file I/O)
         self.spark = await asyncio.to_thread(SparkService, self._broker.config)
+        self.engine = SparkTableEngine(self.spark)
         self._metrics.watch_spark(self.spark.status)
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
@@ -153,25 +150,6 @@ class TableTopicHost:
         if registry is None or not registry.bound:
             return None
         return local_http_url(*registry.bound[0])
-
-    def _evolve_schema(self, tbl: Table, change: str) -> None:
-        """Apply a worker's table change through the Spark side process (blocking; the coordinator's thread)."""
-        assert self.spark is not None
-        self.spark.evolve_schema(tbl.name(), change)
-
-    def _merge(self, tbl: Table, request: MergeRequest) -> MergeResult:
-        """Stage an upsert/CDC round's merge through the Spark side process (blocking; the coordinator's thread)."""
-        assert self.spark is not None
-        fail_point("merge-refused", tbl.name()[-1], raising=MergeRefusedError)
-        try:
-            return MergeResult.from_spark(self.spark.merge(
-                tbl.name(), paths=request.paths, keys=request.keys, stage_id=request.stage_id,
-                op_column=CHANGE_OP_COLUMN, order_columns=(CHANGE_PARTITION_COLUMN, CHANGE_OFFSET_COLUMN),
-                rewrite=request.rewrite))
-        except SparkOperationError as e:
-            if e.kind.rsplit(".", 1)[-1] in _REFUSALS:  # the statement itself: it would fail the same way again
-                raise MergeRefusedError(str(e)) from e
-            raise
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         tt = self._running.get(topic)
@@ -314,7 +292,7 @@ class TableTopicHost:
             return self._broker.logs.get(topic, partition)
 
         maintenance = TableMaintenance(
-            topic, catalog=self._catalog, config_provider=config_provider, spark=self.spark, state_dir=state_dir,
+            topic, catalog=self._catalog, config_provider=config_provider, engine=self.engine, state_dir=state_dir,
             topic_id=str(info.topic_id), on_run=lambda run: self._metrics.record_maintenance(topic, run))
         coord = TableTopicCoordinator(
             topic,
@@ -328,9 +306,7 @@ class TableTopicHost:
             on_round=lambda report: self._observe(topic, report),
             topic_id=str(info.topic_id),
             partition_log=partition_log,
-            schema_evolver=self._evolve_schema,
-            merger=self._merge,
-            table_writer=None if self.spark is None else SparkTableWriter(self.spark),
+            engine=self.engine,
             rewrite_wanted=maintenance.take_round_rewrite,
         )
         tt = _TableTopic(topic, self._config_of(info), channel, coord,
@@ -443,45 +419,6 @@ class TableTopicHost:
             await w.stop()
         self._metrics.remove_topic(topic)
         log.debug("table topic %s stopped", topic)
-
-
-class SparkTableWriter:
-    """The :class:`coordinator.table_writer.TableWriter` of format v3 tables: the Spark side process applies each
-    write with the Iceberg Java API (blocking; the coordinator's thread). Its errors become pyiceberg's: a commit
-    that did not land (the table moved, a lost compare-and-set) CommitFailedException, a failed validation
-    ValidationException, a table that exists TableAlreadyExistsError; anything else (the process died or timed out
-    mid-commit) stays an unknown outcome."""
-
-    _ERRORS: dict[str, type[Exception]] = {"CommitFailedException": CommitFailedException,
-                                           "ValidationException": ValidationException,
-                                           "AlreadyExistsException": TableAlreadyExistsError}
-
-    def __init__(self, spark: SparkService) -> None:
-        self._spark = spark
-
-    def _error(self, e: SparkOperationError) -> Exception:
-        known = self._ERRORS.get(e.kind.rsplit(".", 1)[-1])
-        return known(e.message) if known is not None else e
-
-    def create_table(self, identifier: tuple[str, ...], schema: Schema, spec: PartitionSpec,
-                     properties: Mapping[str, str], location: str | None = None) -> None:
-        try:
-            self._spark.create_table(identifier, schema_json=schema.model_dump_json(),
-                                     spec_json=spec.model_dump_json(), properties=properties, location=location)
-        except SparkOperationError as e:
-            raise self._error(e) from e
-
-    def commit(self, identifier: tuple[str, ...], base_metadata_location: str, update: TableUpdate) -> None:
-        try:
-            self._spark.commit_table(identifier, base_location=base_metadata_location, update=update.plain())
-        except SparkOperationError as e:
-            raise self._error(e) from e
-
-
-# what a Spark operation raises when it is refused for what it was given, not for an outage (the JVM's class or the
-# side process's Python one): a merge refused so is not retried (coordinator.merge.MergeRefusedError)
-_REFUSALS = frozenset({"AnalysisException", "ParseException", "IllegalArgumentException",
-                       "UnsupportedOperationException", "KeyError", "ValueError", "TypeError", "AssertionError"})
 
 
 def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:

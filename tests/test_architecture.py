@@ -38,6 +38,9 @@ RULES = (
     Rule("worker", ("coordinator",), allowed=("coordinator.contract",),
          why="worker and coordinator share only the contract module"),
     Rule("coordinator", ("worker",), why="worker and coordinator share only the contract module"),
+    Rule("coordinator", ("tabletopic.spark",),
+         why="the coordinator reaches Spark only through the TableEngine it is given (coordinator.engine)"),
+    Rule("worker", ("tabletopic.spark",), why="workers never run Spark"),
     Rule("tabletopic.protocol", ("tabletopic.server", "tabletopic.log", "tabletopic.broker"),
          why="the wire codec is pure"),
     Rule("tabletopic.log", ("tabletopic.server", "tabletopic.broker", "tabletopic.plugin_host"),
@@ -217,8 +220,13 @@ def test_only_the_codec_imports_kafka_protocol() -> None:
     assert importers_of(ROOT, "kafka.protocol") <= {"tabletopic.protocol.codec"}
 
 
-def test_only_the_spark_module_imports_pyspark() -> None:
-    assert importers_of(ROOT, "pyspark") <= {"tabletopic.spark"}
+def spark_package_modules(root: Path) -> set[str]:
+    """The modules of the Spark package, ``tabletopic/spark/``."""
+    return {module_name(p, root) for p in (root / "tabletopic" / "spark").rglob("*.py")}
+
+
+def test_only_the_spark_package_imports_pyspark() -> None:
+    assert importers_of(ROOT, "pyspark") <= spark_package_modules(ROOT)
 
 
 # ------------------------------------------------------------------------------------------------ the checker

@@ -28,7 +28,7 @@ import pyspark
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tabletopic.spark_service import APP_NAME
+from tabletopic.spark import APP_NAME
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.helpers.upserts import JsonChanges, assert_table, delete_file_contents
 from tests.test_spark_service import alive

@@ -1,4 +1,4 @@
-"""The broker's Spark side process (tabletopic.spark_service): real child process, real Spark, real catalog.
+"""The broker's Spark side process (tabletopic.spark.service): real child process, real Spark, real catalog.
 
 One service for the module (a JVM start costs seconds); the restart tests start it again on purpose. No broker:
 the catalog and tables are created with pyiceberg as the broker does, and read back with pyiceberg.
@@ -47,13 +47,14 @@ from configs.admin import describe_broker
 from configs.model import BrokerConfig
 from tabletopic.catalog import load_catalog
 from tabletopic.errors import InvalidConfigError
-from tabletopic.spark import heap_mib, spark_conf
-from tabletopic.spark_service import (
+from tabletopic.spark import (
     SparkOperationError,
     SparkService,
     SparkServiceError,
     SparkServiceTimeoutError,
+    heap_mib,
     read_status,
+    spark_conf,
 )
 from tests.test_query_catalog import losing_next_commit, shipped_properties
 
@@ -436,7 +437,7 @@ def test_the_child_and_its_jvm_exit_when_the_broker_dies(env: Env) -> None:
     """kill -9 of the broker while the child is busy with a call (so it is not waiting on the connection)."""
     script = ("import json, sys, threading, time\n"
               "from configs.model import BrokerConfig\n"
-              "from tabletopic.spark_service import SparkService\n"
+              "from tabletopic.spark import SparkService\n"
               "s = SparkService(BrokerConfig.from_properties(json.loads(sys.argv[1])), start_timeout_s=240)\n"
               "s.ping()\n"
               f"threading.Thread(target=s.sql, args=({SLOW_SQL!r},)).start()\n"

@@ -37,7 +37,7 @@ from coordinator.table import COMMIT_ID_PROPERTY, committed_offsets, pending_dea
 from tabletopic.catalog import broker_config
 from tabletopic.errors import InvalidConfigError
 from tabletopic.readers import duckdb_connect, duckdb_scan
-from tabletopic.spark_service import SparkService
+from tabletopic.spark import SparkService
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.test_metrics import scrape
 from tests.test_table_topics import catalog, end_offsets

@@ -116,7 +116,7 @@ def spark_pids(b: BrokerProcess, timeout: float = 240) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for child in children(b.proc.pid):
-            if "tabletopic.spark_service" in cmdline(child):
+            if "-m tabletopic.spark " in cmdline(child):
                 jvms = [p for p in children(child) if "SparkSubmit" in cmdline(p)]
                 if jvms:
                     return child, jvms[0]

@@ -261,7 +261,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.override or [])
         if not config.table_topic_enabled:
             raise CliError("automq.table.topic.catalog.type is unset: this broker has no Iceberg catalog")
-        from tabletopic.spark import SparkUnavailableError, spark_session, stop_session
+        from tabletopic.spark.session import SparkUnavailableError, spark_session, stop_session
 
         # before the JVM starts: a wrong log.dirs, an unreachable catalog or refused credentials are reported at once
         open_catalog(config)
@@ -389,9 +389,9 @@ def _process_alive(pid: int) -> bool:
 
 
 def spark_line(config: BrokerConfig) -> str:
-    """The broker's Spark side process as its status file says (``tabletopic.spark_service.read_status``): state,
+    """The broker's Spark side process as its status file says (``tabletopic.spark.service.read_status``): state,
     pids, restarts, the last failure, spark.master and the driver memory."""
-    from tabletopic.spark_service import NOT_STARTED, RESTARTING, RUNNING, STOPPED, read_status
+    from tabletopic.spark.service import NOT_STARTED, RESTARTING, RUNNING, STOPPED, read_status
 
     head = "Spark side process:"
     st = read_status(config.log_dir)

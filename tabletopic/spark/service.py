@@ -1,15 +1,16 @@
 """The broker's Spark side process: one long-lived Spark driver in a child process, and the broker's client for it.
 
-The child (``python -m tabletopic.spark_service``) builds its session with :func:`tabletopic.spark.spark_session`
-(plus ``tabletopic.spark.SIDE_PROCESS_CONF``) and runs operations one at a time, so that a JVM crash, an
-out-of-memory driver or a stuck job never takes the broker down, and the driver's memory is not the broker's.
+The child (``python -m tabletopic.spark``, :func:`child_main`) builds its session with
+:func:`tabletopic.spark.session.spark_session` (plus ``SIDE_PROCESS_CONF``) and runs operations one at a time
+(:func:`_child_ops`, one module per family), so that a JVM crash, an out-of-memory driver or a stuck job never
+takes the broker down, and the driver's memory is not the broker's.
 :class:`SparkService` is the broker's client: a typed method per operation over :meth:`SparkService.call`; it
 starts the child at the first call, starts a new one after a backoff when it died or overran a call, and stops it
 when idle. Its state: :meth:`SparkService.status` (the ``tabletopic_spark_*`` metrics) and
 ``<log.dirs>/spark-service.json`` (:func:`read_status`, for ``tabletopic tables``). What users see of it:
 docs/operations.md, "The Spark side process".
 
-Rules: this module never imports pyspark (only the child does, through :mod:`tabletopic.spark`); calls block, one
+Rules: the client never imports pyspark (only the child does, through the operation modules); calls block, one
 at a time, and never run on the event loop; a failure reaches the caller as :class:`SparkServiceError` (the
 process) or :class:`SparkOperationError` (the operation), never takes the broker down. Nothing but the broker can
 talk to the child (:meth:`SparkService._start`), and the child never outlives the broker.
@@ -35,9 +36,10 @@ from typing import IO, Any
 
 from configs.model import BrokerConfig
 from tabletopic.durable import atomic_write_json
+from tabletopic.spark import jvm as jvm_api
 
-MODULE = "tabletopic.spark_service"
-log = logging.getLogger(MODULE)  # the same name in the child, where this module runs as __main__
+MODULE = "tabletopic.spark"  # the child runs ``python -m tabletopic.spark`` (tabletopic/spark/__main__.py)
+log = logging.getLogger(__name__)
 APP_NAME = "tabletopic-spark-service"
 LOG_FILE = "spark-service.log"
 STATUS_FILE = "spark-service.json"  # beside the log: the last status, for `tabletopic tables`
@@ -222,31 +224,33 @@ class SparkService:
     def evolve_schema(self, table: str | Sequence[str], schema_json: str, *, timeout: float | None = None) -> int:
         """Union the table's schema with ``schema_json`` (pyiceberg's ``Schema.model_dump_json()``); returns the
         current schema id. The rules (what is added, widened, kept or refused) are those of
-        :func:`tabletopic.spark.evolve_schema`; a refused change is a SparkOperationError whose ``kind`` is
+        :func:`tabletopic.spark.schema.evolve_schema`; a refused change is a SparkOperationError whose ``kind`` is
         ``java.lang.IllegalArgumentException``. ``table``: ``"ns.table"`` or ``(namespace levels..., table)``."""
         schema_id: int = self.call("evolve_schema", {"identifier": table_identifier(table),
                                                      "schema_json": schema_json}, timeout=timeout)
         return schema_id
 
     # table maintenance (coordinator.maintenance): one step per call, so other operations (a schema change, a
-    # round's merge) wait for one step at most; the rules of each are those of the functions in tabletopic.spark
+    # round's merge) wait for one step at most; the rules of each are those of the functions in
+    # tabletopic.spark.maintenance
 
     def rewrite_data_files(self, table: str | Sequence[str], options: Mapping[str, str], *,
                            timeout: float | None = None) -> dict[str, int]:
-        """Bin-pack data files (:func:`tabletopic.spark.rewrite_data_files`; ``options``: Iceberg's)."""
+        """Bin-pack data files (:func:`tabletopic.spark.maintenance.rewrite_data_files`; ``options``: Iceberg's)."""
         out: dict[str, int] = self.call("rewrite_data_files", {"identifier": table_identifier(table),
                                                                "options": dict(options)}, timeout=timeout)
         return out
 
     def rewrite_manifests(self, table: str | Sequence[str], *, timeout: float | None = None) -> dict[str, int]:
-        """Rewrite the manifests (:func:`tabletopic.spark.rewrite_manifests`)."""
+        """Rewrite the manifests (:func:`tabletopic.spark.maintenance.rewrite_manifests`)."""
         out: dict[str, int] = self.call("rewrite_manifests", {"identifier": table_identifier(table)},
                                         timeout=timeout)
         return out
 
     def expire_snapshots(self, table: str | Sequence[str], older_than_ms: int, retain_last: int, *,
                          timeout: float | None = None) -> dict[str, int]:
-        """Expire snapshots and delete the files only they referenced (:func:`tabletopic.spark.expire_snapshots`)."""
+        """Expire snapshots and delete the files only they referenced
+        (:func:`tabletopic.spark.maintenance.expire_snapshots`)."""
         out: dict[str, int] = self.call("expire_snapshots", {"identifier": table_identifier(table),
                                                              "older_than_ms": older_than_ms,
                                                              "retain_last": retain_last}, timeout=timeout)
@@ -254,7 +258,7 @@ class SparkService:
 
     def remove_orphan_files(self, table: str | Sequence[str], candidates: Sequence[tuple[str, int]],
                             older_than_ms: int, *, timeout: float | None = None) -> list[str]:
-        """Delete the unreferenced ones of ``candidates`` (:func:`tabletopic.spark.remove_orphan_files`)."""
+        """Delete the unreferenced ones of ``candidates`` (:func:`tabletopic.spark.maintenance.remove_orphan_files`)."""
         out: list[str] = self.call("remove_orphan_files", {"identifier": table_identifier(table),
                                                            "candidates": list(candidates),
                                                            "older_than_ms": older_than_ms}, timeout=timeout)
@@ -265,7 +269,7 @@ class SparkService:
               timeout: float | None = None) -> dict[str, Any]:
         """Apply the change files ``paths`` to the table with ``MERGE INTO`` (or, ``rewrite``, by writing the table
         again whole with them applied), staged under ``stage_id`` (the table must have ``write.wap.enabled=true``):
-        the rules and the result are those of :func:`tabletopic.spark.merge_changes`; the staged snapshot is
+        the rules and the result are those of :func:`tabletopic.spark.merge.merge_changes`; the staged snapshot is
         published by the caller's commit."""
         result: dict[str, Any] = self.call("merge", {
             "identifier": table_identifier(table), "paths": list(paths), "keys": list(keys), "stage_id": stage_id,
@@ -277,7 +281,7 @@ class SparkService:
     def create_table(self, table: str | Sequence[str], *, schema_json: str, spec_json: str,
                      properties: Mapping[str, str], location: str | None = None,
                      timeout: float | None = None) -> int:
-        """Create a table with the Iceberg Java API (:func:`tabletopic.spark.create_table`); its format version."""
+        """Create a table with the Iceberg Java API (:func:`tabletopic.spark.v3.create_table`); its format version."""
         version: int = self.call("create_table", {
             "identifier": table_identifier(table), "schema_json": schema_json, "spec_json": spec_json,
             "properties": dict(properties), "location": location}, timeout=timeout)
@@ -285,7 +289,7 @@ class SparkService:
 
     def commit_table(self, table: str | Sequence[str], *, base_location: str, update: Mapping[str, Any],
                      timeout: float | None = None) -> int | None:
-        """Commit one update on the table at ``base_location``, once (:func:`tabletopic.spark.commit_table_update`);
+        """Commit one update on the table at ``base_location``, once (:func:`tabletopic.spark.v3.commit_table_update`);
         main's head afterwards."""
         head: int | None = self.call("commit_table", {"identifier": table_identifier(table),
                                                       "base_location": base_location, "update": dict(update)},
@@ -550,7 +554,7 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
 def _child_env() -> dict[str, str]:
     """The broker's environment, with this package importable whatever the working directory."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 
@@ -591,33 +595,34 @@ CONTEXT_CHECK_INTERVAL_S = 2.0
 
 
 def _child_ops() -> dict[str, Op]:
-    """Operation name → implementation (``session, config, args``). Imports pyspark (through tabletopic.spark).
+    """Operation name → implementation (``session, config, args``). Imports pyspark (through the operation modules).
 
-    Adding an operation: a function ``f(session, ...)`` in ``tabletopic/spark.py``, an entry here, and a typed
-    method of :class:`SparkService` calling :meth:`SparkService.call`."""
-    from tabletopic import spark
+    Adding an operation: a function ``f(session, ...)`` in the module of its family (``tabletopic/spark/*.py``), an
+    entry here, a typed method of :class:`SparkService` calling :meth:`SparkService.call` and, for the coordinator,
+    a method of :class:`tabletopic.spark.engine.SparkTableEngine`."""
+    from tabletopic.spark import maintenance, merge, schema, sql, v3
 
     return {
         "ping": lambda session, config, args: None,
-        "sql": lambda session, config, args: spark.sql_rows(session, args["statement"], args["max_rows"]),
-        "evolve_schema": lambda session, config, args: spark.evolve_schema(
+        "sql": lambda session, config, args: sql.sql_rows(session, args["statement"], args["max_rows"]),
+        "evolve_schema": lambda session, config, args: schema.evolve_schema(
             session, config.catalog_name, args["identifier"], args["schema_json"]),
-        "merge": lambda session, config, args: spark.merge_changes(
+        "merge": lambda session, config, args: merge.merge_changes(
             session, config.catalog_name, args["identifier"], paths=args["paths"], keys=args["keys"],
             stage_id=args["stage_id"], op_column=args["op_column"], order_columns=args["order_columns"],
             rewrite=bool(args.get("rewrite", False))),
-        "create_table": lambda session, config, args: spark.create_table(
+        "create_table": lambda session, config, args: v3.create_table(
             session, config.catalog_name, args["identifier"], schema_json=args["schema_json"],
             spec_json=args["spec_json"], properties=args["properties"], location=args["location"]),
-        "commit_table": lambda session, config, args: spark.commit_table_update(
+        "commit_table": lambda session, config, args: v3.commit_table_update(
             session, config.catalog_name, args["identifier"], args["base_location"], args["update"]),
-        "rewrite_data_files": lambda session, config, args: spark.rewrite_data_files(
+        "rewrite_data_files": lambda session, config, args: maintenance.rewrite_data_files(
             session, config.catalog_name, args["identifier"], args["options"]),
-        "rewrite_manifests": lambda session, config, args: spark.rewrite_manifests(
+        "rewrite_manifests": lambda session, config, args: maintenance.rewrite_manifests(
             session, config.catalog_name, args["identifier"]),
-        "expire_snapshots": lambda session, config, args: spark.expire_snapshots(
+        "expire_snapshots": lambda session, config, args: maintenance.expire_snapshots(
             session, config.catalog_name, args["identifier"], args["older_than_ms"], args["retain_last"]),
-        "remove_orphan_files": lambda session, config, args: spark.remove_orphan_files(
+        "remove_orphan_files": lambda session, config, args: maintenance.remove_orphan_files(
             session, config.catalog_name, args["identifier"], args["candidates"], args["older_than_ms"]),
     }
 
@@ -643,13 +648,13 @@ class _Child:
         self.config = config
         self.stopping = threading.Event()
         self.ops = _child_ops()
-        from tabletopic import spark
+        from tabletopic.spark import session
 
-        self.spark = spark
-        self.session = spark.spark_session(config, app_name=APP_NAME, extra_conf=spark.SIDE_PROCESS_CONF)
-        self.jvm = spark.jvm_process(self.session)
+        self._stop_session = session.stop_session
+        self.session = session.spark_session(config, app_name=APP_NAME, extra_conf=session.SIDE_PROCESS_CONF)
+        self.jvm = jvm_api.jvm_process(self.session)
         self.app_id = str(self.session.sparkContext.applicationId)
-        if spark.context_stopped(self.session):  # e.g. no master answered
+        if jvm_api.context_stopped(self.session):  # e.g. no master answered
             raise RuntimeError(f"the SparkContext of {self.app_id} stopped while starting (master "
                                f"{config.spark_master}: see the log)")
         if self.jvm is not None:
@@ -666,7 +671,7 @@ class _Child:
 
     def _context_stopped(self) -> bool:
         try:
-            return bool(self.spark.context_stopped(self.session))
+            return bool(jvm_api.context_stopped(self.session))
         except Exception:  # the JVM is going away: _exit_when_jvm_dies sees to that
             return False
 
@@ -690,7 +695,7 @@ class _Child:
                 return 0  # the broker went away
             if op == "shutdown":
                 self.stopping.set()
-                self.spark.stop_session(self.session)
+                self._stop_session(self.session)
                 self.conn.send(("ok", None))
                 return 0
             reply = self.run(op, args)
@@ -707,13 +712,13 @@ class _Child:
         try:
             result = handler(self.session, self.config, args)
         except Exception as exc:  # every failure is the caller's answer; the process goes on
-            if self.spark.jvm_connection_lost(exc) or (self.jvm is not None and self.jvm.poll() is not None):
+            if jvm_api.jvm_connection_lost(exc) or (self.jvm is not None and self.jvm.poll() is not None):
                 # the JVM died under the operation, not the operation's fault: the broker sees us exit
                 log.error("%s failed: the Spark driver JVM is gone: exiting", op)
                 os._exit(JVM_GONE_EXIT_CODE)
             if self._context_stopped():  # not the operation's fault either
                 self._exit_context_stopped()
-            kind, message = self.spark.describe_exception(exc)
+            kind, message = jvm_api.describe_exception(exc)
             log.warning("%s failed after %.0f ms: %s: %s", op, (time.monotonic() - t0) * 1000, kind, message)
             return ("error", kind, message)
         log.info("%s done in %.0f ms", op, (time.monotonic() - t0) * 1000)
@@ -732,7 +737,7 @@ class _OneLineFormatter(logging.Formatter):
 
 
 def child_main(argv: Sequence[str]) -> int:
-    """The child: ``python -m tabletopic.spark_service FD`` (FD: its end of the socketpair)."""
+    """The child: ``python -m tabletopic.spark FD`` (FD: its end of the socketpair)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_OneLineFormatter("%(asctime)s %(levelname)s %(name)s [spark-service]: %(message)s"))
@@ -748,16 +753,10 @@ def child_main(argv: Sequence[str]) -> int:
     try:
         child = _Child(conn, config)
     except Exception as exc:  # reported to the broker, which retries with backoff
-        from tabletopic.spark import describe_exception
-
-        kind, message = describe_exception(exc)
+        kind, message = jvm_api.describe_exception(exc)
         log.error("Spark could not start: %s: %s", kind, message)
         conn.send(("error", kind, message))
         return 1
     jvm_pid = None if child.jvm is None else child.jvm.pid
     conn.send(("ok", {"jvm_pid": jvm_pid, "spark_version": child.session.version}))
     return child.serve()
-
-
-if __name__ == "__main__":
-    sys.exit(child_main(sys.argv[1:]))
