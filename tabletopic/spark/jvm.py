@@ -45,7 +45,6 @@ def context_stopped(session: SparkSession) -> bool:
     return bool(session.sparkContext._jsc.sc().isStopped())
 
 
-
 def jvm_process(session: SparkSession) -> subprocess.Popen[bytes] | None:
     """The session's driver JVM, which pyspark launched as a child of this process (None if it did not)."""
     proc: subprocess.Popen[bytes] | None = getattr(session.sparkContext._gateway, "proc", None)
@@ -81,18 +80,15 @@ def java_identifier(session: SparkSession, identifier: Sequence[str]) -> Any:
     return jclass(session, "org.apache.iceberg.catalog.TableIdentifier").of(namespace, identifier[-1])
 
 
-
 def iceberg_catalog(session: SparkSession, catalog_name: str) -> Any:
     """The Iceberg-Java catalog behind the session's catalog plugin ``catalog_name``."""
     return session._jsparkSession.sessionState().catalogManager().catalog(catalog_name).icebergCatalog()
 
 
-
 def current_snapshot_id(table: Any) -> int | None:
+    """The id of the Iceberg-Java table's current snapshot, None when it has none."""
     snapshot = table.currentSnapshot()
     return None if snapshot is None else int(snapshot.snapshotId())
-
-
 
 
 class Steps:
@@ -118,5 +114,3 @@ def iterate(iterable: Any, *, closeable: bool = False) -> Any:
     finally:
         if closeable:
             iterable.close()
-
-

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ---- table maintenance (coordinator.maintenance runs these through the side process, one step per call) ----
 # Iceberg's Spark actions (what the rewrite_data_files, expire_snapshots, ... procedures call), driven through the
 # JVM: no SQL literals, any table name, and remove-orphan-files without the procedure's 24-hour floor (Iceberg's
 # documented way for a shorter interval: the action API; our callers keep the files of rounds in flight out).
@@ -35,7 +34,6 @@ def _with_options(action: Any, options: Mapping[str, str]) -> Any:
     for key, value in options.items():
         action = action.option(key, str(value))
     return action
-
 
 
 def _replaced_since(table: Any, snapshot_id: int | None) -> dict[str, int]:
@@ -87,7 +85,6 @@ def _published(table: Any, timeout_s: float = PUBLISH_WAIT_S) -> bool:
         time.sleep(0.05)
         table.refresh()
     return True
-
 
 
 def _drop_dangling_deletes(session: SparkSession, table: Any) -> int:
@@ -210,5 +207,3 @@ def remove_orphan_files(session: SparkSession, catalog_name: str, identifier: Se
     result = _actions(session).deleteOrphanFiles(table).compareToFileList(listing._jdf) \
         .olderThan(int(older_than_ms)).execute()
     return [str(location) for location in result.orphanFileLocations()]
-
-

@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# ---- upserts and CDC: the round's changes applied with MERGE INTO ----
-
 WAP_ID_CONF = "spark.wap.id"  # with the table's write.wap.enabled, a write of this session is staged under this id
 _ROW = "__tabletopic_row"
 _HIT = "__tabletopic_hit"  # a rewrite's marker of the changes' rows in its join

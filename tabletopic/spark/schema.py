@@ -49,4 +49,3 @@ def evolve_schema(session: SparkSession, catalog_name: str, identifier: Sequence
             table.refresh()
     table.refresh()
     return int(table.schema().schemaId())
-

@@ -406,4 +406,3 @@ def stop_session(session: SparkSession, timeout: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-

@@ -28,4 +28,3 @@ def sql_rows(session: SparkSession, statement: str, max_rows: int) -> list[tuple
     if len(rows) > max_rows:
         raise ValueError(f"the statement returned more than {max_rows} rows")
     return [plain(row) for row in rows]
-

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-# ---- format v3 tables: the broker's writes to their metadata (coordinator.table_writer), Iceberg Java API ----
 # pyiceberg 0.12 cannot write format v3 metadata; these apply what the broker's committer decided, once.
 
 
@@ -144,5 +143,3 @@ def commit_table_update(session: SparkSession, catalog_name: str, identifier: Se
     txn.underlyingOps().commit(start, txn.currentMetadata())
     table.refresh()
     return current_snapshot_id(table)
-
-
