@@ -4,8 +4,9 @@ It holds the commit handshake (every round one :class:`CommitRequest` broadcast,
 partition, :class:`CommitCode` saying how; :class:`ChangeMode` for an upsert/CDC round's change files), the channel
 carrying it (:class:`CommitChannel`; :class:`InProcessChannel` for workers in the broker's own process), the table
 layout both sides rely on (where and under which names workers write files, a data file's partition spec id, the
-dead-letter table's schema and location) and the narrow view of a partition log both read
-(:class:`HighWatermarkSource`, :class:`LogReader`), which the broker satisfies by injecting its ``PartitionLog``.
+dead-letter table's schema and location) and the narrow view of the topic both read (:class:`TopicView`: its
+partitions, settings and a :class:`LogReader` per partition), which the broker implements over its own logs
+(``tabletopic.plugin_host.BrokerTopicView``) and attach mode will implement against a remote cluster.
 
 Rules: ``worker/`` imports nothing else of ``coordinator/``, and this module nothing of ``worker/``. Messages stay
 frozen dataclasses of plain values plus pyiceberg ``DataFile`` entries (which pickle small), so a channel may carry
@@ -33,6 +34,8 @@ from pyiceberg.types import (
     StringType,
     TimestamptzType,
 )
+
+from configs.table_topic import TableTopicConfig
 
 # ------------------------------------------------------------------------------------------------ table layout
 
@@ -198,6 +201,39 @@ class LogReader(HighWatermarkSource, Protocol):
                     ) -> tuple[list[FileRange], int]:
         """The file ranges of whole batches from ``fetch_offset`` (up to ``max_bytes``, below ``max_offset``), and
         the offset after the last one; raises ``KafkaApiError`` when the offset cannot be read."""
+        ...
+
+
+class TopicView(Protocol):
+    """What a table topic's runtime (coordinator, workers, maintenance) sees of its Kafka topic, read on the event
+    loop: in-memory answers, no I/O. The broker implements it over its own logs; attach mode over a remote cluster."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def topic_id(self) -> str | None:
+        """The topic's id: offsets stored in the table for another id (an earlier incarnation) do not apply."""
+        ...
+
+    def settings(self) -> TableTopicConfig:
+        """The topic's table-topic settings as they are now (they may change between calls)."""
+        ...
+
+    def partitions(self) -> list[int]:
+        """The topic's partitions now (asked every round)."""
+        ...
+
+    def log(self, partition: int) -> LogReader | None:
+        """The partition's log, None when it is unknown (then rounds are never skipped as idle)."""
+        ...
+
+    def log_start_offset(self, partition: int) -> int:
+        """Where a partition the table has never seen starts."""
+        ...
+
+    def leader_epoch(self, partition: int) -> int:
+        """The partition's leader epoch, sent in each request for the workers' fencing."""
         ...
 
 

@@ -62,8 +62,8 @@ from coordinator.contract import (
     CommitRequest,
     CommitResponse,
     DataFile,
-    HighWatermarkSource,
     PartitionOffset,
+    TopicView,
     dead_letter_location,
     file_spec_id,
 )
@@ -221,14 +221,26 @@ class _ReportFields(TypedDict):
     stuck: dict[int, tuple[str, str]]
 
 
+@dataclass(frozen=True, slots=True)
+class CoordinatorOptions:
+    """A coordinator's tunables: the round time-out, catalog commit retries, and ``clock`` (wall seconds) for
+    snapshot expiry, delay and request times."""
+
+    round_timeout_s: float = 30.0
+    max_commit_retries: int = DEFAULT_MAX_RETRIES
+    clock: Callable[[], float] = time.time
+
+
+DEFAULT_OPTIONS = CoordinatorOptions()
+
+
 class TableTopicCoordinator:
     """Commit rounds of one table topic (see the module doc).
 
-    ``partitions()`` lists the topic's partitions (asked every round); ``log_start_offset(p)`` is where a
-    partition the table has never seen starts; ``leader_epoch(p)`` (optional, else 0) goes into the request
-    for the workers' fencing; ``partition_log(p)`` (optional) gives the partition's log, whose high watermark
-    lets idle rounds be skipped (without it every interval runs a round). ``clock`` (wall seconds) is for
-    snapshot expiry, delay and request times.
+    It reads the topic through its :class:`~coordinator.contract.TopicView`: the partitions (asked every round),
+    where a partition the table has never seen starts, the leader epochs sent for the workers' fencing, and each
+    partition's log, whose high watermark lets idle rounds be skipped (a view without logs: every interval runs a
+    round). Round reports go to the listeners (:meth:`add_listener`).
     """
 
     _dead_letter_table: Table | None = None  # the dead-letter table as last loaded; None until dead letters need it
@@ -237,44 +249,27 @@ class TableTopicCoordinator:
     merges = 0  # metrics: upsert/CDC rounds merged and published, the duration of the last merge
     last_merge_ms = 0.0
 
-    def __init__(
-        self,
-        topic: str,
-        *,
-        catalog: Catalog,
-        config_provider: Callable[[], TableTopicConfig],
-        partitions: Callable[[], list[int]],
-        log_start_offset: Callable[[int], int],
-        channel: CommitChannel,
-        state_dir: Path,
-        round_timeout_s: float = 30.0,
-        leader_epoch: Callable[[int], int] | None = None,
-        max_commit_retries: int = DEFAULT_MAX_RETRIES,
-        clock: Callable[[], float] = time.time,
-        on_round: Callable[[RoundReport], None] | None = None,
-        topic_id: str | None = None,
-        partition_log: Callable[[int], HighWatermarkSource | None] | None = None,
-        engine: TableEngine | None = None,
-        rewrite_wanted: Callable[[int], bool] | None = None,
-    ) -> None:
-        self.topic = topic
+    def __init__(self, view: TopicView, *, catalog: Catalog, channel: CommitChannel, state_dir: Path,
+                 engine: TableEngine | None = None, options: CoordinatorOptions = DEFAULT_OPTIONS) -> None:
+        topic = self.topic = view.name
         self._catalog = catalog
-        self._config_provider = config_provider
-        self._partitions = partitions
-        self._log_start_offset = log_start_offset
-        self._leader_epoch = leader_epoch
+        self._config_provider = view.settings
+        self._partitions = view.partitions
+        self._log_start_offset = view.log_start_offset
+        self._leader_epoch = view.leader_epoch
         self._channel = channel
         self._store = CheckpointStore(state_dir)
-        self.round_timeout_s = round_timeout_s
-        self._max_commit_retries = max_commit_retries
-        self._clock = clock
-        self._on_round = on_round  # observer of every round's report (metrics), called on the loop
-        self._topic_id = topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
+        self.round_timeout_s = options.round_timeout_s
+        self._max_commit_retries = options.max_commit_retries
+        self._clock = options.clock
+        self._listeners: list[Callable[[RoundReport], None]] = []  # every round's report, called on the loop
+        self._topic_id = view.topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         # the table engine (coordinator.engine): the changes workers ask the table to take in, upsert/CDC rounds'
         # merges (coordinator.merge), a format v3 table's metadata (coordinator.table_writer); what is asked before
         # each merge (event loop) with the table's size in bytes (-1: unknown): True when that round is to write the
-        # table again (copy-on-write, or its maintenance left the compaction to it: TableMaintenance.take_round_rewrite)
-        self._partition_log, self._engine, self._rewrite_wanted = partition_log, engine, rewrite_wanted or _never
+        # table again (copy-on-write, or its maintenance left the compaction to it: set_rewrite_policy)
+        self._partition_log, self._engine = view.log, engine
+        self._rewrite_wanted: Callable[[int], bool] = _never
         self.schema_changes = SchemaChanges(topic, catalog, engine)
         self._conditions = ConditionLog(log)
         self._warned_incarnation = False
@@ -313,6 +308,15 @@ class TableTopicCoordinator:
         self.delay_ms = 0  # kafka_tabletopic_delay: now - min per-partition watermark at the last commit
         # why the table's spec does not follow partition.by (None: it does); read from the table every round
         self.partition_by_problem: str | None = None
+
+    def add_listener(self, listener: Callable[[RoundReport], None]) -> None:
+        """Call ``listener`` with every round's report, on the event loop, in the order listeners were added."""
+        self._listeners.append(listener)
+
+    def set_rewrite_policy(self, rewrite_wanted: Callable[[int], bool]) -> None:
+        """Ask ``rewrite_wanted(table bytes, -1 unknown)`` before each merge whether that round is to write the
+        table again (the table's maintenance: ``TableMaintenance.take_round_rewrite``)."""
+        self._rewrite_wanted = rewrite_wanted
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -450,9 +454,9 @@ class TableTopicCoordinator:
         self._last_report_at = now
         if report.outcome is not RoundOutcome.FAILED:
             self._last_offsets = report.offsets
-        if self._on_round is not None:
+        for listener in self._listeners:
             try:
-                self._on_round(report)
+                listener(report)
             except Exception:
                 log.exception("table topic %s: round observer failed", self.topic)
 
@@ -461,7 +465,7 @@ class TableTopicCoordinator:
         partition's high watermark (nor the partition set) changed since: a round would find nothing to write.
         Reads only in-memory state (no catalog, no thread)."""
         settled, partition_log = self._settled, self._partition_log
-        if settled is None or partition_log is None or self._force_round or not self._ready:
+        if settled is None or self._force_round or not self._ready:
             return False
         partitions, watermarks = settled
         if tuple(sorted(set(self._partitions()))) != partitions:
@@ -487,8 +491,7 @@ class TableTopicCoordinator:
         timeout = self._last_report_at + period - now
         # blocked rounds wait for a wake-up (settings) alone: new records would fail the same way
         watched = self._settled[0] if self._settled is not None and self._round_blocked is None else ()
-        logs = [plog for p in watched if self._partition_log is not None
-                and (plog := self._partition_log(p)) is not None]
+        logs = [plog for p in watched if (plog := self._partition_log(p)) is not None]
         waiters = [(plog, plog.add_waiter()) for plog in logs]
         wake: asyncio.Future[None] = loop.create_task(self._woken())
         try:
@@ -722,7 +725,7 @@ class TableTopicCoordinator:
         dead = self._dead_letter_offsets()
         request = CommitRequest(
             commit_id=commit_id, topic=self.topic, spec_id=tbl.spec().spec_id, schema_id=tbl.schema().schema_id,
-            offsets=tuple(PartitionOffset(p, base[p], epoch(p) if epoch else 0, dead.get(p, 0)) for p in partitions),
+            offsets=tuple(PartitionOffset(p, base[p], epoch(p), dead.get(p, 0)) for p in partitions),
             sent_ms=self._now_ms(),
             change_mode=ChangeMode(resolve_id_columns(tbl.schema(), cfg), cfg.cdc_field, cfg.upsert_enable)
             if cfg.delta_write else None,
@@ -914,8 +917,6 @@ class TableTopicCoordinator:
 
     def _high_watermarks(self, partitions: list[int]) -> dict[int, int] | None:
         """Each partition's high watermark, or None when a log is unknown (then rounds are never skipped)."""
-        if self._partition_log is None:
-            return None
         out: dict[int, int] = {}
         for p in partitions:
             plog = self._partition_log(p)

@@ -5,9 +5,10 @@ One :class:`TableMaintenance` per table topic, started by the plugin host next t
 ``compaction.interval.ms`` a run reads the settings, looks at the table with pyiceberg and calls the table engine
 (:class:`coordinator.engine.TableEngine`: the Spark side process) once per step that has work: rewrite data files
 (in two bounded passes, :meth:`MaintenancePolicy.bounded_pass`), expire snapshots, rewrite manifests, remove orphan
-files (:func:`orphan_candidates`). The coordinator calls on the event loop: :meth:`TableMaintenance.note_delete_files`
-and :meth:`TableMaintenance.note_idle` bring a run forward, :meth:`TableMaintenance.take_round_rewrite` says which
-upsert rounds write the whole table again (:mod:`coordinator.merge`). A run that did something logs one
+files (:func:`orphan_candidates`). It follows its coordinator's rounds itself (:meth:`TableMaintenance.listen_to`,
+on the event loop): their reports bring a run forward (:meth:`TableMaintenance.note_delete_files`,
+:meth:`TableMaintenance.note_idle`), :meth:`TableMaintenance.take_round_rewrite` says which upsert rounds write the
+whole table again (:mod:`coordinator.merge`). A run that did something logs one
 ``[MAINTENANCE]`` line, reports to ``on_run`` (metrics) and records itself for ``tabletopic tables``
 (:func:`read_last_runs`). Blocking work runs in a worker thread.
 
@@ -41,8 +42,10 @@ from coordinator.contract import (
     DATA_DIR,
     DATA_FILE_PREFIX,
     DEAD_LETTER_FILE_PREFIX,
+    TopicView,
     parse_data_file_name,
 )
+from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
 from coordinator.engine import EngineOperationError, EngineUnavailableError, TableEngine
 from coordinator.listing import list_files, path_key, within
 from coordinator.table import (
@@ -250,16 +253,16 @@ class DeleteFileCount:
 class TableMaintenance:
     """The maintenance loop of one table topic's table (see the module doc)."""
 
-    def __init__(self, topic: str, *, catalog: Catalog, config_provider: Callable[[], TableTopicConfig],
-                 engine: TableEngine | None, state_dir: Path | None = None, topic_id: str | None = None,
-                 on_run: Callable[[MaintenanceReport], None] | None = None,
+    def __init__(self, view: TopicView, *, catalog: Catalog, engine: TableEngine | None,
+                 state_dir: Path | None = None, on_run: Callable[[MaintenanceReport], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.topic = topic
+        """``view``: the topic (its name, id and settings are read); ``on_run``: observes each run (metrics)."""
+        self.topic = view.name
         self._catalog = catalog
-        self._config_provider = config_provider
+        self._config_provider = view.settings
         self._engine = engine
         self._state_dir = state_dir
-        self._topic_id = topic_id
+        self._topic_id = view.topic_id
         self._on_run = on_run
         self._clock = clock
         self._conditions = ConditionLog(log)
@@ -282,7 +285,24 @@ class TableMaintenance:
         self.runs = 0  # runs that did something (a metric)
         self.copy_on_write_rounds = 0  # rounds that wrote the small table again (take_round_rewrite)
 
-    # ---- lifecycle (event loop) ----
+    # ---- the rounds (event loop) ----
+
+    def listen_to(self, coordinator: TableTopicCoordinator) -> None:
+        """Follow ``coordinator``'s rounds: their reports (:meth:`round_reported`) and, before each upsert/CDC
+        merge, whether the round rewrites the table (:meth:`take_round_rewrite`)."""
+        coordinator.add_listener(self.round_reported)
+        coordinator.set_rewrite_policy(self.take_round_rewrite)
+
+    def round_reported(self, report: RoundReport) -> None:
+        """A round's report: a rewrite it did, the delete files it left or a refused rewrite, or an idle round."""
+        if report.rewrite is not None:  # the round wrote the table again (coordinator.maintenance)
+            self.note_round_rewrite(self._config_provider(), report.rewrite)
+        elif report.delete_files >= 0:
+            if report.rewrite_refused is not None:
+                self.note_rewrite_refused(report.rewrite_refused)
+            self.note_delete_files(report.delete_files)
+        elif report.outcome is RoundOutcome.IDLE:
+            self.note_idle()
 
     def note_delete_files(self, count: int) -> None:
         """A round left the table with ``count`` delete files (event loop). Once they reach

@@ -1,16 +1,16 @@
-"""The table-topic plugin host: a coordinator and partition workers for every table topic.
+"""The table-topic plugin host: one :class:`~tabletopic.table_runtime.TableTopicRuntime` for every table topic.
 
-When the broker has a catalog (``automq.table.topic.catalog.type``), :class:`TableTopicHost` gives every topic with
-``automq.table.topic.enable=true`` one :class:`~coordinator.coordinator.TableTopicCoordinator` (AutoMQ pins it to
-partition 0's leader; this single-node broker leads every partition), one
-:class:`~worker.partition_worker.PartitionWorker` per partition, joined by an in-process channel, and one
-:class:`~coordinator.maintenance.TableMaintenance`. It injects what they need of the broker: each partition's log,
-the table engine (:class:`~tabletopic.spark.engine.SparkTableEngine` over the Spark side process) and the
-conversion process pool. It
-follows topic changes (:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and
-its columns") and gives the broker its table checks (:meth:`TableTopicHost.check_config_change`).
+When the broker has a catalog (``automq.table.topic.catalog.type``), :class:`TableTopicHost` starts a runtime (a
+:class:`~coordinator.coordinator.TableTopicCoordinator`, one :class:`~worker.partition_worker.PartitionWorker` per
+partition and a :class:`~coordinator.maintenance.TableMaintenance`) for every topic with
+``automq.table.topic.enable=true``; AutoMQ pins the coordinator to partition 0's leader, and this single-node broker
+leads every partition. It keeps the broker-wide parts: the view of each topic over the broker's logs
+(:class:`BrokerTopicView`), the table engine (:class:`~tabletopic.spark.engine.SparkTableEngine` over the Spark side
+process), the conversion process pool and the schema registry client the runtimes share. It follows topic changes
+(:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and its columns") and gives
+the broker its table checks (:meth:`TableTopicHost.check_config_change`).
 
-Rules: disabling or deleting a topic stops its machinery and keeps the table, as AutoMQ does; CPU-heavy work
+Rules: disabling or deleting a topic stops its runtime and keeps the table, as AutoMQ does; CPU-heavy work
 (decoding, Arrow, Parquet) runs in the process pool all workers share, never on the event loop.
 """
 
@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -43,9 +42,7 @@ from configs.table_topic import (
     SchemaType,
     TableTopicConfig,
 )
-from coordinator.contract import InProcessChannel
-from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
-from coordinator.maintenance import TableMaintenance
+from coordinator.coordinator import TableTopicCoordinator
 from coordinator.table import (
     appends_conflict,
     catalog_identifier,
@@ -57,32 +54,58 @@ from coordinator.table import (
     value_layout_conflict,
 )
 from tabletopic.errors import InvalidConfigError
-from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
+from tabletopic.metrics import TableTopicMetrics
 from tabletopic.spark.engine import SparkTableEngine
 from tabletopic.spark.service import SparkService
-from tabletopic.table_status import TableStatus
-from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo
-from worker.partition_worker import PartitionWorker
+from tabletopic.table_runtime import RuntimeServices, TableTopicRuntime
+from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo, TopicManager
 from worker.pool import new_pool
 from worker.schema_source import SchemaSource
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
     from tabletopic.log.log import PartitionLog
+    from tabletopic.log.manager import LogManager
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _TableTopic:
-    topic: str
-    config: TableTopicConfig
-    channel: InProcessChannel
-    coordinator: TableTopicCoordinator
-    workers: dict[int, PartitionWorker] = field(default_factory=dict)
-    busy_seen: dict[int, tuple[float, float]] = field(default_factory=dict)  # partition -> (monotonic s, busy ms)
-    maintenance: TableMaintenance | None = None  # compaction and maintenance beside the rounds
-    status: TableStatus | None = None  # its stuck partitions, for `tabletopic tables`
+class BrokerTopicView:
+    """:class:`~coordinator.contract.TopicView` over the broker's own topic table and logs; ``config`` is the
+    topic's table-topic settings, replaced by the host when the topic's configs change."""
+
+    def __init__(self, info: TopicInfo, config: TableTopicConfig, topics: TopicManager, logs: LogManager) -> None:
+        self._name = info.name
+        self._topic_id = str(info.topic_id)
+        self.config = config
+        self._topics = topics
+        self._logs = logs
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def topic_id(self) -> str | None:
+        return self._topic_id
+
+    def settings(self) -> TableTopicConfig:
+        return self.config
+
+    def partitions(self) -> list[int]:
+        current = self._topics.get(self._name)
+        return list(range(current.partitions)) if current else []
+
+    def log(self, partition: int) -> PartitionLog | None:
+        return self._logs.get(self._name, partition)
+
+    def log_start_offset(self, partition: int) -> int:
+        plog = self._logs.get(self._name, partition)
+        return plog.log_start_offset if plog is not None else 0
+
+    def leader_epoch(self, partition: int) -> int:
+        plog = self._logs.get(self._name, partition)
+        return plog.leader_epoch if plog is not None else 0
 
 
 class TableTopicHost:
@@ -95,7 +118,7 @@ class TableTopicHost:
         self._metrics = metrics
         self._pool_size = pool_size
         self._executor: ProcessPoolExecutor | None = None
-        self._running: dict[str, _TableTopic] = {}
+        self._running: dict[str, tuple[BrokerTopicView, TableTopicRuntime]] = {}
         self._lock = asyncio.Lock()
         self.base_dir = broker.data_dir / "__tables"
         self.schema_source: SchemaSource | None = None  # the registry the converters read, set at start
@@ -152,8 +175,8 @@ class TableTopicHost:
         return local_http_url(*registry.bound[0])
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
-        tt = self._running.get(topic)
-        return tt.coordinator if tt else None
+        running = self._running.get(topic)
+        return running[1].coordinator if running else None
 
     # ---- config checks ----
 
@@ -244,15 +267,9 @@ class TableTopicHost:
                 log.info("table topic disabled on %s: stopping (the table is kept)", info.name)
                 await self._stop_topic_locked(info.name, forget=True)
                 return
-            running.config = cfg
-            if running.status is not None:
-                running.status.retarget(".".join(catalog_identifier(info.name, cfg)))
-            if event.kind is TopicEventKind.PARTITIONS_ADDED:
-                for p in range(info.partitions):
-                    if p not in running.workers:
-                        await self._start_worker(running, p)
-                running.coordinator.partitions_changed()
-            running.coordinator.config_changed()
+            view, runtime = running
+            view.config = cfg
+            await runtime.settings_changed(partitions_added=event.kind is TopicEventKind.PARTITIONS_ADDED)
 
     # ---- start/stop ----
 
@@ -267,157 +284,23 @@ class TableTopicHost:
 
     async def _start_topic_locked(self, info: TopicInfo, *, at_start: bool = False) -> None:
         t0 = time.monotonic()
-        topic = info.name
-        channel = InProcessChannel()
-        state_dir = self.base_dir / topic
-        state_dir.mkdir(parents=True, exist_ok=True)
-        holder: dict[str, _TableTopic] = {}
-
-        def config_provider() -> TableTopicConfig:
-            return holder["tt"].config
-
-        def partitions() -> list[int]:
-            current = self._broker.topics.get(topic)
-            return list(range(current.partitions)) if current else []
-
-        def log_start_offset(partition: int) -> int:
-            plog = self._broker.logs.get(topic, partition)
-            return plog.log_start_offset if plog is not None else 0
-
-        def leader_epoch(partition: int) -> int:
-            plog = self._broker.logs.get(topic, partition)
-            return plog.leader_epoch if plog is not None else 0
-
-        def partition_log(partition: int) -> PartitionLog | None:
-            return self._broker.logs.get(topic, partition)
-
-        maintenance = TableMaintenance(
-            topic, catalog=self._catalog, config_provider=config_provider, engine=self.engine, state_dir=state_dir,
-            topic_id=str(info.topic_id), on_run=lambda run: self._metrics.record_maintenance(topic, run))
-        coord = TableTopicCoordinator(
-            topic,
-            catalog=self._catalog,
-            config_provider=config_provider,
-            partitions=partitions,
-            log_start_offset=log_start_offset,
-            channel=channel,
-            state_dir=state_dir,
-            leader_epoch=leader_epoch,
-            on_round=lambda report: self._observe(topic, report),
-            topic_id=str(info.topic_id),
-            partition_log=partition_log,
-            engine=self.engine,
-            rewrite_wanted=maintenance.take_round_rewrite,
-        )
-        tt = _TableTopic(topic, self._config_of(info), channel, coord,
-                         status=TableStatus(state_dir, ".".join(catalog_identifier(topic, self._config_of(info)))))
-        holder["tt"] = tt
-        await coord.start()
-        for p in range(info.partitions):
-            await self._start_worker(tt, p)
-        tt.maintenance = maintenance
-        await maintenance.start()
-        self._running[topic] = tt
+        view = BrokerTopicView(info, self._config_of(info), self._broker.topics, self._broker.logs)
+        services = RuntimeServices(self._catalog, self.engine, self._pool, self._pool_size, self.schema_source,
+                                   self._metrics)
+        runtime = TableTopicRuntime(view, services, self.base_dir / info.name)
+        await runtime.start()
+        self._running[info.name] = (view, runtime)
         # one line per topic enabled at runtime; the broker's start-up sums them up in one line
         log.log(logging.DEBUG if at_start else logging.INFO,
-                "table topic %s started: %d partition worker(s), table %s, in %.0f ms", topic, info.partitions,
-                ".".join(catalog_identifier(topic, tt.config)), (time.monotonic() - t0) * 1000)
-
-    async def _start_worker(self, tt: _TableTopic, partition: int) -> None:
-        plog = self._broker.logs.get(tt.topic, partition)
-        if plog is None:
-            log.error("no log for %s-%d: no worker started", tt.topic, partition)
-            return
-        worker = PartitionWorker(
-            tt.topic,
-            partition,
-            plog,
-            tt.channel,
-            table_provider=tt.coordinator.table,
-            config_provider=lambda: tt.config,
-            executor=self._pool(),
-            dead_letter_provider=tt.coordinator.dead_letter_table,
-            schema_source=self.schema_source,
-        )
-        await worker.start()
-        tt.workers[partition] = worker
-
-    def _observe(self, topic: str, report: RoundReport) -> None:
-        """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours)."""
-        m = self._metrics
-        self._observe_busy(topic)
-        tt = self._running.get(topic)
-        if tt is not None:
-            m.set_partition_by_applied(topic, tt.coordinator.partition_by_problem is None)
-            if report.rewrite is not None:  # the round wrote the table again (coordinator.maintenance)
-                m.record_round_rewrite(topic)
-                if tt.maintenance is not None:
-                    tt.maintenance.note_round_rewrite(tt.config, report.rewrite)
-            elif tt.maintenance is not None and report.delete_files >= 0:
-                if report.rewrite_refused is not None:
-                    tt.maintenance.note_rewrite_refused(report.rewrite_refused)
-                tt.maintenance.note_delete_files(report.delete_files)
-            elif tt.maintenance is not None and report.outcome is RoundOutcome.IDLE:
-                tt.maintenance.note_idle()
-        for reason, n in report.skipped.items():
-            m.record_skipped(topic, reason, n)
-        if tt is not None and tt.status is not None:
-            rounds = ("blocked", report.round_blocked) if report.round_blocked is not None else (
-                ("failing", report.error or "failed") if report.outcome is RoundOutcome.FAILED else None)
-            tt.status.update(report.stuck, rounds)
-        self._record_outcome(topic, report)
-
-    def _record_outcome(self, topic: str, report: RoundReport) -> None:
-        """The round counters and the watermark behind ``kafka_tabletopic_delay``."""
-        m = self._metrics
-        failed = report.outcome is RoundOutcome.FAILED
-        # a stuck partition holds the table's watermark where it is: the delay grows until it moves again
-        stuck = bool(report.stuck) or report.round_blocked is not None
-        if stuck or failed:
-            m.hold_watermark(topic)
-        if report.outcome is RoundOutcome.COMMITTED:
-            partial = bool(report.timed_out or report.blocked or stuck)
-            m.record_commit(topic, records=report.records, files=report.files, bytes_written=report.bytes,
-                            fields=report.fields, duration_s=report.commit_ms / 1000,
-                            watermark_ms=None if report.watermark < 0 or stuck else report.watermark,
-                            result="partial" if partial else "committed")
-        elif report.outcome is RoundOutcome.IDLE and not stuck:
-            # nothing new below any high watermark: the table is as fresh as the log
-            m.record_commit(topic, records=0, files=0, bytes_written=0, fields=0, duration_s=0.0,
-                            watermark_ms=int(time.time() * 1000), result="empty")
-        elif report.outcome is RoundOutcome.IDLE:
-            m.record_round(topic, ROUND_BLOCKED if report.round_blocked is not None
-                           or any(s == "blocked" for s, _ in report.stuck.values()) else ROUND_FAILED)
-        else:
-            m.record_round(topic, "failed" if failed else "unknown")
-
-    def _observe_busy(self, topic: str) -> None:
-        """Each worker's share of the pool's wall time since the last round (AutoMQ's worker busy ratio)."""
-        tt = self._running.get(topic)
-        if tt is None:
-            return
-        now = time.monotonic()
-        for p, w in tt.workers.items():
-            then, busy = tt.busy_seen.get(p, (now, w.busy_ms))
-            tt.busy_seen[p] = (now, w.busy_ms)
-            if now > then:
-                ratio = (w.busy_ms - busy) / 1000 / ((now - then) * self._pool_size)
-                self._metrics.set_busy_ratio(f"{topic}-{p}", min(1.0, ratio), topic=topic)
+                "table topic %s started: %d partition worker(s), table %s, in %.0f ms", info.name,
+                len(runtime.workers), runtime.table_name, (time.monotonic() - t0) * 1000)
 
     async def _stop_topic_locked(self, topic: str, *, forget: bool = False) -> None:
-        """Stop the topic's coordinator, workers and maintenance; ``forget`` (deleted or turned off): its stuck
-        state too, so `tabletopic tables` does not show a table no topic writes as stuck."""
-        tt = self._running.pop(topic, None)
-        if tt is None:
+        """Stop the topic's runtime; ``forget`` (deleted or turned off): its stuck state too."""
+        running = self._running.pop(topic, None)
+        if running is None:
             return
-        if forget and tt.status is not None:
-            tt.status.clear()
-        if tt.maintenance is not None:
-            await tt.maintenance.stop()
-        await tt.coordinator.stop()
-        for w in tt.workers.values():
-            await w.stop()
-        self._metrics.remove_topic(topic)
+        await running[1].stop(forget=forget)
         log.debug("table topic %s stopped", topic)
 
 

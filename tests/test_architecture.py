@@ -41,6 +41,11 @@ RULES = (
     Rule("coordinator", ("tabletopic.spark",),
          why="the coordinator reaches Spark only through the TableEngine it is given (coordinator.engine)"),
     Rule("worker", ("tabletopic.spark",), why="workers never run Spark"),
+    *(Rule(side, ("tabletopic.table_runtime",), why="the runtime owns the coordinator and the workers, not the reverse")
+      for side in ("coordinator", "worker")),
+    Rule("tabletopic.table_runtime", (*UPPER, "tabletopic.protocol", "tabletopic.spark", "tabletopic.registry"),
+         why="the runtime reads its topic through a TopicView and is given its table engine: the broker and attach "
+             "mode both run it"),
     Rule("tabletopic.protocol", ("tabletopic.server", "tabletopic.log", "tabletopic.broker"),
          why="the wire codec is pure"),
     Rule("tabletopic.log", ("tabletopic.server", "tabletopic.broker", "tabletopic.plugin_host"),

@@ -30,11 +30,12 @@ from coordinator.contract import (
     data_file_name,
     dead_letter_location,
 )
-from coordinator.coordinator import TableTopicCoordinator
+from coordinator.coordinator import CoordinatorOptions, TableTopicCoordinator
 from coordinator.listing import list_files, path_key
 from coordinator.maintenance import orphan_candidates
 from coordinator.table import OFFSETS_PROPERTY, encode_offsets, list_worker_files, referenced_files
 from tests.helpers.seaweed import SeaweedServer, weed_binary
+from tests.helpers.topic_view import FunctionTopicView
 from tests.test_coordinator_support import TOPIC, make_config
 
 ROWS = pa.table({"a": pa.array([1, 2, 3], pa.int64())})
@@ -193,9 +194,8 @@ def test_coordinator_start_deletes_crashed_rounds_files_in_s3(rest: Catalog, tmp
 
     async def start_and_stop() -> None:
         coord = TableTopicCoordinator(
-            TOPIC, catalog=rest, config_provider=lambda: cfg, partitions=lambda: [0, 1],
-            log_start_offset=lambda p: 0, channel=InProcessChannel(), state_dir=tmp_path / "state",
-            round_timeout_s=1.0)
+            FunctionTopicView(TOPIC, lambda: cfg, partitions=lambda: [0, 1]), catalog=rest,
+            channel=InProcessChannel(), state_dir=tmp_path / "state", options=CoordinatorOptions(round_timeout_s=1.0))
         await coord.start()
         await coord.stop()
 

@@ -36,7 +36,8 @@ from pyiceberg.typedef import Record
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel
-from coordinator.coordinator import RoundReport, TableTopicCoordinator
+from coordinator.coordinator import CoordinatorOptions, RoundReport, TableTopicCoordinator
+from tests.helpers.topic_view import FunctionTopicView
 
 TOPIC = "orders"
 BASE_TS = 1_700_000_000_000
@@ -227,16 +228,15 @@ class Harness:
         self.cfg = cfg or make_config()
         self.channel = InProcessChannel()
         self.logs = logs if logs is not None else [PartitionLog(p) for p in range(n)]
-        extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
-        if watermarks:  # the coordinator sees high watermarks: idle rounds are skipped
-            extra["partition_log"] = lambda p: self.logs[p]
+        options = CoordinatorOptions(round_timeout_s=round_timeout_s, **({"clock": clock} if clock else {}))
+        view = FunctionTopicView(
+            TOPIC, lambda: self.cfg, partitions=lambda: [lg.partition for lg in self.logs],
+            # with the logs the coordinator sees high watermarks: idle rounds are skipped
+            log=(lambda p: self.logs[p]) if watermarks else None, log_start_offset=lambda p: self.logs[p].log_start)
+        self.coord = TableTopicCoordinator(view, catalog=self.catalog, channel=self.channel,
+                                           state_dir=tmp / "state" / TOPIC, options=options)
         if on_round is not None:
-            extra["on_round"] = on_round
-        self.coord = TableTopicCoordinator(
-            TOPIC, catalog=self.catalog, config_provider=lambda: self.cfg,
-            partitions=lambda: [lg.partition for lg in self.logs],
-            log_start_offset=lambda p: self.logs[p].log_start, channel=self.channel,
-            state_dir=tmp / "state" / TOPIC, round_timeout_s=round_timeout_s, **extra)
+            self.coord.add_listener(on_round)
         self.workers = [FakeWorker(lg, self.channel, self.coord.table) for lg in self.logs]
 
     async def __aenter__(self) -> Harness:

@@ -25,6 +25,7 @@ from coordinator.maintenance import (
     orphan_candidates,
 )
 from tabletopic.catalog import broker_config, load_catalog
+from tests.helpers.topic_view import FunctionTopicView
 
 MIN_INPUT = 5
 P = "automq.table.topic."
@@ -103,7 +104,7 @@ def small_upsert_table(tmp_path: Path) -> tuple[Catalog, Table, TableTopicConfig
     for _ in range(MIN_INPUT):
         tbl.append(ROWS)
     upsert = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]"}, config)
-    return catalog, tbl, upsert, TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, engine=None)
+    return catalog, tbl, upsert, TableMaintenance(FunctionTopicView("t", lambda: upsert), catalog=catalog, engine=None)
 
 
 def test_a_table_rewritten_by_a_round_is_handed_off_once(tmp_path: Path) -> None:
@@ -161,11 +162,11 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     catalog, _, upsert, _ = small_upsert_table(tmp_path)
     limit = upsert.copy_on_write_max_bytes
     assert (limit, upsert.copy_on_write_max_merged_rounds) == (32 << 20, 0)
-    always = TableMaintenance("t", catalog=catalog, config_provider=lambda: upsert, engine=None)
+    always = TableMaintenance(FunctionTopicView("t", lambda: upsert), catalog=catalog, engine=None)
     assert always.take_round_rewrite(1) and always.take_round_rewrite(1), "by default: every round"
     two = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
                                        P + "copy.on.write.max.merged.rounds": "2"}, broker_config(None, {}))
-    maintenance = TableMaintenance("t", catalog=catalog, config_provider=lambda: two, engine=None)
+    maintenance = TableMaintenance(FunctionTopicView("t", lambda: two), catalog=catalog, engine=None)
     # two rounds merge (each leaving delete files), the third writes the table again
     assert not maintenance.take_round_rewrite(1)
     maintenance.note_delete_files(1)
@@ -199,7 +200,7 @@ def test_small_upsert_tables_are_written_copy_on_write(tmp_path: Path) -> None:
     assert not maintenance.take_round_rewrite(1), "refused: the rounds merge"
     off = TableTopicConfig.from_topic({P + "upsert.enable": "true", P + "id.columns": "[id]",
                                        P + "copy.on.write.max.bytes": "0"}, broker_config(None, {}))
-    never = TableMaintenance("t", catalog=catalog, config_provider=lambda: off, engine=None)
+    never = TableMaintenance(FunctionTopicView("t", lambda: off), catalog=catalog, engine=None)
     never.note_delete_files(5)
     never.note_delete_files(6)
     assert not never.take_round_rewrite(1)
@@ -289,7 +290,7 @@ def test_orphan_removal_keeps_to_its_own_data_and_metadata_folders(tmp_path: Pat
     with pytest.raises(OtherTablesUnknownError, match=r"x\.nested cannot be read"):
         orphan_candidates(catalog.load_table("x.y"), int(time.time() * 1000))
     cfg = TableTopicConfig.from_topic({P + "namespace": "x"}, config)
-    maintenance = TableMaintenance("y", catalog=catalog, config_provider=lambda: cfg, engine=None)
+    maintenance = TableMaintenance(FunctionTopicView("y", lambda: cfg), catalog=catalog, engine=None)
     report = MaintenanceReport("y", "x.y", 0)
     maintenance._remove_orphans(catalog.load_table("x.y"), MaintenancePolicy.from_config(cfg), report)
     assert "x.nested cannot be read" in report.failures["remove_orphan_files"], report.failures
