@@ -40,7 +40,8 @@ from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from coordinator.contract import CommitRequest, InProcessChannel, PartitionOffset
 from tabletopic.log import LogConfig, PartitionLog
 from tabletopic.protocol.records import validate_produce_records
-from worker.partition_worker import PartitionWorker
+from tests.helpers.topic_view import FunctionTables, FunctionTopicView
+from worker.partition_worker import Conversion, PartitionWorker, WorkerOptions
 from worker.plan import ConversionPlan
 from worker.schema import partition_spec, table_schema
 from worker.task import TaskResult, convert_and_write
@@ -133,8 +134,9 @@ async def worker_round(tmp: Path, table: object, cfg: TableTopicConfig, batches:
     plog.flush()
     hw = plog.high_watermark
     channel = InProcessChannel()
-    w = PartitionWorker("bench", 0, plog, channel, table_provider=lambda: table, config_provider=lambda: cfg,
-                        executor=pool, max_response_bytes=1 << 40)
+    w = PartitionWorker(FunctionTopicView("bench", lambda: cfg, log=lambda p: plog), 0, channel,
+                        tables=FunctionTables(lambda: table), conversion=Conversion(pool),
+                        options=WorkerOptions(max_response_bytes=1 << 40))
     await w.start()
     req = CommitRequest(commit_id=str(uuid.uuid4()), topic="bench", spec_id=0, schema_id=0,
                         offsets=(PartitionOffset(0, 0, 0),), sent_ms=int(time.time() * 1000))

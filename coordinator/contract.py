@@ -25,6 +25,7 @@ from typing import Protocol
 
 from pyiceberg.manifest import DataFile as _IcebergDataFile
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import Table
 from pyiceberg.types import (
     BinaryType,
     IntegerType,
@@ -234,6 +235,18 @@ class TopicView(Protocol):
 
     def leader_epoch(self, partition: int) -> int:
         """The partition's leader epoch, sent in each request for the workers' fencing."""
+        ...
+
+
+class TableSource(Protocol):
+    """Where a worker finds the tables it writes files for (its coordinator, which loads and evolves them)."""
+
+    def table(self) -> Table:
+        """The table as last loaded."""
+        ...
+
+    def dead_letter_table(self) -> Table | None:
+        """The dead-letter table, None before it exists."""
         ...
 
 

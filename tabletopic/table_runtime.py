@@ -29,7 +29,7 @@ from coordinator.maintenance import TableMaintenance
 from coordinator.table import catalog_identifier
 from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
 from tabletopic.table_status import TableStatus
-from worker.partition_worker import PartitionWorker
+from worker.partition_worker import Conversion, PartitionWorker
 from worker.schema_source import SchemaSource
 
 log = logging.getLogger(__name__)
@@ -103,15 +103,12 @@ class TableTopicRuntime:
         self.coordinator.config_changed()
 
     async def _start_worker(self, partition: int) -> None:
-        plog = self.view.log(partition)
-        if plog is None:
+        if self.view.log(partition) is None:
             log.error("no log for %s-%d: no worker started", self.topic, partition)
             return
         services = self._services
-        worker = PartitionWorker(
-            self.topic, partition, plog, self.channel, table_provider=self.coordinator.table,
-            config_provider=self.view.settings, executor=services.executor(),
-            dead_letter_provider=self.coordinator.dead_letter_table, schema_source=services.schema_source)
+        worker = PartitionWorker(self.view, partition, self.channel, tables=self.coordinator,
+                                 conversion=Conversion(services.executor(), services.schema_source))
         await worker.start()
         self.workers[partition] = worker
 

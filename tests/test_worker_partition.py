@@ -26,6 +26,7 @@ from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel, PartitionOffset
 from tabletopic.fileio import local_path
 from tabletopic.log import PartitionLog
+from tests.helpers.topic_view import FunctionTables, FunctionTopicView
 from tests.test_worker_support import (
     append,
     append_records,
@@ -37,7 +38,7 @@ from tests.test_worker_support import (
     open_log,
 )
 from worker.converters.string import REASON_INVALID_UTF8_VALUE
-from worker.partition_worker import PartitionWorker
+from worker.partition_worker import Conversion, PartitionWorker, WorkerOptions
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,8 +72,9 @@ class Env:
         return self.logs[partition]
 
     async def start(self, partition: int = 0, **kw: Any) -> PartitionWorker:
-        w = PartitionWorker(TOPIC, partition, self.log(partition), self.channel, table_provider=lambda: self.table,
-                            config_provider=lambda: self.cfg, executor=self.pool, **kw)
+        w = PartitionWorker(FunctionTopicView(TOPIC, lambda: self.cfg, log=self.log), partition, self.channel,
+                            tables=FunctionTables(lambda: self.table), conversion=Conversion(self.pool),
+                            options=WorkerOptions(**kw))
         await w.start()
         self.workers[partition] = w
         return w
@@ -411,15 +413,16 @@ from pathlib import Path
 from coordinator.contract import CommitRequest, InProcessChannel, PartitionOffset
 from tests.test_worker_partition import STRING, TOPIC
 from tests.test_worker_support import append_records, catalog, create_table, json_records, open_log
-from worker.partition_worker import PartitionWorker
+from tests.helpers.topic_view import FunctionTables, FunctionTopicView
+from worker.partition_worker import Conversion, PartitionWorker, WorkerOptions
 
 async def main(tmp: Path) -> None:
     table = create_table(catalog(tmp), STRING, TOPIC)
     plog = open_log(tmp / "logs", TOPIC, 0)
     append_records(plog, json_records(100))
     channel = InProcessChannel()
-    w = PartitionWorker(TOPIC, 0, plog, channel, table_provider=lambda: table, config_provider=lambda: STRING,
-                        executor=ThreadPoolExecutor(1))
+    w = PartitionWorker(FunctionTopicView(TOPIC, lambda: STRING, log=lambda p: plog), 0, channel,
+                        tables=FunctionTables(lambda: table), conversion=Conversion(ThreadPoolExecutor(1)))
     await w.start()
     channel.broadcast(CommitRequest("c1", TOPIC, 0, 0, (PartitionOffset(0, 0),), int(time.time() * 1000)))
     await channel.next_response(30)

@@ -21,11 +21,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-
-from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
 from coordinator.contract import (
@@ -37,6 +34,8 @@ from coordinator.contract import (
     FileRange,
     LogReader,
     PartitionOffset,
+    TableSource,
+    TopicView,
 )
 from tabletopic.errors import KafkaApiError
 from tabletopic.faults import crash_point
@@ -102,6 +101,29 @@ class _Flushed:
     failed: bool = False  # ``error`` is no outage: the partition is blocked until new records or a settings change
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """A worker's tunables: bytes pre-written ahead of a request, read per chunk and handed over per answer,
+    chunks converting at once, and the age past which a request is dropped (the coordinator's round time-out)."""
+
+    prewrite_bytes: int = 32 * MiB
+    read_chunk_bytes: int = 8 * MiB
+    max_response_bytes: int = MAX_RESPONSE_BYTES
+    max_inflight: int = 2
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS
+
+
+DEFAULT_WORKER_OPTIONS = WorkerOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class Conversion:
+    """What a host's workers share: the conversion pool (``executor``) and the schema registry client."""
+
+    executor: Executor
+    schema_source: SchemaSource | None = None
+
+
 class PartitionWorker:
     """Materializes one partition of a table topic into data files, driven by the coordinator's commit rounds.
 
@@ -109,39 +131,27 @@ class PartitionWorker:
     ``rounds``, ``last_round_ms``); they count what was handed to the coordinator, not discarded pre-writes.
     """
 
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        plog: LogReader,
-        channel: CommitChannel,
-        *,
-        table_provider: Callable[[], Table],
-        config_provider: Callable[[], TableTopicConfig],
-        executor: Executor,
-        dead_letter_provider: Callable[[], Table | None] = lambda: None,
-        prewrite_bytes: int = 32 * MiB,
-        read_chunk_bytes: int = 8 * MiB,
-        max_response_bytes: int = MAX_RESPONSE_BYTES,
-        max_inflight: int = 2,
-        request_timeout_ms: int = REQUEST_TIMEOUT_MS,
-        schema_source: SchemaSource | None = None,
-    ) -> None:
-        self.topic = topic
+    def __init__(self, view: TopicView, partition: int, channel: CommitChannel, *, tables: TableSource,
+                 conversion: Conversion, options: WorkerOptions = DEFAULT_WORKER_OPTIONS) -> None:
+        """The worker of ``view``'s ``partition`` (whose log the view must have), writing for ``tables``."""
+        plog = view.log(partition)
+        if plog is None:
+            raise ValueError(f"no log for {view.name}-{partition}")
+        self.topic = view.name
         self.partition = partition
-        self.plog = plog
+        self.plog: LogReader = plog
         self.channel = channel
-        self._table_provider = table_provider
-        self._config_provider = config_provider
-        self._executor = executor
-        self._dead_letter_provider = dead_letter_provider  # the dead-letter table, None before it exists
+        self._table_provider = tables.table
+        self._config_provider = view.settings
+        self._executor = conversion.executor
+        self._dead_letter_provider = tables.dead_letter_table  # the dead-letter table, None before it exists
         self._dead_letter_offset = 0  # dead letters below it are in the dead-letter table already
-        self.prewrite_bytes = max(1, prewrite_bytes)
-        self.read_chunk_bytes = max(1, read_chunk_bytes)
-        self.max_response_bytes = max(1, max_response_bytes)
-        self.max_inflight = max(1, max_inflight)
-        self.request_timeout_ms = request_timeout_ms
-        self.schema_source = schema_source  # the registry, for the schema-driven converters
+        self.prewrite_bytes = max(1, options.prewrite_bytes)
+        self.read_chunk_bytes = max(1, options.read_chunk_bytes)
+        self.max_response_bytes = max(1, options.max_response_bytes)
+        self.max_inflight = max(1, options.max_inflight)
+        self.request_timeout_ms = options.request_timeout_ms
+        self.schema_source = conversion.schema_source  # the registry, for the schema-driven converters
         # -- state (mutated under _lock) --
         self._lock = asyncio.Lock()
         self._position: int | None = None  # start of the range not yet handed to the coordinator

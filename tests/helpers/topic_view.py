@@ -1,10 +1,12 @@
-"""A :class:`coordinator.contract.TopicView` from plain functions, for tests that run a coordinator or a
-maintenance without a broker (the broker's own view is ``tabletopic.plugin_host.BrokerTopicView``)."""
+"""A :class:`coordinator.contract.TopicView` (and a ``TableSource``) from plain functions, for tests that run a
+coordinator, a maintenance or a worker without a broker (the broker's view: ``plugin_host.BrokerTopicView``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from pyiceberg.table import Table
 
 from configs.table_topic import TableTopicConfig
 
@@ -38,3 +40,17 @@ class FunctionTopicView:
 
     def leader_epoch(self, partition: int) -> int:
         return self._leader_epoch(partition)
+
+
+class FunctionTables:
+    """A :class:`coordinator.contract.TableSource` from functions (a coordinator is the real one)."""
+
+    def __init__(self, table: Callable[[], Table], dead_letter_table: Callable[[], Table | None] = lambda: None
+                 ) -> None:
+        self._table, self._dead_letter_table = table, dead_letter_table
+
+    def table(self) -> Table:
+        return self._table()
+
+    def dead_letter_table(self) -> Table | None:
+        return self._dead_letter_table()
