@@ -569,8 +569,20 @@ def _attempt(tbl: Table, rc: RoundCommit, now_ms: int, engine: TableEngine | Non
     return build_transaction(tbl, rc, now_ms).commit_transaction
 
 
-def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_RETRIES,
-                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+@dataclass(frozen=True, slots=True)
+class Retries:
+    """How a commit that lost a race to another writer is tried again: up to ``max_retries`` more times, backing
+    off with ``sleep``; ``clock`` (wall seconds) stamps the commits."""
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+
+
+DEFAULT_RETRIES = Retries()
+
+
+def commit_round(tbl: Table, rc: RoundCommit, *, retries: Retries = DEFAULT_RETRIES,
                  engine: TableEngine | None = None, failed: list[str] | None = None) -> CommitResult:
     """Commit ``rc`` on ``tbl`` (the table as of the round's start) exactly once. A format v3 table is committed
     through ``engine`` (:mod:`coordinator.table_writer`), with the same checks and retries. Files of an aborted
@@ -581,6 +593,7 @@ def commit_round(tbl: Table, rc: RoundCommit, *, max_retries: int = DEFAULT_MAX_
     the retries run out, ABORTED and the files deleted. Any other exception leaves the outcome unknown: the table is
     read back (:func:`resolve_round`); when it cannot be read, :class:`CommitOutcomeUnknownError` is raised and the
     files kept (the caller keeps its PRE_COMMIT checkpoint and resolves later)."""
+    max_retries, clock, sleep = retries.max_retries, retries.clock, retries.sleep
     commit_s = 0.0
     for attempt in range(1, max_retries + 2):
         if attempt > 1 or (attempt == 1 and rc.merge is not None):  # a merge's snapshot is newer than ``tbl``
@@ -661,9 +674,7 @@ def _dead_letter_transaction(dlq: Table, pending: PendingDeadLetters, files: lis
 
 
 def commit_dead_letters(catalog: Catalog, main: Table, cfg: TableTopicConfig, *, known: Iterable[DataFile] = (),
-                        topic_id: str | None = None, max_retries: int = DEFAULT_MAX_RETRIES,
-                        clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep
-                        ) -> Table | None:
+                        topic_id: str | None = None, retries: Retries = DEFAULT_RETRIES) -> Table | None:
     """Append the dead letters ``main`` names (``tabletopic.dead-letters.pending``) to its dead-letter table, once.
 
     Exactly once across the two tables without a multi-table transaction: the main table's commit decides which
@@ -684,6 +695,7 @@ def commit_dead_letters(catalog: Catalog, main: Table, cfg: TableTopicConfig, *,
     dlq = load_or_create_dead_letter_table(catalog, main, cfg)
     by_path = {f.file_path: f for f in known}
     problem = ""
+    max_retries, clock, sleep = retries.max_retries, retries.clock, retries.sleep
     for attempt in range(1, max_retries + 2):
         if attempt > 1:
             dlq = _ours(catalog.load_table(dlq.name()), main)

@@ -41,6 +41,7 @@ from coordinator.committer import (
     CommitResult,
     ExpirePolicy,
     Outcome,
+    Retries,
     RoundCommit,
     TableConflictError,
     commit_dead_letters,
@@ -260,8 +261,8 @@ class TableTopicCoordinator:
         self._channel = channel
         self._store = CheckpointStore(state_dir)
         self.round_timeout_s = options.round_timeout_s
-        self._max_commit_retries = options.max_commit_retries
         self._clock = options.clock
+        self._retries = Retries(options.max_commit_retries, options.clock)
         self._listeners: list[Callable[[RoundReport], None]] = []  # every round's report, called on the loop
         self._topic_id = view.topic_id  # offsets stored for another topic id (an earlier incarnation) do not apply
         # the table engine (coordinator.engine): the changes workers ask the table to take in, upsert/CDC rounds'
@@ -642,7 +643,7 @@ class TableTopicCoordinator:
         if dlq is None or not commit_landed(dlq, pending.commit_id):
             self._dead_letter_table = await asyncio.to_thread(
                 commit_dead_letters, self._catalog, tbl, self._config_provider(), known=known,
-                topic_id=self._topic_id, max_retries=self._max_commit_retries, clock=self._clock)
+                topic_id=self._topic_id, retries=self._retries)
             crash_point("coordinator-after-dead-letter-commit")
         return pending.commit_id
 
@@ -816,7 +817,7 @@ class TableTopicCoordinator:
         # The commit thread is shielded: once the PRE_COMMIT checkpoint is written the commit runs to its end
         # even if this task is cancelled (the next start would otherwise have to resolve it).
         result = await asyncio.shield(asyncio.to_thread(
-            commit_round, rnd.table, rc, max_retries=self._max_commit_retries, clock=self._clock,
+            commit_round, rnd.table, rc, retries=self._retries,
             engine=self._engine, failed=self._undeleted))
         crash_point("coordinator-after-iceberg-commit")
         self._table = result.table

@@ -13,6 +13,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from coordinator.committer import (
     ExpirePolicy,
     Outcome,
+    Retries,
     RoundCommit,
     commit_round,
     load_or_create_table,
@@ -108,14 +109,14 @@ def test_conflicts_beyond_max_retries_abort_and_pyiceberg_does_not_retry_behind_
         pass  # someone else commits: ``stale`` is now out of date
     files = write_data_files(stale, 0, 0, [PartitionLog(0).row(0)])
     rc = RoundCommit("r1", {}, {0: 1}, tuple(files))
-    result = commit_round(stale, rc, max_retries=0)
+    result = commit_round(stale, rc, retries=Retries(max_retries=0))
     # pyiceberg's own retry (4 by default) would have re-applied our offsets on the new head unchecked
     assert result.outcome is Outcome.ABORTED and result.attempts == 1
     assert not file_exists(files[0].file_path)
     assert committed_offsets(cat.load_table(stale.name())) == {}
 
     files = write_data_files(stale, 0, 0, [PartitionLog(0).row(0)])
-    result = commit_round(stale, RoundCommit("r2", {}, {0: 1}, tuple(files)), max_retries=1)
+    result = commit_round(stale, RoundCommit("r2", {}, {0: 1}, tuple(files)), retries=Retries(max_retries=1))
     assert result.outcome is Outcome.COMMITTED and result.attempts == 2
     assert committed_offsets(result.table) == {0: 1}
 

@@ -83,6 +83,19 @@ class _Kept:
     dead_letters: pa.Table | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """A chunk's records as the converters judged them: ``bad`` row index → reason, ``explained`` offset → the
+    converters' detail (:func:`_detail`), and where its skipped records go (``dead_letters``, None: nowhere)."""
+
+    d: Decoded
+    bad: dict[int, str]
+    explained: dict[int, str]
+    partition: int
+    plan: ConversionPlan
+    dead_letters: DeadLetters | None
+
+
 def convert_records(
     data: bytes,
     *,
@@ -128,8 +141,7 @@ def convert_records(
             if i not in bad:  # a reason the converters found first wins
                 bad[i] = reason
                 explained[d.offsets[i]] = why[i]
-    kept = _apply_tolerance(table, timestamps, d, bad, tolerance=plan.tolerance, partition=partition,
-                            dead_letters=dead_letters, plan=plan, explained=explained)
+    kept = _apply_tolerance(table, timestamps, _Judged(d, bad, explained, partition, plan, dead_letters))
     max_ts = pc.max(kept.timestamps).as_py() if len(kept.timestamps) else None
     return ConvertResult(kept.table, ConvertStats(
         records=kept.table.num_rows, next_offset=kept.next_offset,
@@ -260,16 +272,14 @@ def _fit(columns: Columns, target: pa.Schema, n: int) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=target)
 
 
-def _apply_tolerance(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *,
-                     tolerance: ErrorsTolerance, partition: int, dead_letters: DeadLetters | None,
-                     plan: ConversionPlan, explained: dict[int, str]) -> _Kept:
-    """``explained``: the converters' details of bad records, by offset (:func:`_detail`)."""
-    if not bad and not d.corrupt:
+def _apply_tolerance(table: pa.Table, timestamps: pa.Array, judged: _Judged) -> _Kept:
+    """What the plan's ``errors.tolerance`` keeps of the chunk's rows."""
+    d = judged.d
+    if not judged.bad and not d.corrupt:
         return _Kept(table, timestamps, d.next_offset)
-    if tolerance is ErrorsTolerance.NONE:
-        return _stop_at_first_bad(table, timestamps, d, bad, explained)
-    return _skip_bad(table, timestamps, d, bad, partition=partition, dead_letters=dead_letters, plan=plan,
-                     explained=explained)
+    if judged.plan.tolerance is ErrorsTolerance.NONE:
+        return _stop_at_first_bad(table, timestamps, d, judged.bad, judged.explained)
+    return _skip_bad(table, timestamps, judged)
 
 
 def _detail(reason: str, offset: int, explained: dict[int, str]) -> str:
@@ -294,9 +304,9 @@ def _stop_at_first_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: d
                  blocked_reason=blocked_reason, blocked_detail=blocked_detail)
 
 
-def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, str], *, partition: int,
-              dead_letters: DeadLetters | None, plan: ConversionPlan, explained: dict[int, str]) -> _Kept:
+def _skip_bad(table: pa.Table, timestamps: pa.Array, judged: _Judged) -> _Kept:
     """``errors.tolerance=invalid_data|all``: drop the bad rows, count them by reason, keep them as dead letters."""
+    d, bad = judged.d, judged.bad
     bad_rows = sorted(bad)
     if bad_rows:
         keep = [True] * len(d.offsets)
@@ -310,10 +320,7 @@ def _skip_bad(table: pa.Table, timestamps: pa.Array, d: Decoded, bad: dict[int, 
         skipped[bad[i]] = skipped.get(bad[i], 0) + 1
     for _, count, _, _ in d.corrupt:
         skipped[REASON_CORRUPT_BATCH] = skipped.get(REASON_CORRUPT_BATCH, 0) + count
-    rows = None
-    if dead_letters is not None:
-        rows = _dead_letter_rows(dead_letters, partition=partition, d=d, bad=bad, bad_rows=bad_rows, plan=plan,
-                                 explained=explained)
+    rows = None if judged.dead_letters is None else _dead_letter_rows(judged.dead_letters, judged, bad_rows)
     return _Kept(table, timestamps, d.next_offset, skipped, dead_letters=rows)
 
 
@@ -324,14 +331,14 @@ def _header_schema_id(raw: bytes | None) -> int | None:
     return int.from_bytes(raw[1:5], "big", signed=True)
 
 
-def _dead_letter_rows(dead_letters: DeadLetters, *, partition: int, d: Decoded, bad: dict[int, str],
-                      bad_rows: list[int], plan: ConversionPlan, explained: dict[int, str]) -> pa.Table | None:
+def _dead_letter_rows(dead_letters: DeadLetters, judged: _Judged, bad_rows: list[int]) -> pa.Table | None:
     """The skipped records of the chunk at ``dead_letters.from_offset`` and after, by offset (None if none): topic,
     partition, offset, timestamp, key, value, headers (the same map as the table's), reason, schema id, detail.
 
     ``schema_id`` is the Confluent header's id of the part the reason names (``..._key`` → the key, else the
     value) when a ``by_schema_id`` converter reads that part and the header has the magic byte; else null.
     """
+    d, bad, explained, partition, plan = judged.d, judged.bad, judged.explained, judged.partition, judged.plan
     by_id = {feed.part.value for feed in plan.feeds if feed.converter == SCHEMA_ID_CONVERTER}
     rows: dict[str, list[object]] = {name: [] for name in DEAD_LETTER_ARROW_SCHEMA.names}
     for i in bad_rows:

@@ -319,8 +319,7 @@ class PartitionWorker:
         await self._reset_if_moved(req, mine.offset, target)
         self._dead_letter_offset = mine.dead_letter_offset
         self._blocked_at = None  # every round retries a blocking record (the tolerance may have changed)
-        flushed = await self._flush(req, mine.offset, hw, target, plan, deadline=deadline,
-                                    answer_by=t0 + ROUND_BUDGET_S)
+        flushed = await self._flush(req, hw, target, plan, deadline=deadline, answer_by=t0 + ROUND_BUDGET_S)
         if flushed.taken:
             crash_point("worker-mid-flush")  # files written, not yet handed to the coordinator
         response = self._response(req, mine, hw, target, flushed)
@@ -366,13 +365,14 @@ class PartitionWorker:
             raise RegistryUnavailableError("no schema registry is configured")
         await self.schema_source.schemas(ids, deadline)
 
-    async def _flush(self, req: CommitRequest, x: int, hw: int, target: WriteTarget, plan: ConversionPlan, *,
+    async def _flush(self, req: CommitRequest, hw: int, target: WriteTarget, plan: ConversionPlan, *,
                      deadline: float, answer_by: float = float("inf")) -> _Flushed:
         """Take chunks in offset order, keeping the pipeline full up to ``hw`` and the round's byte budget, until
         none is left, ``answer_by`` has passed (chunks still running stay pre-written for the next round), or one
         stops at a blocking record, a record the table must first be evolved for, or the registry cannot give a
         schema before ``deadline``. A system error hands nothing over."""
         assert self._written_to is not None
+        x = next(po.offset for po in req.offsets if po.partition == self.partition)  # where the round starts
         taken: list[_Chunk] = []
         round_bytes = 0
         try:

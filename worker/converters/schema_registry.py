@@ -17,6 +17,7 @@ evolved. A bad row gets a reason ending in ``_key`` / ``_value`` (the reasons: :
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,6 +77,15 @@ class _Groups:
         self.rows.setdefault(key, []).append(row)
 
 
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """Of a chunk's rows so far: the bad ones by reason, their details, and the first one not to convert."""
+
+    bad: dict[int, str]
+    details: dict[int, str]
+    stop: Stop | None
+
+
 def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
                    schemas: Mapping[int, RegistrySchema | None], ctx: ConvertContext, suffix: str,
                    n: int) -> ConvertedColumn:
@@ -83,7 +93,7 @@ def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
     bad: dict[int, str] = {}
     details: dict[int, str] = {}
     stop: Stop | None = None
-    decoders: dict[GroupKey, Decoder] = {}
+    decodable: dict[GroupKey, tuple[list[int], Decoder]] = {}
     missing = frozenset(sid for sid, _ in groups if sid not in schemas)
     if missing:
         first = min(row for (sid, _), rows in groups.items() if sid in missing for row in rows)
@@ -107,22 +117,23 @@ def _decode_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], *,
         change = needed_change(ctx.table_schema, ctx.column, value_type)
         if change is not None and (stop is None or rows[0] < stop.row):
             stop = Stop(rows[0], table_change=change, reason=f"schema id {sid} needs a table change")
-        decoders[key] = dec
-    return _convert_groups(payloads, groups, decoders, ctx=ctx, suffix=suffix, n=n, bad=bad, stop=stop,
-                           details=details)
+        decodable[key] = (rows, dec)
+    return _convert_groups(payloads, decodable, ctx=ctx, suffix=suffix, n=n,
+                           found=_Found(bad, details, stop))
 
 
-def _convert_groups(payloads: pa.Array, groups: Mapping[GroupKey, list[int]], decoders: Mapping[GroupKey, Decoder],
-                    *, ctx: ConvertContext, suffix: str, n: int, bad: dict[int, str], stop: Stop | None,
-                    details: dict[int, str]) -> ConvertedColumn:
+def _convert_groups(payloads: pa.Array, decodable: Mapping[GroupKey, tuple[list[int], Decoder]], *,
+                    ctx: ConvertContext, suffix: str, n: int, found: _Found) -> ConvertedColumn:
+    """Decode each group's rows before the stop with its decoder; ``found``: what was found before (added to)."""
+    bad, stop, details = found.bad, found.stop, found.details
     target = column_arrow_type(ctx.table_schema, ctx.column)
     limit = n if stop is None else stop.row
     if target is None:  # the column does not exist yet: every row is past the stop (a change adds it)
         return ConvertedColumn(pa.nulls(n, pa.null()), bad, stop, details=details)
     parts: list[tuple[list[int], pa.Array]] = []
     dropped: dict[int, str] = {}
-    for key, dec in decoders.items():
-        rows = [r for r in groups[key] if r < limit]
+    for group_rows, dec in decodable.values():
+        rows = [r for r in group_rows if r < limit]
         if not rows:
             continue
         out = dec.decode(payloads.take(pa.array(rows, pa.int64())), suffix)
