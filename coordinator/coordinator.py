@@ -4,9 +4,9 @@
 offset read from the table, one :class:`~coordinator.contract.CommitRequest` broadcast, the workers'
 :class:`~coordinator.contract.CommitResponse` collected until every partition answered or the round timed out, and
 what arrived committed in one transaction (:func:`coordinator.committer.commit_round`; an upsert/CDC round merged
-first, :mod:`coordinator.merge`), every phase checkpointed (:mod:`coordinator.state`). The plugin host calls
+first, :mod:`coordinator.merge`), every phase checkpointed (:mod:`coordinator.state`). Its runtime calls
 :meth:`~TableTopicCoordinator.config_changed`, :meth:`~TableTopicCoordinator.partitions_changed` and
-:meth:`~TableTopicCoordinator.trigger_round`; the ``on_round`` observer gets every :class:`RoundReport`.
+:meth:`~TableTopicCoordinator.trigger_round`; the listeners (``add_listener``) get every :class:`RoundReport`.
 
 Rules: offsets come from the table, never from local state alone; a round left in PRE_COMMIT is resolved by reading
 the table, and the last round's dead letters are in the dead-letter table, before a round starts; answers of other
@@ -294,7 +294,7 @@ class TableTopicCoordinator:
         self._settled: tuple[tuple[int, ...], dict[int, int]] | None = None
         self._stuck: dict[int, tuple[str, str]] = {}  # the last round's RoundReport.stuck (IDLE reports repeat it)
         self._force_round = True  # settings or partitions changed: the next round runs even if nothing is new
-        self._last_report_at = 0.0  # loop time of the last report to on_round
+        self._last_report_at = 0.0  # loop time of the last report to the listeners
         self._last_offsets: dict[int, int] = {}
         # commit id → paths that round committed (empty when it committed nothing)
         self._recent_rounds: OrderedDict[str, frozenset[str]] = OrderedDict()

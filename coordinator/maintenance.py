@@ -1,7 +1,7 @@
 """Automatic compaction and maintenance of a table topic's table, beside its commit rounds (what each
 ``compaction.*`` setting does, for users: docs/operations.md, "Compaction and maintenance").
 
-One :class:`TableMaintenance` per table topic, started by the plugin host next to the coordinator. Every
+One :class:`TableMaintenance` per table topic, started by the table topic's runtime next to the coordinator. Every
 ``compaction.interval.ms`` a run reads the settings, looks at the table with pyiceberg and calls the table engine
 (:class:`coordinator.engine.TableEngine`: the Spark side process) once per step that has work: rewrite data files
 (in two bounded passes, :meth:`MaintenancePolicy.bounded_pass`), expire snapshots, rewrite manifests, remove orphan

@@ -173,6 +173,21 @@ class SparkCollector(Collector):
         yield next_start
 
 
+@dataclass(frozen=True, slots=True)
+class CommitFigures:
+    """What one committed round wrote: records, data files, bytes, fields (rows times top-level columns), and how
+    long its catalog commit took."""
+
+    records: int
+    files: int
+    bytes_written: int
+    fields: int
+    duration_s: float
+
+
+NOTHING_WRITTEN = CommitFigures(0, 0, 0, 0, 0.0)
+
+
 class TableTopicMetrics:
     """The table-topic metric families, labelled by ``topic``, in a registry of their own.
 
@@ -214,20 +229,9 @@ class TableTopicMetrics:
         self._round_results: set[tuple[str, str]] = set()
         self._busy_workers: set[tuple[str, str]] = set()  # (topic, worker) pairs with a busy-ratio series
 
-    def record_commit(
-        self,
-        topic: str,
-        *,
-        records: int,
-        files: int,
-        bytes_written: int,
-        fields: int,
-        duration_s: float,
-        watermark_ms: int | None,
-        interval_s: float | None = None,
-        result: str = ROUND_COMMITTED,
-    ) -> None:
-        """Account one successful commit of ``topic``'s table.
+    def record_commit(self, topic: str, figures: CommitFigures, *, watermark_ms: int | None,
+                      interval_s: float | None = None, result: str = ROUND_COMMITTED) -> None:
+        """Account one successful commit of ``topic``'s table, which wrote ``figures``.
 
         ``watermark_ms``: min over partitions of the max record timestamp now in the table (None: unchanged,
         e.g. a timed-out round). ``interval_s``: time the commit covers, for ``kafka_tabletopic_fields``; by
@@ -246,12 +250,12 @@ class TableTopicMetrics:
         if interval_s is None and previous is not None:
             interval_s = now - previous
         if interval_s is not None and interval_s > 0:
-            self._fps.labels(topic=topic).set(fields / interval_s)
-        self._records.labels(topic=topic).inc(records)
-        self._files.labels(topic=topic).inc(files)
-        self._bytes.labels(topic=topic).inc(bytes_written)
-        self._fields.labels(topic=topic).inc(fields)
-        self._duration.labels(topic=topic).observe(duration_s)
+            self._fps.labels(topic=topic).set(figures.fields / interval_s)
+        self._records.labels(topic=topic).inc(figures.records)
+        self._files.labels(topic=topic).inc(figures.files)
+        self._bytes.labels(topic=topic).inc(figures.bytes_written)
+        self._fields.labels(topic=topic).inc(figures.fields)
+        self._duration.labels(topic=topic).observe(figures.duration_s)
         self._count_round(topic, result)
 
     def hold_watermark(self, topic: str) -> None:

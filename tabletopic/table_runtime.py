@@ -27,7 +27,7 @@ from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordin
 from coordinator.engine import TableEngine
 from coordinator.maintenance import TableMaintenance
 from coordinator.table import catalog_identifier
-from tabletopic.metrics import ROUND_BLOCKED, ROUND_FAILED, TableTopicMetrics
+from tabletopic.metrics import NOTHING_WRITTEN, ROUND_BLOCKED, ROUND_FAILED, CommitFigures, TableTopicMetrics
 from tabletopic.table_status import TableStatus
 from worker.partition_worker import Conversion, PartitionWorker
 from worker.schema_source import SchemaSource
@@ -138,14 +138,13 @@ class TableTopicRuntime:
             m.hold_watermark(topic)
         if report.outcome is RoundOutcome.COMMITTED:
             partial = bool(report.timed_out or report.blocked or stuck)
-            m.record_commit(topic, records=report.records, files=report.files, bytes_written=report.bytes,
-                            fields=report.fields, duration_s=report.commit_ms / 1000,
+            m.record_commit(topic, CommitFigures(report.records, report.files, report.bytes, report.fields,
+                                                 report.commit_ms / 1000),
                             watermark_ms=None if report.watermark < 0 or stuck else report.watermark,
                             result="partial" if partial else "committed")
         elif report.outcome is RoundOutcome.IDLE and not stuck:
             # nothing new below any high watermark: the table is as fresh as the log
-            m.record_commit(topic, records=0, files=0, bytes_written=0, fields=0, duration_s=0.0,
-                            watermark_ms=int(time.time() * 1000), result="empty")
+            m.record_commit(topic, NOTHING_WRITTEN, watermark_ms=int(time.time() * 1000), result="empty")
         elif report.outcome is RoundOutcome.IDLE:
             m.record_round(topic, ROUND_BLOCKED if report.round_blocked is not None
                            or any(s == "blocked" for s, _ in report.stuck.values()) else ROUND_FAILED)

@@ -14,6 +14,7 @@ from configs.model import BrokerConfig
 from tabletopic.metrics import (
     ROUND_EMPTY,
     ROUND_PARTIAL,
+    CommitFigures,
     MetricsServer,
     TableTopicMetrics,
     start_metrics_server,
@@ -48,12 +49,12 @@ def test_metrics_off_when_port_unset() -> None:
 def test_commit_metrics_are_exposed_per_topic(served: MetricsServer) -> None:
     m = served.metrics
     watermark = int(time.time() * 1000) - 5_000
-    m.record_commit("orders", records=100, files=2, bytes_written=4096, fields=400, duration_s=0.03,
+    m.record_commit("orders", CommitFigures(records=100, files=2, bytes_written=4096, fields=400, duration_s=0.03),
                     watermark_ms=watermark, interval_s=2.0)
-    m.record_commit("orders", records=50, files=1, bytes_written=1000, fields=200, duration_s=0.2,
+    m.record_commit("orders", CommitFigures(records=50, files=1, bytes_written=1000, fields=200, duration_s=0.2),
                     watermark_ms=watermark + 1_000, interval_s=4.0)
-    m.record_commit("users", records=1, files=1, bytes_written=10, fields=4, duration_s=0.01, watermark_ms=None,
-                    result=ROUND_PARTIAL)
+    m.record_commit("users", CommitFigures(records=1, files=1, bytes_written=10, fields=4, duration_s=0.01),
+                    watermark_ms=None, result=ROUND_PARTIAL)
     m.record_round("users", ROUND_EMPTY)
     m.record_skipped("orders", "invalid_data", 3)
     m.record_skipped("orders", "conversion", 1)
@@ -84,16 +85,17 @@ def test_commit_metrics_are_exposed_per_topic(served: MetricsServer) -> None:
 
 def test_delay_keeps_growing_until_the_next_commit() -> None:
     m = TableTopicMetrics()
-    m.record_commit("t", records=1, files=1, bytes_written=1, fields=1, duration_s=0.01,
+    m.record_commit("t", CommitFigures(records=1, files=1, bytes_written=1, fields=1, duration_s=0.01),
                     watermark_ms=int(time.time() * 1000))
     first = m.delay_ms("t")
     time.sleep(0.05)
     second = m.delay_ms("t")
     assert first is not None and second is not None and second >= first + 40
     # a timed-out round (no watermark) leaves it growing; a future timestamp reports 0, never negative
-    m.record_commit("t", records=1, files=1, bytes_written=1, fields=1, duration_s=0.01, watermark_ms=None)
+    m.record_commit("t", CommitFigures(records=1, files=1, bytes_written=1, fields=1, duration_s=0.01),
+                    watermark_ms=None)
     assert (m.delay_ms("t") or 0) >= second
-    m.record_commit("t", records=1, files=1, bytes_written=1, fields=1, duration_s=0.01,
+    m.record_commit("t", CommitFigures(records=1, files=1, bytes_written=1, fields=1, duration_s=0.01),
                     watermark_ms=int(time.time() * 1000) + 60_000)
     assert m.delay_ms("t") == 0.0
     assert m.delay_ms("unknown") is None
@@ -101,10 +103,12 @@ def test_delay_keeps_growing_until_the_next_commit() -> None:
 
 def test_fields_per_second_from_the_time_between_commits() -> None:
     m = TableTopicMetrics()
-    m.record_commit("t", records=1, files=1, bytes_written=1, fields=10, duration_s=0.01, watermark_ms=None)
+    m.record_commit("t", CommitFigures(records=1, files=1, bytes_written=1, fields=10, duration_s=0.01),
+                    watermark_ms=None)
     assert b"kafka_tabletopic_fields{" not in m.exposition()  # one commit: no interval yet
     time.sleep(0.1)
-    m.record_commit("t", records=1, files=1, bytes_written=1, fields=10, duration_s=0.01, watermark_ms=None)
+    m.record_commit("t", CommitFigures(records=1, files=1, bytes_written=1, fields=10, duration_s=0.01),
+                    watermark_ms=None)
     fps = next(s.value for f in text_string_to_metric_families(m.exposition().decode()) for s in f.samples
                if s.name == "kafka_tabletopic_fields")
     assert 10 < fps <= 100
@@ -113,7 +117,7 @@ def test_fields_per_second_from_the_time_between_commits() -> None:
 def test_remove_topic_drops_its_series() -> None:
     m = TableTopicMetrics()
     for topic in ("a", "b"):
-        m.record_commit(topic, records=1, files=1, bytes_written=1, fields=1, duration_s=0.01,
+        m.record_commit(topic, CommitFigures(records=1, files=1, bytes_written=1, fields=1, duration_s=0.01),
                         watermark_ms=int(time.time() * 1000), interval_s=1.0)
         m.record_skipped(topic, "invalid_data")
         m.record_round(topic, ROUND_EMPTY)

@@ -47,7 +47,7 @@ class JoinApi:
         self.shared = shared
         self.rebalance = rebalance
 
-    async def join_group(
+    async def join_group(  # noqa: PLR0913  (the JoinGroup request's fields)
         self,
         group_id: str,
         *,

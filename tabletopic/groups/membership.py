@@ -26,7 +26,7 @@ class MembershipApi:
         self.shared = shared
         self.rebalance = rebalance
 
-    async def sync_group(
+    async def sync_group(  # noqa: PLR0913  (the SyncGroup request's fields)
         self,
         group_id: str,
         *,

@@ -159,19 +159,11 @@ class PartitionLog:
 
     leader_epoch = 0
 
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        topic: str,
-        partition: int,
-        config: LogConfig,
-        flusher: Flusher,
-        segments: list[LogSegment],
-        log_start_offset: int,
-        producers: ProducerStateManager,
-        dir_fd: int,
-    ) -> None:
+    def __init__(self, directory: Path, *, topic: str, partition: int, config: LogConfig, flusher: Flusher,
+                 recovered: RecoveredLog) -> None:
+        """A log over what recovery found in ``directory`` (:meth:`open`), keeping its directory descriptor."""
+        segments, log_start_offset = recovered.segments, recovered.log_start_offset
+        producers, dir_fd = recovered.producers, recovered.dir_fd
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -277,10 +269,7 @@ class PartitionLog:
         except BaseException:
             os.close(dir_fd)
             raise
-        self = cls(
-            directory, topic=topic, partition=partition, config=config, flusher=flusher, segments=r.segments,
-            log_start_offset=r.log_start_offset, producers=r.producers, dir_fd=dir_fd,
-        )
+        self = cls(directory, topic=topic, partition=partition, config=config, flusher=flusher, recovered=r)
         self._parent_dir_dirty = created
         self._dir_dirty = r.fresh
         self._log_opened(r, time.monotonic() - t0)

@@ -57,6 +57,7 @@ class RecoveredLog:
     truncated_bytes: int = 0
     snapshot_offset: int | None = None  # the producer snapshot loaded, if any
     replayed_batches: int = 0  # batch headers replayed into the producer state after it
+    dir_fd: int = -1  # the directory's open descriptor recovery was given: the log keeps it for its fsyncs
 
 
 @dataclass
@@ -139,7 +140,7 @@ class _Recovery:
             self._persist_recovered()
             result = RecoveredLog(
                 self.segments, log_start, ProducerStateManager(), clean_leo is not None, fresh,
-                len(self.recovered), self.truncated_bytes,
+                len(self.recovered), self.truncated_bytes, dir_fd=self.dir_fd,
             )
             self._load_producers(result, listing.snapshots)
             if clean_leo is not None:

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from configs.partition_spec import resolve_column
@@ -157,9 +158,27 @@ def _merge_source(io: FileIO, paths: Sequence[str], keys: Sequence[tuple[str, ..
     return [target], latest.num_rows, deletes, target
 
 
-def _staged_merge(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str,
-                  columns: Sequence[str]) -> None:
-    """The ``MERGE INTO`` of the changes in ``view`` (last per key, op column ``op``), staged under ``stage_id``."""
+@dataclass(frozen=True)
+class _Staging:
+    """One staged merge on the Spark side: the session, the table's quoted name, the temp view of the changes (the
+    last per key), the write-audit-publish id, the key columns' paths and the quoted op column."""
+
+    session: SparkSession
+    table_name: str
+    view: str
+    stage_id: str
+    keys: Sequence[tuple[str, ...]]
+    op: str
+
+    @property
+    def on(self) -> str:
+        """The join of table ``t`` and changes ``s`` on the keys."""
+        return " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in self.keys)
+
+
+def _staged_merge(stg: _Staging, columns: Sequence[str]) -> None:
+    """The ``MERGE INTO`` of the changes in the view (last per key, op column ``op``), staged under ``stage_id``."""
+    session, table_name, view, stage_id, on, op = stg.session, stg.table_name, stg.view, stg.stage_id, stg.on, stg.op
     session.conf.set(WAP_ID_CONF, stage_id)
     try:  # every identifier below is back-quoted (_quoted_path); no value is spliced in
         session.sql(
@@ -172,9 +191,7 @@ def _staged_merge(session: SparkSession, table_name: str, view: str, *, stage_id
         session.conf.unset(WAP_ID_CONF)
 
 
-def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str,
-                    keys: Sequence[tuple[str, ...]], columns: Sequence[str], present: Set[str], count: bool
-                    ) -> int | None:
+def _staged_rewrite(stg: _Staging, *, columns: Sequence[str], present: Set[str], count: bool) -> int | None:
     """The whole table written again with the changes in ``view`` applied by the MERGE's rules (rows whose key
     has a change dropped, the changes other than ``D`` added, a column the changes lack taken from the row they
     replace), staged under ``stage_id`` as one overwrite: the new files replace every data file and every delete
@@ -186,6 +203,8 @@ def _staged_rewrite(session: SparkSession, table_name: str, view: str, *, stage_
     from pyspark.sql import Observation
     from pyspark.sql import functions as F  # noqa: N812
 
+    session, table_name, view, stage_id, on, op = stg.session, stg.table_name, stg.view, stg.stage_id, stg.on, stg.op
+    keys = stg.keys
     target = session.table(table_name).alias("t")
     source = session.table(view).alias("s")
     # a left join flagged by a marker, not an anti join: the matched rows are there to be counted
@@ -233,9 +252,10 @@ def _compaction_figures(table: Any, base: Any, staged: Any, written: int, ms: fl
                      "deletes_applied": applied, "ms": round(ms)}
 
 
-def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
-                  keys: Sequence[str], stage_id: str, op_column: str, order_columns: Sequence[str],
-                  rewrite: bool = False) -> dict[str, Any]:
+def merge_changes(  # noqa: PLR0913  (the side process's "merge" op: its arguments as sent)
+        session: SparkSession, catalog_name: str, identifier: Sequence[str], *, paths: Sequence[str],
+        keys: Sequence[str], stage_id: str, op_column: str, order_columns: Sequence[str],
+        rewrite: bool = False) -> dict[str, Any]:
     """Apply change files to the table with ``MERGE INTO``, staged: the result is a snapshot of the table that
     ``main`` does not point to yet (Iceberg's write-audit-publish; the table needs ``write.wap.enabled=true``),
     which the broker's round commit publishes together with the committed offsets.
@@ -276,9 +296,8 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
         source.createOrReplaceTempView(view)
         table_name = ".".join(f"`{part.replace('`', '``')}`" for part in (catalog_name, *identifier))
         base = current_snapshot_id(table)  # what the MERGE reads (a commit in between fails the round's publication)
-        refused, absent = _apply_changes(session, table, table_name, view, stage_id=stage_id, keys=key_paths,
-                                         op=_quoted_path((op_column,)), base=base, deletes=deletes, rewrite=rewrite,
-                                         lap=lap)
+        stg = _Staging(session, table_name, view, stage_id, key_paths, _quoted_path((op_column,)))
+        refused, absent = _apply_changes(stg, table, base=base, deletes=deletes, rewrite=rewrite, lap=lap)
         rewritten = rewrite and refused is None
     finally:
         if written is not None:
@@ -300,13 +319,12 @@ def merge_changes(session: SparkSession, catalog_name: str, identifier: Sequence
             "rewrite_refused": refused}
 
 
-def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str, *, stage_id: str,
-                   keys: Sequence[tuple[str, ...]], op: str, base: int | None, deletes: int, rewrite: bool,
+def _apply_changes(stg: _Staging, table: Any, *, base: int | None, deletes: int, rewrite: bool,
                    lap: Callable[[str], None]) -> tuple[str | None, int]:
     """:func:`merge_changes`'s Spark work on the changes in ``view``: the table written again with them
     (``rewrite``; :func:`_try_rewrite`) or merged, and the deletes of keys the table lacks counted. Returns (why a
     rewrite asked for was refused, else None; how many deletes were of unknown keys). Drops ``view``."""
-    on = " AND ".join(f"t.{_quoted_path(k)} = s.{_quoted_path(k)}" for k in keys)
+    session, table_name, view, keys, op = stg.session, stg.table_name, stg.view, stg.keys, stg.op
     present = set(session.table(view).columns)
     columns = [_quoted_path((str(c.name()),)) for c in iterate(table.schema().columns())
                if str(c.name()) in present]
@@ -315,13 +333,12 @@ def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str
     # task slots idle (a round's MERGE is mostly one task per stage); a rewrite counts in its own scan
     pool = ThreadPoolExecutor(1, thread_name_prefix="tabletopic-merge-count")
     try:
-        refused, found_here = _try_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, table=table,
-                                           keys=keys, present=present, count=counted) if rewrite else (None, None)
+        refused, found_here = _try_rewrite(stg, table, present=present, count=counted) if rewrite else (None, None)
         rewritten = rewrite and refused is None
         found = pool.submit(_present_keys, session, table_name, base, view, keys=keys, op=op) \
             if counted and not rewritten and base is not None else None
         if not rewritten:
-            _staged_merge(session, table_name, view, stage_id=stage_id, on=on, op=op, columns=columns)
+            _staged_merge(stg, columns)
         lap("rewrite" if rewritten else "merge")
         absent = deletes - (found.result() if found is not None else found_here or 0)
         lap("absent")
@@ -331,8 +348,7 @@ def _apply_changes(session: SparkSession, table: Any, table_name: str, view: str
     return refused, absent
 
 
-def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id: str, on: str, op: str, table: Any,
-                 keys: Sequence[tuple[str, ...]], present: Set[str], count: bool) -> tuple[str | None, int | None]:
+def _try_rewrite(stg: _Staging, table: Any, *, present: Set[str], count: bool) -> tuple[str | None, int | None]:
     """:func:`_staged_rewrite`: a MERGE and a compaction in one job, which on a table of one target file costs
     about what the MERGE alone does (a 100k-row table: ~0.7 s, where a MERGE then a rewrite of the data files took
     ~1.2 s); the table's delete files go with its old data files. Returns (None, the rewrite's count) when done;
@@ -342,12 +358,12 @@ def _try_rewrite(session: SparkSession, table_name: str, view: str, *, stage_id:
     from pyspark.errors import AnalysisException
 
     try:
-        found = _staged_rewrite(session, table_name, view, stage_id=stage_id, on=on, op=op, keys=keys, present=present,
-                                columns=[str(c.name()) for c in iterate(table.schema().columns())], count=count)
+        found = _staged_rewrite(stg, columns=[str(c.name()) for c in iterate(table.schema().columns())],
+                                present=present, count=count)
     except AnalysisException as e:
         why = describe_exception(e)[1]
         log.warning("merge %s of %s: the table cannot be written again with these changes, merged instead: %s",
-                    stage_id, table_name, why)
+                    stg.stage_id, stg.table_name, why)
         return why, None
     return None, found
 

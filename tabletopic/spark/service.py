@@ -264,9 +264,10 @@ class SparkService:
                                                            "older_than_ms": older_than_ms}, timeout=timeout)
         return out
 
-    def merge(self, table: str | Sequence[str], *, paths: Sequence[str], keys: Sequence[str], stage_id: str,
-              op_column: str, order_columns: Sequence[str], rewrite: bool = False,
-              timeout: float | None = None) -> dict[str, Any]:
+    def merge(  # noqa: PLR0913  (the "merge" op's arguments, sent to the side process as they are)
+            self, table: str | Sequence[str], *, paths: Sequence[str], keys: Sequence[str], stage_id: str,
+            op_column: str, order_columns: Sequence[str], rewrite: bool = False,
+            timeout: float | None = None) -> dict[str, Any]:
         """Apply the change files ``paths`` to the table with ``MERGE INTO`` (or, ``rewrite``, by writing the table
         again whole with them applied), staged under ``stage_id`` (the table must have ``write.wap.enabled=true``):
         the rules and the result are those of :func:`tabletopic.spark.merge.merge_changes`; the staged snapshot is

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 # pyiceberg 0.12 cannot write format v3 metadata; these apply what the broker's committer decided, once.
 
 
-def create_table(session: SparkSession, catalog_name: str, identifier: Sequence[str], *, schema_json: str,
-                 spec_json: str, properties: Mapping[str, str], location: str | None = None) -> int:
+def create_table(  # noqa: PLR0913  (Iceberg-Java's Catalog.createTable, plus the session and catalog)
+        session: SparkSession, catalog_name: str, identifier: Sequence[str], *, schema_json: str,
+        spec_json: str, properties: Mapping[str, str], location: str | None = None) -> int:
     """Create a table (Iceberg-Java's ``Catalog.createTable``: fresh field ids, as pyiceberg assigns them) of
     ``schema_json`` and ``spec_json`` (Iceberg's JSON forms, pyiceberg's ``model_dump_json()``) with ``properties``
     (``format-version`` among them); returns its format version. Java's AlreadyExistsException when it exists."""
