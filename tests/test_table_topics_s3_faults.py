@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.table import SUMMARY_COMMIT_ID
-from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import Fault, FaultProxy
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.helpers.seaweed import PLAIN_BUCKET, SeaweedServer
 from tests.helpers.upserts import catalog
@@ -76,6 +76,24 @@ def _commit_ids(b: BrokerProcess, topic: str) -> list[str]:
             if s.summary is not None and SUMMARY_COMMIT_ID in s.summary.additional_properties]
 
 
+def _stream_until(b: BrokerProcess, topic: str, sent: int, fault: Fault, hits: int, *, batch: int) -> int:
+    """Produce ``batch`` records every 0.3 s until ``fault`` fired ``hits`` times (a minute at most); the records
+    sent so far."""
+    deadline = time.monotonic() + 60
+    while fault.hits < hits and time.monotonic() < deadline:
+        sent += produce(b, topic, batch, start=sent)
+        time.sleep(0.3)
+    return sent
+
+
+def _assert_each_round_once(b: BrokerProcess, topic: str, sent: int, more: int) -> None:
+    """After ``more`` records: the table equals the log and no round committed twice."""
+    produce(b, topic, more, start=sent)
+    _assert_table_is_the_log(b, topic, 2)
+    ids = _commit_ids(b, topic)
+    assert len(ids) == len(set(ids)), ids
+
+
 def test_lost_commit_answers_are_resolved_by_reading_the_table(broker: BrokerProcess, rest_proxy: FaultProxy
                                                                ) -> None:
     """The catalog applies a round's commit but its answer is lost (503, 503, then 504, then 503 while the table
@@ -88,15 +106,9 @@ def test_lost_commit_answers_are_resolved_by_reading_the_table(broker: BrokerPro
     rest_proxy.lose_answers(504, method="POST", path=table_path(topic), times=1, after=first)
     last = rest_proxy.lose_answers(503, method="POST", path=table_path(topic), times=1, after=first)
     unreadable = rest_proxy.fail(503, method="GET", path=table_path(topic), times=2, after=last)
-    deadline = time.monotonic() + 60
-    while unreadable.hits < 2 and time.monotonic() < deadline:
-        sent += produce(broker, topic, 200, start=sent)
-        time.sleep(0.3)
+    sent = _stream_until(broker, topic, sent, unreadable, 2, batch=200)
     assert unreadable.hits == 2, rest_proxy.faults
-    sent += produce(broker, topic, 300, start=sent)
-    _assert_table_is_the_log(broker, topic, 2)
-    ids = _commit_ids(broker, topic)
-    assert len(ids) == len(set(ids)), ids  # no round committed twice
+    _assert_each_round_once(broker, topic, sent, 300)
     text = broker.log_text()
     assert text.count("resolved as COMMITTED after the unknown outcome") >= 3, text[-3000:]
     assert f"[COMMIT_RESOLVED] topic={topic} " in text and "outcome=COMMITTED" in text, text[-3000:]
@@ -183,15 +195,9 @@ def test_a_commit_whose_answer_never_comes_is_resolved_after_the_time_out(broker
     create(broker, topic, 2, commit_interval_ms="300")
     sent = produce(broker, topic, 300)
     hang = rest_proxy.answer_late(8, method="POST", path=table_path(topic), times=1)
-    deadline = time.monotonic() + 60
-    while hang.hits < 1 and time.monotonic() < deadline:
-        sent += produce(broker, topic, 100, start=sent)
-        time.sleep(0.3)
+    sent = _stream_until(broker, topic, sent, hang, 1, batch=100)
     assert hang.hits == 1, rest_proxy.faults
-    sent += produce(broker, topic, 200, start=sent)
-    _assert_table_is_the_log(broker, topic, 2)
-    ids = _commit_ids(broker, topic)
-    assert len(ids) == len(set(ids)), ids
+    _assert_each_round_once(broker, topic, sent, 200)
     text = broker.log_text()
     assert "ReadTimeout" in text and "resolved as COMMITTED after the unknown outcome" in text, text[-3000:]
 
