@@ -1,0 +1,93 @@
+"""The Kafka client settings of attach mode: one properties set, Kafka's/librdkafka's names, for both clients.
+
+Attach mode talks to the cluster with two clients: librdkafka (confluent-kafka) for the consumer group, whose
+cooperative-sticky assignor it implements, and aiokafka's low-level client for everything that needs the wire's raw
+record batches or small produce/consume loops (the fetcher, the control and settings topics). The user gives the
+client settings once, as ``kafka-configs --command-config`` takes them (``security.protocol``, ``sasl.mechanism``,
+``sasl.username``, ``ssl.ca.location``, ...): :func:`librdkafka_config` passes them through, :func:`aiokafka_options`
+maps them to aiokafka's arguments. A setting aiokafka cannot honour is refused here, by name, never dropped.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from configs.errors import InvalidConfigError
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# librdkafka names → aiokafka keyword (the Java client's names where librdkafka uses the same)
+_DIRECT = {
+    "client.id": "client_id",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+}
+_SSL_FILES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
+# settings that only tune librdkafka's own behaviour (logging, timeouts) and mean nothing to the data path
+_LIBRDKAFKA_ONLY = ("log_level", "debug", "socket.timeout.ms", "session.timeout.ms", "heartbeat.interval.ms",
+                    "max.poll.interval.ms", "enable.ssl.certificate.verification", "ssl.endpoint.identification"
+                    ".algorithm")
+
+
+def _security_protocol(conf: Mapping[str, str]) -> str:
+    proto = conf.get("security.protocol", "PLAINTEXT").upper()
+    if proto not in SECURITY_PROTOCOLS:
+        raise InvalidConfigError(f"Invalid value {conf['security.protocol']} for configuration security.protocol: "
+                                 f"String must be one of: {', '.join(SECURITY_PROTOCOLS)}")
+    return proto
+
+
+def _ssl_context(conf: Mapping[str, str]) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=conf.get("ssl.ca.location"))
+    if conf.get("enable.ssl.certificate.verification", "true").lower() == "false":
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif conf.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+        ctx.check_hostname = False
+    cert = conf.get("ssl.certificate.location")
+    if cert:
+        ctx.load_cert_chain(cert, conf.get("ssl.key.location"), conf.get("ssl.key.password"))
+    return ctx
+
+
+def aiokafka_options(conf: Mapping[str, str]) -> dict[str, Any]:
+    """aiokafka keyword arguments (``bootstrap_servers``, security) for the client properties ``conf``.
+
+    Raises :class:`~configs.errors.InvalidConfigError` for a setting it cannot honour (say, ``sasl.mechanism=GSSAPI``
+    or a Java keystore), naming it.
+    """
+    out: dict[str, Any] = {"bootstrap_servers": conf.get("bootstrap.servers", "")}
+    proto = _security_protocol(conf)
+    out["security_protocol"] = proto
+    for key, value in conf.items():
+        if key in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.mechanisms", *_SSL_FILES,
+                   *_LIBRDKAFKA_ONLY):
+            continue
+        if key in _DIRECT:
+            out[_DIRECT[key]] = value
+            continue
+        raise InvalidConfigError(f"the Kafka client setting {key} is not supported in attach mode (supported: "
+                                 f"bootstrap.servers, client.id, security.protocol, sasl.mechanism, sasl.username, "
+                                 f"sasl.password, {', '.join(_SSL_FILES)})")
+    if proto.startswith("SASL_"):
+        mechanism = conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "PLAIN")).upper()
+        if mechanism not in SASL_MECHANISMS:
+            raise InvalidConfigError(f"sasl.mechanism {mechanism} is not supported in attach mode (supported: "
+                                     f"{', '.join(SASL_MECHANISMS)})")
+        out["sasl_mechanism"] = mechanism
+    if proto.endswith("SSL"):
+        out["ssl_context"] = _ssl_context(conf)
+    return out
+
+
+def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
+    """The client properties for confluent-kafka, as given (checked by :func:`aiokafka_options` first, so both
+    clients run with the same settings); librdkafka logs errors only unless ``log_level`` says otherwise."""
+    aiokafka_options(conf)
+    return {"log_level": "3", **conf}
+
+
+__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "aiokafka_options", "librdkafka_config"]
