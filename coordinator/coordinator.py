@@ -224,12 +224,16 @@ class _ReportFields(TypedDict):
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorOptions:
-    """A coordinator's tunables: the round time-out, catalog commit retries, and ``clock`` (wall seconds) for
-    snapshot expiry, delay and request times."""
+    """A coordinator's tunables: the round time-out, catalog commit retries, ``clock`` (wall seconds) for
+    snapshot expiry, delay and request times, and ``workers_elsewhere``: workers run in other processes (attach
+    mode), which may still hand over files written ahead for a round this coordinator has not asked for yet, so
+    the start-up clean-up of uncommitted files by name is off (orphan-file removal, past its age, takes what
+    crashed instances left)."""
 
     round_timeout_s: float = 30.0
     max_commit_retries: int = DEFAULT_MAX_RETRIES
     clock: Callable[[], float] = time.time
+    workers_elsewhere: bool = False
 
 
 DEFAULT_OPTIONS = CoordinatorOptions()
@@ -261,6 +265,7 @@ class TableTopicCoordinator:
         self._channel = channel
         self._store = CheckpointStore(state_dir)
         self.round_timeout_s = options.round_timeout_s
+        self._workers_elsewhere = options.workers_elsewhere
         self._clock = options.clock
         self._retries = Retries(options.max_commit_retries, options.clock)
         self._listeners: list[Callable[[RoundReport], None]] = []  # every round's report, called on the loop
@@ -567,7 +572,8 @@ class TableTopicCoordinator:
             log.error("table topic %s: %s", self.topic, e)
             self._dead_letter_table = None
         await self._apply_dead_letters(self.table())
-        await asyncio.to_thread(self._cleanup_leftovers, self.table())
+        if not self._workers_elsewhere:
+            await asyncio.to_thread(self._cleanup_leftovers, self.table())
         self._ready = True
 
     async def _resolve_pending(self, cp: Checkpoint) -> None:
@@ -1008,6 +1014,12 @@ class TableTopicCoordinator:
         if included is not None:
             doomed = [p for p in paths if not any(same_path(p, k) for k in included)]
             await asyncio.to_thread(remove_files, tbl, doomed, failed=self._undeleted)
+        elif self._workers_elsewhere:
+            # a round of another coordinator (this one took over from it): it may still commit these files, its
+            # commit fenced only by the table's offsets, so they are never deleted here (orphan removal takes them
+            # once they are past its age and unreferenced)
+            log.info("table topic %s: round %s is not this coordinator's: its files are left to orphan removal",
+                     self.topic, r.commit_id)
         elif commit_landed(tbl, r.commit_id):
             # A round from before this coordinator started that did land: spare whatever the tables reference.
             await asyncio.to_thread(lambda: remove_files(

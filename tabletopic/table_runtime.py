@@ -13,6 +13,8 @@ is shared among table topics (catalog, table engine, conversion pool, schema reg
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -21,9 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 
-from coordinator.contract import InProcessChannel, TopicView
-from coordinator.coordinator import RoundOutcome, RoundReport, TableTopicCoordinator
+from coordinator.committer import load_dead_letter_table
+from coordinator.contract import CommitChannel, CommitRequest, InProcessChannel, TopicView
+from coordinator.coordinator import (
+    DEFAULT_OPTIONS,
+    CoordinatorOptions,
+    RoundOutcome,
+    RoundReport,
+    TableTopicCoordinator,
+)
 from coordinator.engine import TableEngine
 from coordinator.maintenance import TableMaintenance
 from coordinator.table import catalog_identifier
@@ -33,6 +43,8 @@ from worker.partition_worker import Conversion, PartitionWorker
 from worker.schema_source import SchemaSource
 
 log = logging.getLogger(__name__)
+
+DEAD_LETTER_LOOK_S = 5.0  # how often a runtime that does not lead looks for a dead-letter table not there yet
 
 
 @dataclass(frozen=True)
@@ -48,49 +60,146 @@ class RuntimeServices:
     metrics: TableTopicMetrics
 
 
-class TableTopicRuntime:
-    """The coordinator, workers and maintenance of one table topic (see the module doc)."""
+class _Tables:
+    """The workers' :class:`~coordinator.contract.TableSource`: the coordinator's tables where this runtime leads,
+    else the tables as last loaded from the catalog (:meth:`TableTopicRuntime.refresh_tables`)."""
 
-    def __init__(self, view: TopicView, services: RuntimeServices, state_dir: Path) -> None:
+    def __init__(self, runtime: TableTopicRuntime) -> None:
+        self._runtime = runtime
+        self.loaded: Table | None = None
+        self.dead_letters: Table | None = None
+        self.dead_letters_tried = 0.0  # monotonic time of the last look for the dead-letter table
+
+    def table(self) -> Table:
+        coordinator = self._runtime.coordinator
+        if coordinator is not None:
+            return coordinator.table()
+        if self.loaded is None:
+            raise LookupError(f"the table of topic {self._runtime.topic} is not loaded yet")
+        return self.loaded
+
+    def dead_letter_table(self) -> Table | None:
+        coordinator = self._runtime.coordinator
+        return coordinator.dead_letter_table() if coordinator is not None else self.dead_letters
+
+
+class TableTopicRuntime:
+    """The coordinator, workers and maintenance of one table topic (see the module doc).
+
+    The broker runs all of it (:meth:`start`); an attach instance runs the workers of the partitions it is assigned
+    (:meth:`take`, :meth:`release`) and, while it owns partition 0, the coordinator and maintenance (:meth:`lead`,
+    :meth:`step_down`). ``channel`` carries the rounds (default: in-process); ``options`` tune the coordinator.
+    """
+
+    def __init__(self, view: TopicView, services: RuntimeServices, state_dir: Path, *,
+                 channel: CommitChannel | None = None, options: CoordinatorOptions = DEFAULT_OPTIONS) -> None:
         """``state_dir``: the coordinator's checkpoint, the maintenance's and the status's files (created)."""
         self.view = view
         self.topic = view.name
         self._services = services
+        self._state_dir = state_dir
+        self._options = options
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.channel = InProcessChannel()
+        self.channel: CommitChannel = channel if channel is not None else InProcessChannel()
         self.workers: dict[int, PartitionWorker] = {}
         self._busy_seen: dict[int, tuple[float, float]] = {}  # partition -> (monotonic s, busy ms)
-        topic, metrics = self.topic, services.metrics
-        self.maintenance = TableMaintenance(
-            view, catalog=services.catalog, engine=services.engine, state_dir=state_dir,
-            on_run=lambda run: metrics.record_maintenance(topic, run))
-        self.coordinator = TableTopicCoordinator(view, catalog=services.catalog, channel=self.channel,
-                                                 state_dir=state_dir, engine=services.engine)
+        self._tables = _Tables(self)
+        self.coordinator: TableTopicCoordinator | None = None
+        self.maintenance: TableMaintenance | None = None
         self.status = TableStatus(state_dir, self.table_name)
-        self.coordinator.add_listener(self._observe)
-        self.maintenance.listen_to(self.coordinator)
 
     @property
     def table_name(self) -> str:
         return ".".join(catalog_identifier(self.topic, self.view.settings()))
 
+    @property
+    def leading(self) -> bool:
+        return self.coordinator is not None
+
     async def start(self) -> None:
-        """Start the coordinator (its checkpoint, the table), a worker per partition, then the maintenance."""
-        await self.coordinator.start()
+        """Lead (coordinator, table) and run a worker for every partition: the broker's whole table topic."""
+        await self.lead()
         for p in self.view.partitions():
-            await self._start_worker(p)
-        await self.maintenance.start()
+            await self.take(p)
 
     async def stop(self, *, forget: bool = False) -> None:
-        """Stop maintenance, coordinator and workers; ``forget`` (the topic was deleted or turned off): its stuck
-        state too, so `tabletopic tables` does not show a table no topic writes as stuck."""
+        """Step down and stop every worker; ``forget`` (the topic was deleted or turned off): its stuck state too,
+        so `tabletopic tables` does not show a table no topic writes as stuck."""
         if forget:
             self.status.clear()
-        await self.maintenance.stop()
-        await self.coordinator.stop()
-        for w in self.workers.values():
-            await w.stop()
+        await self.step_down()
+        for p in list(self.workers):
+            await self.release(p)
         self._services.metrics.remove_topic(self.topic)
+
+    async def lead(self) -> None:
+        """Start a coordinator (checkpoint, table, round loop) and the table's maintenance following it."""
+        if self.coordinator is not None:
+            return
+        services, topic, metrics = self._services, self.topic, self._services.metrics
+        coordinator = TableTopicCoordinator(self.view, catalog=services.catalog, channel=self.channel,
+                                            state_dir=self._state_dir, engine=services.engine, options=self._options)
+        maintenance = TableMaintenance(
+            self.view, catalog=services.catalog, engine=services.engine, state_dir=self._state_dir,
+            on_run=lambda run: metrics.record_maintenance(topic, run))
+        coordinator.add_listener(self._observe)
+        maintenance.listen_to(coordinator)
+        self.coordinator, self.maintenance = coordinator, maintenance
+        await coordinator.start()
+        await maintenance.start()
+
+    async def step_down(self) -> None:
+        """Stop the maintenance and the coordinator (after the commit in progress); the workers keep running."""
+        coordinator, maintenance = self.coordinator, self.maintenance
+        if coordinator is None:
+            return
+        if maintenance is not None:
+            await maintenance.stop()
+        await coordinator.stop()
+        # the workers' tables come from the catalog from now on: start from the coordinator's last copy
+        with contextlib.suppress(Exception):
+            self._tables.loaded = coordinator.table()
+            self._tables.dead_letters = coordinator.dead_letter_table()
+        self.coordinator = self.maintenance = None
+
+    async def take(self, partition: int) -> bool:
+        """Run a worker for ``partition`` (its log must be in the view); False when there is no log."""
+        if partition in self.workers:
+            return True
+        if self.view.log(partition) is None:
+            log.error("no log for %s-%d: no worker started", self.topic, partition)
+            return False
+        services = self._services
+        worker = PartitionWorker(self.view, partition, self.channel, tables=self._tables,
+                                 conversion=Conversion(services.executor(), services.schema_source))
+        await worker.start()
+        self.workers[partition] = worker
+        return True
+
+    async def release(self, partition: int) -> None:
+        """Stop ``partition``'s worker (its files not handed over are deleted)."""
+        worker = self.workers.pop(partition, None)
+        self._busy_seen.pop(partition, None)
+        if worker is not None:
+            await worker.stop()
+
+    async def refresh_tables(self, request: CommitRequest | None = None) -> None:
+        """Where this runtime does not lead: load the tables again when ``request`` names a schema or spec the last
+        copy lacks (or none is loaded); the dead-letter table at most every few seconds until it exists."""
+        if self.coordinator is not None:
+            return
+        t = self._tables
+        tbl = t.loaded
+        stale = tbl is None or (request is not None and (request.schema_id not in tbl.schemas()
+                                                        or request.spec_id not in tbl.specs()))
+        catalog = self._services.catalog
+        if stale:
+            ident = catalog_identifier(self.topic, self.view.settings())
+            t.loaded = tbl = await asyncio.to_thread(catalog.load_table, ident)
+        if tbl is not None and (stale or (t.dead_letters is None
+                                          and time.monotonic() - t.dead_letters_tried > DEAD_LETTER_LOOK_S)):
+            t.dead_letters_tried = time.monotonic()
+            t.dead_letters = await asyncio.to_thread(load_dead_letter_table, catalog, tbl)
 
     async def settings_changed(self, *, partitions_added: bool = False) -> None:
         """The view's settings (or partitions) changed: workers for new partitions, the coordinator told."""
@@ -98,19 +207,11 @@ class TableTopicRuntime:
         if partitions_added:
             for p in self.view.partitions():
                 if p not in self.workers:
-                    await self._start_worker(p)
-            self.coordinator.partitions_changed()
-        self.coordinator.config_changed()
-
-    async def _start_worker(self, partition: int) -> None:
-        if self.view.log(partition) is None:
-            log.error("no log for %s-%d: no worker started", self.topic, partition)
-            return
-        services = self._services
-        worker = PartitionWorker(self.view, partition, self.channel, tables=self.coordinator,
-                                 conversion=Conversion(services.executor(), services.schema_source))
-        await worker.start()
-        self.workers[partition] = worker
+                    await self.take(p)
+        if self.coordinator is not None:
+            if partitions_added:
+                self.coordinator.partitions_changed()
+            self.coordinator.config_changed()
 
     # ---- round reports → metrics and status ----
 
@@ -118,7 +219,8 @@ class TableTopicRuntime:
         """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours) and the status."""
         topic, m = self.topic, self._services.metrics
         self._observe_busy()
-        m.set_partition_by_applied(topic, self.coordinator.partition_by_problem is None)
+        if self.coordinator is not None:
+            m.set_partition_by_applied(topic, self.coordinator.partition_by_problem is None)
         if report.rewrite is not None:  # the round wrote the table again (the maintenance hears of it itself)
             m.record_round_rewrite(topic)
         for reason, n in report.skipped.items():
