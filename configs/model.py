@@ -466,6 +466,28 @@ _broker(
             "it gives the request up as an outage: a round's commit is then settled by reading the table back, and "
             "the round retried with back-off. Not an AutoMQ setting: tabletopic's own.",
             at_least(1), dynamic=False, origin=Origin.TABLETOPIC),
+    # ---- attach mode (`tabletopic attach`, tabletopic.attach): table topics for an existing Kafka cluster
+    Setting("table.topic.attach.group.id", Type.STRING, "tabletopic-attach",
+            "Attach mode: the consumer group its instances join on the cluster (cooperative-sticky); the owner of a "
+            "table topic's partition 0 runs its coordinator. Instances that share a catalog and warehouse share "
+            "the group; a second, independent deployment on the same cluster needs a group of its own. Not an "
+            "AutoMQ setting: tabletopic's own.", non_blank, dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("table.topic.attach.instance.id", Type.STRING, None,
+            "Attach mode: this instance's name in the control topic's announcements and `tabletopic attach-status` "
+            "(default: host name and process id). Not an AutoMQ setting: tabletopic's own.",
+            dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("table.topic.attach.round.timeout.ms", Type.LONG, 15000,
+            "Attach mode: how long a coordinator waits for the workers' answers over the control topic before it "
+            "commits what arrived (a partition between owners answers in a later round). Not an AutoMQ setting: "
+            "tabletopic's own.", at_least(1000), dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("table.topic.attach.spool.max.bytes", Type.LONG, 256 * 1024 * 1024,
+            "Attach mode: fetched record batches a partition keeps on local disk ahead of what its table committed; "
+            "fetching pauses above it. Not an AutoMQ setting: tabletopic's own.",
+            at_least(1024 * 1024), dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("table.topic.attach.topic.configs.enable", Type.BOOLEAN, True,
+            "Attach mode: also honour automq.table.topic.* settings the cluster holds as topic configs (AutoMQ, "
+            "tabletopic, clusters that accept any config); the settings topic wins key by key where both set one. "
+            "Not an AutoMQ setting: tabletopic's own.", dynamic=False, origin=Origin.TABLETOPIC),
 )
 
 # ---- Kafka's topic settings: every one of Kafka 3.9 and 4.x, with Kafka's names, types, defaults, ranges and
@@ -928,6 +950,12 @@ class BrokerConfig:
     spark_driver_memory = _setting("spark.driver.memory", str)
     spark_idle_stop_ms = _setting("table.topic.spark.idle.stop.ms", int)
     catalog_request_timeout_ms = _setting("table.topic.catalog.request.timeout.ms", int)
+    # attach mode
+    attach_group_id = _setting("table.topic.attach.group.id", str)
+    attach_instance_id = _optional_setting("table.topic.attach.instance.id", str)
+    attach_round_timeout_ms = _setting("table.topic.attach.round.timeout.ms", int)
+    attach_spool_max_bytes = _setting("table.topic.attach.spool.max.bytes", int)
+    attach_topic_configs = _setting("table.topic.attach.topic.configs.enable", bool)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str], *, strict: bool = True) -> BrokerConfig:

@@ -94,7 +94,7 @@ class Broker:
         # the broker is the one process that creates the catalog (readers only open it)
         catalog = await asyncio.to_thread(open_broker_catalog, self.config)
         if catalog is not None:
-            self.tables = TableTopicHost(self, catalog, self.metrics, pool_size=self.config.conversion_pool_size)
+            self.tables = TableTopicHost(self, catalog, self.metrics)
             await self.tables.start()
         else:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")

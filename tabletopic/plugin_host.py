@@ -4,9 +4,9 @@ When the broker has a catalog (``automq.table.topic.catalog.type``), :class:`Tab
 :class:`~coordinator.coordinator.TableTopicCoordinator`, one :class:`~worker.partition_worker.PartitionWorker` per
 partition and a :class:`~coordinator.maintenance.TableMaintenance`) for every topic with
 ``automq.table.topic.enable=true``; AutoMQ pins the coordinator to partition 0's leader, and this single-node broker
-leads every partition. It keeps the broker-wide parts: the view of each topic over the broker's logs
-(:class:`BrokerTopicView`), the table engine (:class:`~tabletopic.spark.engine.SparkTableEngine` over the Spark side
-process), the conversion process pool and the schema registry client the runtimes share. It follows topic changes
+leads every partition. It gives each runtime the view of its topic over the broker's logs (:class:`BrokerTopicView`)
+and the parts they share (:class:`~tabletopic.table_services.SharedServices`: the table engine over the Spark side
+process, the conversion process pool, the schema registry client), as an attach instance does. It follows topic changes
 (:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and its columns") and gives
 the broker its table checks (:meth:`TableTopicHost.check_config_change`).
 
@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -55,12 +54,9 @@ from coordinator.table import (
 )
 from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
-from tabletopic.spark.engine import SparkTableEngine
-from tabletopic.spark.service import SparkService
-from tabletopic.table_runtime import RuntimeServices, TableTopicRuntime
+from tabletopic.table_runtime import TableTopicRuntime
+from tabletopic.table_services import SharedServices
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo, TopicManager
-from worker.pool import new_pool
-from worker.schema_source import SchemaSource
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
@@ -111,32 +107,21 @@ class BrokerTopicView:
 class TableTopicHost:
     """Owns the running table topics of one broker."""
 
-    def __init__(self, broker: Broker, catalog: Catalog, metrics: TableTopicMetrics, *, pool_size: int) -> None:
-        """``pool_size``: processes of the conversion pool (``table.topic.conversion.pool.size``)."""
+    def __init__(self, broker: Broker, catalog: Catalog, metrics: TableTopicMetrics) -> None:
         self._broker = broker
         self._catalog = catalog
-        self._metrics = metrics
-        self._pool_size = pool_size
-        self._executor: ProcessPoolExecutor | None = None
+        # the registry client, the Spark side process and its engine, the conversion pool
+        self.services = SharedServices(broker.config, catalog, metrics)
         self._running: dict[str, tuple[BrokerTopicView, TableTopicRuntime]] = {}
         self._lock = asyncio.Lock()
         self.base_dir = broker.data_dir / "__tables"
-        self.schema_source: SchemaSource | None = None  # the registry the converters read, set at start
-        self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
-        self.engine: SparkTableEngine | None = None  # the coordinators' and maintenance's table engine over it
 
     # ---- lifecycle ----
 
     async def start(self) -> None:
         t0 = time.monotonic()
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        url = self._registry_url()
-        if url is not None:
-            self.schema_source = SchemaSource(url, self._broker.config.schema_registry_config)
-        # not started until a table needs it; writes its first status file (a thread: file I/O)
-        self.spark = await asyncio.to_thread(SparkService, self._broker.config)
-        self.engine = SparkTableEngine(self.spark)
-        self._metrics.watch_spark(self.spark.status)
+        await self.services.open(self._registry_url())
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
         for info in self._broker.topics.all():
@@ -151,14 +136,7 @@ class TableTopicHost:
         async with self._lock:
             for topic in list(self._running):
                 await self._stop_topic_locked(topic)
-        if self.schema_source is not None:
-            await self.schema_source.close()
-        if self.spark is not None:
-            await asyncio.to_thread(self.spark.close)
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            # joining the pool's processes blocks: keep it off the event loop
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+        await self.services.close()
 
     @property
     def topics(self) -> list[str]:
@@ -273,11 +251,6 @@ class TableTopicHost:
 
     # ---- start/stop ----
 
-    def _pool(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            self._executor = new_pool(self._pool_size)
-        return self._executor
-
     async def _start_topic(self, info: TopicInfo, *, at_start: bool = False) -> None:
         async with self._lock:
             await self._start_topic_locked(info, at_start=at_start)
@@ -285,9 +258,7 @@ class TableTopicHost:
     async def _start_topic_locked(self, info: TopicInfo, *, at_start: bool = False) -> None:
         t0 = time.monotonic()
         view = BrokerTopicView(info, self._config_of(info), self._broker.topics, self._broker.logs)
-        services = RuntimeServices(self._catalog, self.engine, self._pool, self._pool_size, self.schema_source,
-                                   self._metrics)
-        runtime = TableTopicRuntime(view, services, self.base_dir / info.name)
+        runtime = TableTopicRuntime(view, self.services.runtime_services(), self.base_dir / info.name)
         await runtime.start()
         self._running[info.name] = (view, runtime)
         # one line per topic enabled at runtime; the broker's start-up sums them up in one line

@@ -1,0 +1,118 @@
+"""What an attach instance knows of the cluster's topics: partitions, log start offsets and table-topic configs.
+
+Refreshed every few seconds with librdkafka's admin client on a thread: Metadata for the topics and their partition
+counts, ListOffsets (earliest) for where a partition the table has never seen starts, and, on clusters that keep
+them as topic configs (AutoMQ, tabletopic, clusters that accept any config), DescribeConfigs for the
+``automq.table.topic.*`` configs. A refresh that fails keeps the last answers (the cluster may be briefly away);
+the failure is logged once per condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tabletopic.attach.client import librdkafka_config
+from tabletopic.logs import ConditionLog
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 10.0
+TABLE_PREFIX = "automq.table.topic."
+
+
+@dataclass
+class ClusterTopics:
+    """One refresh's answers."""
+
+    partitions: dict[str, int] = field(default_factory=dict)  # topic → partition count
+    log_starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → its automq.table.topic.* configs
+    at: float = 0.0  # monotonic time of the refresh
+
+
+class ClusterWatch:
+    """The cluster's topics as last seen (see the module doc); ``refresh`` runs the admin requests on a thread."""
+
+    def __init__(self, client_conf: Mapping[str, str], *, topic_configs: bool) -> None:
+        conf: dict[str, Any] = dict(librdkafka_config(client_conf))
+        conf["log_level"] = int(conf.get("log_level", "3"))
+        for key in ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms"):
+            conf.pop(key, None)  # consumer settings: the admin client refuses them
+        self._admin = AdminClient(conf)
+        self._topic_configs = topic_configs
+        self.state = ClusterTopics()
+        self._conditions = ConditionLog(log)
+
+    def partitions(self, topic: str) -> list[int]:
+        return list(range(self.state.partitions.get(topic, 0)))
+
+    def log_start(self, topic: str, partition: int) -> int:
+        return self.state.log_starts.get((topic, partition), 0)
+
+    def topic_configs(self, topic: str) -> dict[str, str]:
+        return dict(self.state.configs.get(topic, {}))
+
+    async def refresh(self, watched: set[str]) -> bool:
+        """Refresh everything, log starts only for ``watched`` topics; False when the cluster did not answer."""
+        try:
+            self.state = await asyncio.to_thread(self._fetch, watched)
+        except Exception as e:
+            self._conditions.log("refresh", logging.WARNING, "attach: cannot read the cluster's topics (%s: %s); "
+                                 "keeping the last answers", type(e).__name__, e, state=type(e).__name__)
+            return False
+        self._conditions.clear("refresh", logging.INFO, "attach: the cluster answers again")
+        return True
+
+    def _fetch(self, watched: set[str]) -> ClusterTopics:
+        md = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+        out = ClusterTopics(at=time.monotonic())
+        for name, t in md.topics.items():
+            if t.error is None and not name.startswith("__"):
+                out.partitions[name] = len(t.partitions)
+        if self._topic_configs and out.partitions:
+            out.configs = self._describe(list(out.partitions))
+        wanted = {TopicPartition(t, p): _admin_types().OffsetSpec.earliest() for t in watched if t in out.partitions
+                  for p in range(out.partitions[t])}
+        if wanted:
+            for tp, fut in self._admin.list_offsets(wanted, request_timeout=REQUEST_TIMEOUT_S).items():
+                try:
+                    out.log_starts[(tp.topic, tp.partition)] = int(fut.result().offset)
+                except Exception as e:  # that partition's leader is away: keep the last known start
+                    log.debug("attach: log start of %s-%d: %s", tp.topic, tp.partition, e)
+                    known = self.state.log_starts.get((tp.topic, tp.partition))
+                    if known is not None:
+                        out.log_starts[(tp.topic, tp.partition)] = known
+        return out
+
+    def _describe(self, topics: list[str]) -> dict[str, dict[str, str]]:
+        types = _admin_types()
+        resources = [types.ConfigResource(types.ConfigResource.Type.TOPIC, t) for t in topics]
+        found: dict[str, dict[str, str]] = {}
+        for res, fut in self._admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S).items():
+            try:
+                entries = fut.result()
+            except Exception as e:  # a cluster without DescribeConfigs for it: only the settings topic counts
+                log.debug("attach: configs of %s: %s", res.name, e)
+                continue
+            table = {k: str(e.value) for k, e in entries.items()
+                     if k.startswith(TABLE_PREFIX) and e.value is not None and not e.is_default}
+            if table:
+                found[res.name] = table
+        return found
+
+
+def _admin_types() -> Any:
+    """confluent_kafka.admin, untyped (its re-exports are implicit)."""
+    return importlib.import_module("confluent_kafka.admin")
+
+
+__all__ = ["ClusterTopics", "ClusterWatch"]

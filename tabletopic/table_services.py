@@ -1,0 +1,73 @@
+"""What every table topic of one host shares: the catalog, the Spark side process and its table engine, the
+conversion process pool, the schema registry client and the metrics.
+
+Both hosts of :class:`~tabletopic.table_runtime.TableTopicRuntime` build it the same way: the broker's plugin host
+(``tabletopic.plugin_host``) and an attach instance (``tabletopic.attach.host``). The Spark side process starts only
+when a table first needs it, the pool on first use; :meth:`SharedServices.close` stops what was started, off the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ProcessPoolExecutor
+
+from pyiceberg.catalog import Catalog
+
+from configs.model import BrokerConfig
+from tabletopic.metrics import TableTopicMetrics
+from tabletopic.spark.engine import SparkTableEngine
+from tabletopic.spark.service import SparkService
+from tabletopic.table_runtime import RuntimeServices
+from worker.pool import new_pool
+from worker.schema_source import SchemaSource
+
+log = logging.getLogger(__name__)
+
+
+class SharedServices:
+    """The parts the runtimes of one host share (see the module doc)."""
+
+    def __init__(self, config: BrokerConfig, catalog: Catalog, metrics: TableTopicMetrics) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.metrics = metrics
+        self.pool_size = config.conversion_pool_size
+        self._executor: ProcessPoolExecutor | None = None
+        self.schema_source: SchemaSource | None = None  # the registry the converters read, set by open()
+        self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
+        self.engine: SparkTableEngine | None = None  # the coordinators' and maintenance's table engine over it
+
+    async def open(self, registry_url: str | None) -> None:
+        """The registry client (when ``registry_url``), the Spark side process's handle and its engine."""
+        if registry_url is not None:
+            self.schema_source = SchemaSource(registry_url, self.config.schema_registry_config)
+        # not started until a table needs it; writes its first status file (a thread: file I/O)
+        self.spark = await asyncio.to_thread(SparkService, self.config)
+        self.engine = SparkTableEngine(self.spark)
+        self.metrics.watch_spark(self.spark.status)
+
+    def pool(self) -> ProcessPoolExecutor:
+        """The conversion pool, created on first use (``table.topic.conversion.pool.size`` processes)."""
+        if self._executor is None:
+            self._executor = new_pool(self.pool_size)
+        return self._executor
+
+    def runtime_services(self) -> RuntimeServices:
+        return RuntimeServices(self.catalog, self.engine, self.pool, self.pool_size, self.schema_source,
+                               self.metrics)
+
+    async def close(self) -> None:
+        """Close the registry client, stop the Spark side process and join the pool's processes."""
+        if self.schema_source is not None:
+            await self.schema_source.close()
+        if self.spark is not None:
+            await asyncio.to_thread(self.spark.close)
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            # joining the pool's processes blocks: keep it off the event loop
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+
+
+__all__ = ["SharedServices"]
