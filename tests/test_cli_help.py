@@ -32,7 +32,8 @@ def test_tabletopic_help_lists_every_command() -> None:
     assert_plain(out)
     assert "Kafka-compatible broker" in out
     # the epilog: one line per command, with what it does
-    for command, words in (("serve", "start the broker"), ("sql", "Spark SQL"), ("tables", "list the Iceberg")):
+    for command, words in (("serve", "start the broker"), ("sql", "Spark SQL"), ("tables", "list the Iceberg"),
+                           ("attach-config", "table-topic settings")):
         assert re.search(rf"^  {command}\s+.*{words}", out, re.MULTILINE), (command, out)
     assert "tabletopic COMMAND --help" in out
 
@@ -41,6 +42,8 @@ def test_tabletopic_help_lists_every_command() -> None:
     ("serve", "Start the broker", ["--config", "--override", "--log-level"]),
     ("sql", "Run Spark SQL", ["--config", "--override", "--max-rows", "--driver-memory"]),
     ("tables", "List the Iceberg tables", ["--config", "--override"]),
+    ("attach-config", "Show or change the table-topic settings",
+     ["--bootstrap-server", "--command-config", "--topic", "--describe", "--add-config", "--delete-config"]),
 ])
 def test_every_command_has_a_described_help(command: str, description: str, options: list[str]) -> None:
     proc = run("tabletopic", command, "--help")

@@ -123,14 +123,22 @@ def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
     return args.entity_type, args.entity_name
 
 
+def configs_header(singular: str, name: str, *, all_configs: bool = False) -> str:
+    """The line ``--describe`` prints before an entity's configs."""
+    return f"{'All' if all_configs else 'Dynamic'} configs for {singular} {name if name else 'default'} are:"
+
+
+def config_line(name: str, value: str | None, sensitive: bool, synonyms: Sequence[tuple[str, str, str | None]]
+                ) -> str:
+    """One config as ``--describe`` prints it; ``synonyms`` are (source name, name, value), most specific first."""
+    shown = ", ".join(f"{source}:{n}={'null' if sensitive or v is None else v}" for source, n, v in synonyms)
+    value = "null" if sensitive or value is None else value
+    return f"  {name}={value} sensitive={str(sensitive).lower()} synonyms={{{shown}}}"
+
+
 def _format_entry(entry: Any) -> str:
-    value = "null" if entry.is_sensitive or entry.value is None else entry.value
-    synonyms = ", ".join(
-        f"{_SOURCE_NAMES.get(int(s.source), str(s.source))}:{s.name}="
-        f"{'null' if entry.is_sensitive or s.value is None else s.value}"
-        for s in entry.synonyms.values()
-    )
-    return f"  {entry.name}={value} sensitive={str(bool(entry.is_sensitive)).lower()} synonyms={{{synonyms}}}"
+    synonyms = [(_SOURCE_NAMES.get(int(s.source), str(s.source)), s.name, s.value) for s in entry.synonyms.values()]
+    return config_line(entry.name, entry.value, bool(entry.is_sensitive), synonyms)
 
 
 class ConfigsCommand:
@@ -163,9 +171,7 @@ class ConfigsCommand:
             entries = sorted(wait(future).values(), key=lambda e: e.name)
             if not self.args.all:
                 entries = [e for e in entries if int(e.source) in _DYNAMIC[self.entity_type]]
-            label = "All" if self.args.all else "Dynamic"
-            shown = name if name else "default"
-            print(f"{label} configs for {singular} {shown} are:")
+            print(configs_header(singular, name, all_configs=self.args.all))
             for e in entries:
                 print(_format_entry(e))
 
