@@ -1,0 +1,485 @@
+"""The attach fetcher: remote partitions' record batches, as they are on the wire, spooled for the table workers.
+
+Seam: :class:`Fetcher` (one per attach instance): ``start``/``stop``, :meth:`~Fetcher.add` a partition at an offset
+(its :class:`~tabletopic.attach.spool.RemotePartitionLog` is the worker's ``LogReader``), :meth:`~Fetcher.remove`,
+:meth:`~Fetcher.log`, :meth:`~Fetcher.lag`. It talks to the cluster through aiokafka's low-level client
+(``AIOKafkaClient``; its FetchRequest keeps each partition's records as raw bytes) with the options
+:func:`tabletopic.attach.client.aiokafka_options` gives.
+
+Rules: one fetch loop per leader broker, each fetching all of that broker's partitions in one request (long-poll,
+``max_wait_ms``); only whole magic-v2 batches are spooled (a trailing partial batch is fetched again next time, any
+other batch stops its partition with a logged error); the remote's leader epoch is ignored (the table fences its
+workers itself). Nothing the cluster does crashes it: leadership errors refresh the metadata, an unreachable broker
+is retried with back-off, OFFSET_OUT_OF_RANGE below the remote log start continues at the log start (logged, as the
+broker's own worker does); each condition is logged once and then at most once a minute (``logs.ConditionLog``).
+A partition pauses while its spool holds ``max_spool_bytes`` above the offset released last (back-pressure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import KafkaError
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.protocol.offset import OffsetRequest
+from aiokafka.structs import TopicPartition
+
+from tabletopic.attach.spool import RemotePartitionLog, SpoolOptions
+from tabletopic.errors import ErrorCode
+from tabletopic.logs import ConditionLog
+from tabletopic.protocol.records import (
+    CRC_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    BatchHeader,
+    crc_of,
+    parse_header,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+EARLIEST, LATEST = -2, -1  # ListOffsets timestamps
+READ_UNCOMMITTED = 0  # as the broker's own workers read: everything below the high watermark
+# a partition whose leader is unknown or moving: refresh the metadata and fetch again
+_LEADERSHIP_ERRORS = frozenset({
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+    9,  # REPLICA_NOT_AVAILABLE
+    ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+    ErrorCode.OFFSET_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_ID,
+})
+_NETWORK_ERRORS = (KafkaError, OSError, TimeoutError)
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e)
+    return text if text.startswith(type(e).__name__) else f"{type(e).__name__}: {text}"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return "REPLICA_NOT_AVAILABLE" if code == 9 else f"error code {code}"
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherOptions:
+    """How the fetcher asks (long-poll wait, bytes per request and per partition), how much each partition's spool
+    holds above its released offset, how retries back off, how often progress is logged during a catch-up."""
+
+    max_wait_ms: int = 250
+    fetch_max_bytes: int = 32 * MiB
+    partition_max_bytes: int = 4 * MiB
+    max_spool_bytes: int = 256 * MiB
+    segment_bytes: int = 16 * MiB
+    retry_backoff_ms: int = 100
+    max_backoff_ms: int = 5_000
+    metadata_timeout_s: float = 10.0
+    progress_interval_s: float = 10.0
+    verify_crc: bool = True
+
+
+@dataclass(eq=False, slots=True)
+class _Partition:
+    """The fetcher's side of one partition: its spool, its leader, when it may be fetched again."""
+
+    log: RemotePartitionLog
+    leader: int | None = None
+    retry_at: float = 0.0
+    backoff_s: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.log.topic, self.log.partition
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """A partition as a fetch request asked for it: its answer applies only while the spool is still there."""
+
+    part: _Partition
+    generation: int
+    position: int
+
+
+@dataclass(slots=True)
+class _Progress:
+    records: int = 0
+    last_records: int = 0
+    last_at: float = field(default_factory=time.monotonic)
+    behind: bool = False
+
+
+def whole_batches(buf: memoryview, position: int, *, verify_crc: bool) -> tuple[list[BatchHeader], str | None]:
+    """Headers of the whole batches in ``buf`` (one partition's fetched records) that end at or past ``position``,
+    and why the walk stopped early (None: the end, or a trailing partial batch, which is fetched again)."""
+    headers: list[BatchHeader] = []
+    n, pos, expect = len(buf), 0, position
+    while n - pos > MAGIC_OFFSET:
+        if buf[pos + MAGIC_OFFSET] != 2:
+            base = int.from_bytes(buf[pos:pos + 8], "big", signed=True)
+            return headers, (f"the batch at offset {base} is of message format (magic) v{buf[pos + MAGIC_OFFSET]}; "
+                             f"attach mode reads only magic v2 record batches (Kafka 0.11 and later)")
+        if n - pos < HEADER_SIZE:
+            break
+        h = parse_header(buf, pos)
+        if h.batch_length < HEADER_SIZE - LOG_OVERHEAD or h.last_offset_delta < 0 or h.record_count < 0:
+            return headers, f"the batch at offset {h.base_offset} has a malformed header"
+        if pos + h.size > n:
+            break
+        if h.last_offset >= expect:
+            if headers and h.base_offset < expect:
+                return headers, f"the batch at offset {h.base_offset} overlaps the one before (ending at {expect})"
+            if verify_crc and crc_of(buf, h) != h.crc:
+                return headers, (f"the batch at offset {h.base_offset} failed its CRC32C check "
+                                 f"(crc {int.from_bytes(buf[pos + CRC_OFFSET:pos + CRC_OFFSET + 4], 'big')})")
+            headers.append(h)
+            expect = h.next_offset
+        pos += h.size
+    return headers, None
+
+
+class Fetcher:
+    """Fetches the remote partitions it is given into local spools (see the module doc)."""
+
+    def __init__(self, client_options: dict[str, Any], spool_dir: Path, *,
+                 options: FetcherOptions = FetcherOptions()) -> None:
+        """``client_options``: aiokafka client keywords (:func:`tabletopic.attach.client.aiokafka_options`);
+        ``spool_dir``: where each partition's spool directory ``<topic>-<partition>`` goes (this fetcher owns them:
+        they are emptied on add and deleted on remove and stop)."""
+        self.client_options = dict(client_options)
+        self.spool_dir = Path(spool_dir)
+        self.options = options
+        self._spool_options = SpoolOptions(segment_bytes=options.segment_bytes, max_bytes=options.max_spool_bytes)
+        self._client: Any = None
+        self._parts: dict[tuple[str, int], _Partition] = {}
+        self._loops: dict[int, asyncio.Task[None]] = {}
+        self._wakes: dict[int, asyncio.Event] = {}
+        self._refresh = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._conditions = ConditionLog(log)
+        self._progress = _Progress()
+        self._bootstrapped = False
+        self._topics: set[str] = set()  # the topics the client keeps metadata for
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start fetching (the cluster may still be unreachable: the first connection is retried in the
+        background)."""
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self._client = AIOKafkaClient(**self.client_options)
+        self._tasks = [asyncio.create_task(self._supervise(), name="attach-fetch-metadata"),
+                       asyncio.create_task(self._report_progress(), name="attach-fetch-progress")]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+
+    async def stop(self) -> None:
+        """Stop every fetch loop, close the client and delete the spools."""
+        tasks = [*self._tasks, *self._loops.values()]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks, self._loops = [], {}
+        if self._client is not None:
+            with contextlib.suppress(*_NETWORK_ERRORS):
+                await self._client.close()
+            self._client = None
+        for part in self._parts.values():
+            part.log.close()
+        self._parts.clear()
+
+    async def add(self, topic: str, partition: int, offset: int) -> RemotePartitionLog:
+        """Fetch ``topic``-``partition`` from ``offset`` on (an empty spool; when it is fetched already, its spool
+        stays unless ``offset`` lies outside it)."""
+        part = self._parts.get((topic, partition))
+        if part is not None:
+            if not part.log.start_offset <= offset <= part.log.high_watermark:
+                part.log.restart(offset)
+            return part.log
+        plog = RemotePartitionLog(self.spool_dir / f"{topic}-{partition}", topic, partition, offset,
+                                  options=self._spool_options, on_move=self._wake_loops)
+        self._parts[(topic, partition)] = _Partition(plog)
+        self._refresh.set()
+        return plog
+
+    async def remove(self, topic: str, partition: int) -> None:
+        """Stop fetching ``topic``-``partition`` and delete its spool (its waiters are resolved)."""
+        part = self._parts.pop((topic, partition), None)
+        if part is not None:
+            part.log.close()
+            self._wake_loops()
+
+    def log(self, topic: str, partition: int) -> RemotePartitionLog | None:
+        part = self._parts.get((topic, partition))
+        return None if part is None else part.log
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        """Per partition whose remote high watermark is known: that minus the spooled high watermark (>= 0)."""
+        return {key: max(0, p.log.remote_high_watermark - p.log.high_watermark) for key, p in self._parts.items()
+                if p.log.remote_high_watermark >= 0}
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug: say so; fetch loops are started again
+            log.error("[ATTACH_FETCH] %s died: %r", task.get_name(), task.exception(), exc_info=task.exception())
+            self._refresh.set()
+
+    def _wake_loops(self) -> None:
+        for ev in self._wakes.values():
+            ev.set()
+
+    # ------------------------------------------------------------------------------------------ metadata
+
+    async def _supervise(self) -> None:
+        """Connect (retried), then keep every partition assigned to its leader's fetch loop: whenever a loop or an
+        ``add`` asks, refresh the metadata (retried with back-off while some partition has no known leader)."""
+        backoff = self._backoff_start()
+        while not self._bootstrapped:
+            try:
+                await self._client.bootstrap()
+            except _NETWORK_ERRORS as e:
+                self._conditions.log("bootstrap", logging.WARNING, "[ATTACH_FETCH] cannot reach the cluster at %s: "
+                                     "%s; retrying", self.client_options.get("bootstrap_servers"), _describe(e),
+                                     state=type(e).__name__)
+                await asyncio.sleep(backoff)
+                backoff = self._next_backoff(backoff)
+                continue
+            self._bootstrapped = True
+            self._conditions.clear("bootstrap", logging.INFO, "[ATTACH_FETCH] connected to the cluster")
+        backoff = self._backoff_start()
+        while True:
+            await self._refresh.wait()
+            self._refresh.clear()
+            topics = {t for t, _ in self._parts}
+            if topics - self._topics:  # metadata for these topics only (an empty set would ask for every topic)
+                self._topics |= topics
+                self._client.set_topics(sorted(self._topics))
+            with contextlib.suppress(*_NETWORK_ERRORS):
+                await asyncio.wait_for(self._client.force_metadata_update(), self.options.metadata_timeout_s)
+            leaderless = self._assign_leaders()
+            if leaderless:
+                self._conditions.log("leaders", logging.WARNING, "[ATTACH_FETCH] no leader known for %s; asking "
+                                     "the cluster again", ", ".join(leaderless[:10]), state=tuple(leaderless))
+                await asyncio.sleep(backoff)
+                backoff = self._next_backoff(backoff)
+                self._refresh.set()
+            else:
+                self._conditions.clear("leaders", logging.INFO, "[ATTACH_FETCH] every partition has a leader again")
+                backoff = self._backoff_start()
+
+    def _assign_leaders(self) -> list[str]:
+        """Put each partition on its leader's fetch loop (starting loops as needed); the partitions without one."""
+        leaderless: list[str] = []
+        for part in self._parts.values():
+            leader = self._client.cluster.leader_for_partition(TopicPartition(*part.key))
+            part.leader = leader if leader is not None and leader >= 0 else None
+            if part.leader is None:
+                leaderless.append(part.log.name)
+            elif part.leader not in self._loops:
+                self._wakes[part.leader] = asyncio.Event()
+                task = asyncio.create_task(self._fetch_loop(part.leader), name=f"attach-fetch-{part.leader}")
+                task.add_done_callback(self._task_done)
+                self._loops[part.leader] = task
+        self._wake_loops()
+        return leaderless
+
+    def _backoff_start(self) -> float:
+        return self.options.retry_backoff_ms / 1000
+
+    def _next_backoff(self, backoff: float) -> float:
+        return min(backoff * 2, self.options.max_backoff_ms / 1000)
+
+    def _back_off(self, part: _Partition) -> None:
+        part.backoff_s = self._next_backoff(part.backoff_s) if part.backoff_s else self._backoff_start()
+        part.retry_at = time.monotonic() + part.backoff_s
+
+    def _lost_leader(self, part: _Partition) -> None:
+        part.leader = None
+        self._back_off(part)
+        self._refresh.set()
+
+    # ------------------------------------------------------------------------------------------ fetching
+
+    async def _fetch_loop(self, node: int) -> None:
+        """Fetch the partitions led by ``node``, all in one request each time, until it leads none."""
+        backoff = self._backoff_start()
+        wake = self._wakes[node]
+        turn = 0
+        try:
+            while True:
+                now = time.monotonic()
+                mine = [p for p in self._parts.values() if p.leader == node]
+                if not mine:
+                    return
+                ready = [p for p in mine if not p.log.error and p.retry_at <= now and p.log.room() > 0]
+                if not ready:
+                    wake.clear()
+                    later = [p.retry_at - now for p in mine if p.retry_at > now]
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), min([1.0, *later]))
+                    continue
+                # a different partition first each time: brokers give the first one at least one batch, however
+                # big, and may leave the later ones out once the response is full
+                turn = (turn + 1) % len(ready)
+                sent = [_Sent(p, p.log.generation, p.log.position) for p in ready[turn:] + ready[:turn]]
+                try:
+                    resp = await self._client.send(node, self._request(sent))
+                except _NETWORK_ERRORS as e:
+                    self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] cannot fetch from broker "
+                                         "%s: %s; retrying", node, _describe(e), state=type(e).__name__)
+                    self._refresh.set()
+                    await asyncio.sleep(backoff)
+                    backoff = self._next_backoff(backoff)
+                    continue
+                self._conditions.clear(("node", node), logging.INFO, "[ATTACH_FETCH] fetching from broker %s again",
+                                       node)
+                backoff = self._backoff_start()
+                await self._handle(node, resp, sent)
+                throttle_ms = getattr(resp, "throttle_time_ms", 0)
+                if throttle_ms > 0:  # the broker's quota: wait as Kafka's clients do
+                    await asyncio.sleep(min(throttle_ms, 30_000) / 1000)
+        finally:
+            if self._loops.get(node) is asyncio.current_task():
+                del self._loops[node]
+                self._wakes.pop(node, None)
+
+    def _request(self, sent: list[_Sent]) -> Any:
+        topics: dict[str, list[tuple[int, int, int]]] = {}
+        for s in sent:
+            topics.setdefault(s.part.log.topic, []).append(
+                (s.part.log.partition, s.position, self.options.partition_max_bytes))
+        return FetchRequest(self.options.max_wait_ms, 1, self.options.fetch_max_bytes, READ_UNCOMMITTED,
+                            list(topics.items()))
+
+    async def _handle(self, node: int, resp: Any, sent: list[_Sent]) -> None:
+        """Apply one fetch answer: spool what each partition got, or act on its error."""
+        asked = {(s.part.log.topic, s.part.log.partition): s for s in sent}
+        top_error = getattr(resp, "error_code", 0)
+        if top_error:
+            self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] broker %s answers a fetch with %s",
+                                 node, _code_name(top_error), state=top_error)
+            for each in sent:
+                self._back_off(each.part)
+            return
+        with_log_start = resp.API_VERSION >= 5
+        for topic, partitions in resp.topics:
+            for p in partitions:
+                s = asked.get((topic, p[0]))
+                if s is None or self._parts.get(s.part.key) is not s.part or s.part.log.generation != s.generation \
+                        or s.part.log.position != s.position:
+                    continue  # removed, restarted or fetched by another loop since: this answer is stale
+                code, high_watermark = p[1], p[2]
+                if code == ErrorCode.NONE:
+                    self._spool(s, p[-1], high_watermark, p[4] if with_log_start else -1)
+                elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    await self._out_of_range(node, s)
+                elif code in _LEADERSHIP_ERRORS:
+                    self._conditions.log((s.part.key, "leader"), logging.INFO, "[ATTACH_FETCH] %s: %s from broker "
+                                         "%s; refreshing the metadata", s.part.log.name, _code_name(code), node,
+                                         state=code)
+                    self._lost_leader(s.part)
+                else:
+                    self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: fetching offset "
+                                         "%d failed: %s; retrying", s.part.log.name, s.position, _code_name(code),
+                                         state=code)
+                    self._back_off(s.part)
+
+    def _spool(self, s: _Sent, records: bytes | None, high_watermark: int, log_start: int) -> None:
+        part, plog = s.part, s.part.log
+        if high_watermark >= 0:
+            plog.remote_high_watermark = high_watermark
+        if log_start >= 0:
+            plog.remote_log_start = max(plog.remote_log_start, log_start)
+        part.backoff_s = 0.0
+        self._conditions.clear((part.key, "leader"))
+        self._conditions.clear((part.key, "error"))
+        if not records:
+            return
+        buf = memoryview(records)
+        headers, problem = whole_batches(buf, s.position, verify_crc=self.options.verify_crc)
+        before = plog.records_spooled
+        try:
+            plog.append(buf, headers)
+        except OSError as e:
+            self._conditions.log((part.key, "spool"), logging.ERROR, "[ATTACH_FETCH] %s: cannot write its spool in "
+                                 "%s: %s; retrying", plog.name, plog.directory, e, state=str(e))
+            self._back_off(part)
+        else:
+            self._conditions.clear((part.key, "spool"), logging.INFO, "[ATTACH_FETCH] %s: spooling again", plog.name)
+        self._progress.records += plog.records_spooled - before
+        if problem is not None and plog.position == (headers[-1].next_offset if headers else s.position):
+            plog.fail(problem)
+            self._conditions.log((part.key, "refused"), logging.ERROR, "[ATTACH_FETCH] %s: stopped at offset %d: %s",
+                                 plog.name, plog.position, problem, state=problem)
+
+    async def _out_of_range(self, node: int, s: _Sent) -> None:
+        """OFFSET_OUT_OF_RANGE: below the remote log start → continue there (logged); past its end (the topic was
+        recreated or truncated) → wait with back-off, logged as a condition."""
+        plog = s.part.log
+        try:
+            earliest = await self._list_offset(node, plog, EARLIEST)
+            latest = await self._list_offset(node, plog, LATEST)
+        except _NETWORK_ERRORS as e:
+            self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: offset %d is out of "
+                                 "range and its log start cannot be read: %s; retrying", plog.name, s.position,
+                                 _describe(e), state=type(e).__name__)
+            self._back_off(s.part)
+            return
+        if self._parts.get(s.part.key) is not s.part or plog.generation != s.generation \
+                or plog.position != s.position:
+            return  # removed or moved while asking
+        if s.position < earliest:
+            log.warning("[ATTACH_FETCH] %s: offsets %d..%d were deleted from the remote log (retention or "
+                        "DeleteRecords) before being fetched: continuing at its log start offset %d", plog.name,
+                        s.position, earliest - 1, earliest)
+            plog.skip_to(earliest)
+            return
+        self._conditions.log((s.part.key, "error"), logging.ERROR, "[ATTACH_FETCH] %s: offset %d is past the end "
+                             "%d of the remote log (the topic was recreated or truncated?): waiting for it",
+                             plog.name, s.position, latest, state="past-end")
+        self._back_off(s.part)
+
+    async def _list_offset(self, node: int, plog: RemotePartitionLog, timestamp: int) -> int:
+        resp = await self._client.send(node, OffsetRequest(-1, READ_UNCOMMITTED,
+                                                           [(plog.topic, [(plog.partition, timestamp)])]))
+        for _, partitions in resp.topics:
+            for p in partitions:
+                if p[1] != ErrorCode.NONE:
+                    raise KafkaError(f"ListOffsets of {plog.name}: {_code_name(p[1])}")
+                return int(p[3] if resp.API_VERSION >= 1 else p[2][0])
+        raise KafkaError(f"ListOffsets of {plog.name}: no answer for the partition")
+
+    # ------------------------------------------------------------------------------------------ progress
+
+    async def _report_progress(self) -> None:
+        """Every ``progress_interval_s`` while some partition is behind: one line (partitions and records behind,
+        records fetched per second); one more when all caught up."""
+        pr = self._progress
+        while True:
+            await asyncio.sleep(self.options.progress_interval_s)
+            now = time.monotonic()
+            rate = (pr.records - pr.last_records) / max(now - pr.last_at, 1e-9)
+            pr.last_records, pr.last_at = pr.records, now
+            lag = self.lag()
+            behind = {k: v for k, v in lag.items() if v > 0}
+            if behind:
+                log.info("[ATTACH_FETCH] catching up: %d of %d partition(s) behind by %d records; fetching %.0f "
+                         "records/s", len(behind), len(self._parts), sum(behind.values()), rate)
+            elif pr.behind:
+                log.info("[ATTACH_FETCH] caught up: %d partition(s), %d records fetched", len(self._parts),
+                         pr.records)
+            pr.behind = bool(behind)
+
+
+__all__ = ["Fetcher", "FetcherOptions", "whole_batches"]

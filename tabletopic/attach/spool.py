@@ -1,0 +1,341 @@
+"""A remote partition's record batches spooled locally, read by its table-topic worker (:class:`RemotePartitionLog`).
+
+The attach fetcher (:mod:`tabletopic.attach.fetcher`) appends whole magic-v2 batches as the remote broker sent them
+to segment files under the partition's spool directory; the worker asks :meth:`RemotePartitionLog.read_ranges`
+which file ranges hold the next batches, with :meth:`tabletopic.log.log.PartitionLog.read_ranges`'s semantics, and
+its pool process preads them (the bytes never cross a pipe). It implements :class:`coordinator.contract.LogReader`.
+
+Rules: only whole batches below ``high_watermark`` (the offset after the last batch spooled, or the remote log start
+after a jump) are ever read; files are append-only and a segment disappears only whole, when :meth:`release` says
+its batches are no longer needed or a read outside the spool restarts it (:meth:`RemotePartitionLog.read_ranges`).
+The spool is a cache of the remote log, never fsynced: the fetcher starts every partition with an empty one.
+Everything runs on the event loop; the writes are page-cache appends, like the broker's own log appends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import logging
+import os
+import shutil
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from coordinator.contract import FileRange
+from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.protocol.records import BatchHeader
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".spool"
+
+
+def _write_all(fd: int, data: memoryview, position: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, position)
+        if n <= 0:
+            raise OSError(f"short write to a spool segment at {position}")
+        data = data[n:]
+        position += n
+
+
+class _Segment:
+    """One spool file: its batches' base offsets, last offsets and end positions, in file order."""
+
+    def __init__(self, directory: Path, base_offset: int) -> None:
+        self.path = directory / f"{base_offset:020d}{SEGMENT_SUFFIX}"
+        # open only while it is the segment appended to (a spool of many segments holds one descriptor)
+        self.fd: int | None = os.open(self.path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_CLOEXEC, 0o644)
+        self.size = 0
+        self.bases = array("q")
+        self.lasts = array("q")
+        self.ends = array("q")
+
+    def append(self, data: memoryview, headers: list[BatchHeader], offset_in_data: int) -> None:
+        """Write ``data`` (whole batches whose headers are ``headers``, positioned in a buffer where ``data``
+        starts at ``offset_in_data``) at the end of the file, then index them."""
+        assert self.fd is not None, f"{self.path} is sealed"
+        try:
+            _write_all(self.fd, data, self.size)
+        except OSError:
+            with contextlib.suppress(OSError):  # a torn write is never indexed; leave the file as it was
+                os.ftruncate(self.fd, self.size)
+            raise
+        shift = self.size - offset_in_data
+        for h in headers:
+            self.bases.append(h.base_offset)
+            self.lasts.append(h.last_offset)
+            self.ends.append(h.position + h.size + shift)
+        self.size += len(data)
+
+    def start_of(self, i: int) -> int:
+        return self.ends[i - 1] if i else 0
+
+    def seal(self) -> None:
+        """No more appends: close the descriptor (readers open the file themselves)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def delete(self) -> None:
+        self.seal()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolOptions:
+    """Segment files of ``segment_bytes`` (a released segment is deleted whole); fetching pauses while more than
+    ``max_bytes`` are spooled above the released offset."""
+
+    segment_bytes: int = 16 * 1024 * 1024
+    max_bytes: int = 256 * 1024 * 1024
+
+
+class RemotePartitionLog:
+    """One remote partition as its worker reads it: the batches fetched from ``start`` on, spooled in ``directory``.
+
+    The fetcher appends (:meth:`append`), tells what the remote says (``remote_high_watermark``,
+    ``remote_log_start``), jumps over deleted offsets (:meth:`skip_to`) and reads ``position`` (where to fetch next)
+    and ``generation`` (bumped whenever the position moves other than by an append, so answers to fetches sent
+    before are dropped). ``on_move`` is called when a read restarts the spool or a release makes room.
+    """
+
+    def __init__(self, directory: Path, topic: str, partition: int, start: int, *,
+                 options: SpoolOptions = SpoolOptions(), on_move: Callable[[], None] = lambda: None) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.directory = directory
+        self.options = options
+        self._on_move = on_move
+        shutil.rmtree(directory, ignore_errors=True)  # a spool is never reused: it is rebuilt from the remote
+        directory.mkdir(parents=True)
+        self._segments: list[_Segment] = []
+        self._start = start  # the spool holds every batch from here (or the one containing it) to _end
+        self._end = start  # the high watermark: where the next fetch starts
+        self._released = start
+        self._waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+        self.generation = 0
+        self.remote_high_watermark = -1  # -1: not known yet
+        self.remote_log_start = 0
+        self.records_spooled = 0
+        self.error: str | None = None  # set when the remote sent what cannot be spooled (fetching stops)
+
+    def __repr__(self) -> str:
+        return (f"RemotePartitionLog({self.name}, start={self._start}, end={self._end}, "
+                f"segments={len(self._segments)}, bytes={self.size_bytes})")
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    # ------------------------------------------------------------------------------------------ LogReader
+
+    @property
+    def high_watermark(self) -> int:
+        return self._end
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._end
+
+    @property
+    def log_start_offset(self) -> int:
+        """The remote log's start offset (0 until the remote said; a worker below it skips to it)."""
+        return self.remote_log_start
+
+    @property
+    def leader_epoch(self) -> int:
+        """0: the remote's leader epoch means nothing to the table (the workers' fencing is the host's)."""
+        return 0
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes spooled now."""
+        return sum(s.size for s in self._segments)
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset the spool can answer reads at (earlier ones restart it)."""
+        return self._start
+
+    @property
+    def position(self) -> int:
+        return self._end
+
+    def add_waiter(self) -> asyncio.Future[None]:
+        """A future resolved the next time the high watermark moves, the spool restarts or the log is closed."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            fut.set_result(None)
+        else:
+            self._waiters.append(fut)
+        return fut
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(fut)
+
+    def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
+                    ) -> tuple[list[FileRange], int]:
+        """Like :meth:`tabletopic.log.log.PartitionLog.read_ranges`: the file ranges of whole batches from the one
+        holding ``fetch_offset``, up to ``max_bytes`` but at least one batch, only batches below ``max_offset`` and
+        the high watermark; and the offset after the last one (the next batch's base offset when there is one).
+
+        ``fetch_offset`` below the remote log start raises OFFSET_OUT_OF_RANGE (the worker skips to the log
+        start). Outside the spool otherwise (below its start: the worker went back to the table's offset after an
+        aborted round; past its end: the table is ahead) the spool is emptied and fetching restarts there; nothing
+        is returned for now."""
+        if self._closed:
+            raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"the spool of {self.name} is closed")
+        if fetch_offset < self.remote_log_start:
+            raise KafkaApiError(ErrorCode.OFFSET_OUT_OF_RANGE, f"fetch offset {fetch_offset} is below the log "
+                                f"start offset {self.remote_log_start} of {self.name}")
+        if fetch_offset < self._start or fetch_offset > self._end:
+            log.info("%s: read at offset %d outside the spool [%d, %d]: fetching again from there", self.name,
+                     fetch_offset, self._start, self._end)
+            self.restart(fetch_offset)
+            return [], fetch_offset
+        limit = self._end if max_offset is None else min(max_offset, self._end)
+        ranges: list[FileRange] = []
+        budget = max_bytes
+        last: tuple[_Segment, int] | None = None
+        offset = fetch_offset
+        for seg in self._segments:
+            if offset >= limit:
+                break
+            i = bisect.bisect_left(seg.lasts, offset)
+            if i == len(seg.lasts):
+                continue
+            j = bisect.bisect_left(seg.lasts, limit, i)  # batches [i, j) end below the limit
+            if j == i:
+                break
+            start = seg.start_of(i)
+            n = bisect.bisect_right(seg.ends, start + budget, i, j)  # batches [i, n) fit the budget
+            if n == i:
+                if ranges:
+                    break
+                n = i + 1  # at least one batch
+            ranges.append((str(seg.path), start, seg.ends[n - 1] - start))
+            budget -= seg.ends[n - 1] - start
+            last = (seg, n - 1)
+            if n < len(seg.lasts) or budget <= 0:
+                break
+            offset = seg.lasts[-1] + 1
+        if last is None:
+            return [], fetch_offset
+        seg, k = last
+        return ranges, seg.bases[k + 1] if k + 1 < len(seg.bases) else seg.lasts[k] + 1
+
+    # ------------------------------------------------------------------------------------------ the fetcher's side
+
+    def append(self, buf: memoryview, headers: list[BatchHeader]) -> None:
+        """Spool whole batches of ``buf`` (``headers``: consecutive, in offset order, all at or past ``position``
+        but for a first one holding it) and move the high watermark past them. On OSError (a full disk) the
+        batches written before stay spooled, the rest is not: the fetcher retries from ``position``."""
+        limit = self.options.segment_bytes
+        run: list[BatchHeader] = []
+        pending = 0  # bytes of ``run``
+        try:
+            for h in headers:
+                seg = self._segments[-1] if self._segments else None
+                if seg is None or (seg.size and seg.size + pending + h.size > limit):
+                    self._flush(buf, run)
+                    run, pending = [], 0
+                    if seg is not None:
+                        seg.seal()
+                    self._segments.append(_Segment(self.directory, h.base_offset))
+                run.append(h)
+                pending += h.size
+            self._flush(buf, run)
+        finally:
+            if self._segments and not self._segments[-1].size:  # created, nothing written to it
+                self._segments.pop().delete()
+            self._wake()
+
+    def _flush(self, buf: memoryview, run: list[BatchHeader]) -> None:
+        if run:
+            first, end = run[0].position, run[-1].position + run[-1].size
+            self._segments[-1].append(buf[first:end], run, first)
+            self._end = run[-1].next_offset
+            self.records_spooled += sum(h.record_count for h in run)
+
+    def skip_to(self, offset: int) -> None:
+        """The remote log now starts at ``offset``, past ``position``: the offsets between are gone; fetch there."""
+        self.remote_log_start = max(self.remote_log_start, offset)
+        if offset <= self._end:
+            return
+        if not self._segments:
+            self._start = offset
+        self._end = offset
+        self.generation += 1
+        self._wake()
+
+    def restart(self, offset: int) -> None:
+        """Empty the spool and fetch again from ``offset``."""
+        for seg in self._segments:
+            seg.delete()
+        self._segments = []
+        self._start = self._end = self._released = offset
+        self.error = None
+        self.generation += 1
+        self._wake()
+        self._on_move()
+
+    def release(self, offset: int) -> None:
+        """Batches entirely below ``offset`` are no longer needed: whole segments of them are deleted, and the room
+        they took is free for fetching (a read below the spool's new start fetches them again).
+
+        No longer needed: the table committed them, or every pool task that reads them has read them (a worker's
+        finished chunks). Releasing only at commits bounds a catch-up to ``max_bytes`` per commit interval; releasing
+        ranges a running task has still to pread makes that task fail (the worker's round retries, refetching)."""
+        if offset <= self._released:
+            return
+        self._released = offset
+        while self._segments and self._segments[0].lasts[-1] < offset:
+            seg = self._segments.pop(0)
+            self._start = max(self._start, seg.lasts[-1] + 1)
+            seg.delete()
+        if not self._segments:
+            self._start = max(self._start, min(offset, self._end))
+        self._on_move()
+
+    def bytes_unreleased(self) -> int:
+        """Bytes spooled for batches at or above the released offset (what back-pressure counts)."""
+        if not self._segments:
+            return 0
+        first = self._segments[0]
+        below = first.start_of(bisect.bisect_left(first.lasts, self._released))
+        return self.size_bytes - below
+
+    def room(self) -> int:
+        """Bytes the spool may still take before fetching pauses."""
+        return self.options.max_bytes - self.bytes_unreleased()
+
+    def fail(self, error: str) -> None:
+        """The remote sent what cannot be spooled at ``position``: fetching stops until a read restarts it."""
+        self.error = error
+
+    def close(self) -> None:
+        """Delete the spool; waiters are resolved and later reads fail."""
+        self._closed = True
+        for seg in self._segments:
+            seg.delete()
+        self._segments = []
+        self._wake()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+__all__ = ["SEGMENT_SUFFIX", "RemotePartitionLog", "SpoolOptions"]

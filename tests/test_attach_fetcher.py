@@ -1,0 +1,365 @@
+"""The attach fetcher (tabletopic/attach/fetcher.py) against real brokers and producers: remote batches spooled as
+they were on the wire, read by the worker's own decoder; ``RemotePartitionLog.read_ranges`` answers as
+``PartitionLog.read_ranges`` does; release, restarts, back-pressure, DeleteRecords, a broker killed mid-fetch, Tansu.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import crc32c
+import pytest
+from confluent_kafka import TopicPartition
+
+from tabletopic.attach.client import aiokafka_options
+from tabletopic.attach.fetcher import Fetcher, FetcherOptions, whole_batches
+from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog
+from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.log.log import PartitionLog
+from tabletopic.log.segment import file_name
+from tests.helpers.procs import BrokerProcess
+from tests.helpers.tansu import TansuProcess
+from tests.test_clients import _admin, create_topic, produce_confluent
+from worker.decode import decode
+from worker.task import pread_ranges
+
+CODECS = ("none", "gzip", "lz4", "zstd", "snappy")
+PARTITIONS = 3
+PER_CODEC = 4000
+# small requests and segments: many fetches per partition, batches spread over many spool files
+SMALL = FetcherOptions(max_wait_ms=100, partition_max_bytes=64 * 1024, segment_bytes=32 * 1024,
+                       retry_backoff_ms=50, max_backoff_ms=500, progress_interval_s=0.5)
+
+Expected = dict[int, dict[int, bytes]]  # partition → offset → value
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes], **conf: object) -> list[tuple[int, int]]:
+    # produce_confluent only reads the broker's address (here: ours or Tansu)
+    return produce_confluent(SimpleNamespace(bootstrap=bootstrap), topic, values, **conf)  # type: ignore[arg-type]
+
+
+def _produce_mix(bootstrap: str, topic: str, first: int = 0, per_codec: int = PER_CODEC) -> Expected:
+    """``per_codec`` records per compression codec, keyed over the partitions; where each one landed."""
+    expected: Expected = {}
+    n = first
+    for codec in CODECS:
+        values = [f"{codec}-{i:06d}".encode() * (1 + i % 5) for i in range(n, n + per_codec)]
+        n += per_codec
+        at = _produce(bootstrap, topic, values, **{"compression.type": codec, "batch.num.messages": 200})
+        for (p, off), v in zip(at, values, strict=True):
+            expected.setdefault(p, {})[off] = v
+    return expected
+
+
+def _read_all(plog: RemotePartitionLog, start: int, max_bytes: int = 50_000) -> dict[int, bytes]:
+    """Every record of the spool from ``start``, read as a worker does (ranges, pread, the worker's decoder)."""
+    out: dict[int, bytes] = {}
+    offset = start
+    while offset < plog.high_watermark:
+        ranges, nxt = plog.read_ranges(offset, max_bytes)
+        assert ranges and nxt > offset, (offset, plog)
+        assert sum(n for _, _, n in ranges) <= max_bytes or len(ranges) == 1
+        d = decode(pread_ranges(ranges), offset)
+        assert d.offsets and d.offsets[0] >= offset
+        for o, v in zip(d.offsets, d.values, strict=True):
+            assert o not in out, f"offset {o} decoded twice"
+            assert v is not None
+            out[o] = v
+        offset = nxt
+    return out
+
+
+async def _drain(plog: RemotePartitionLog, start: int, end: int, limit_s: float = 30.0) -> dict[int, bytes]:
+    """Read from ``start`` until ``end`` as a host does for a worker: what was read is released, making room."""
+    out: dict[int, bytes] = {}
+    offset = start
+    deadline = time.monotonic() + limit_s
+    while offset < end:
+        assert time.monotonic() < deadline, f"{plog} did not reach {end}"
+        got = _read_all(plog, offset)
+        assert not got.keys() & out.keys()
+        out.update(got)
+        offset = max(got, default=offset - 1) + 1
+        plog.release(offset)
+        await asyncio.sleep(0.01)
+    return out
+
+
+async def _until(cond: Callable[[], bool], limit_s: float = 30.0, what: str = "") -> None:
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.02)
+
+
+async def _spooled(f: Fetcher, topic: str, partition: int, end: int) -> RemotePartitionLog:
+    """The partition added from offset 0, once its spool reaches ``end``."""
+    plog = await f.add(topic, partition, 0)
+    await _until(lambda: plog.high_watermark == end, what=f"{topic}-{partition} spooled up to {end}")
+    return plog
+
+
+@contextlib.asynccontextmanager
+async def _fetching(bootstrap: str, spool: Path, options: FetcherOptions = SMALL) -> AsyncIterator[Fetcher]:
+    """A started fetcher on the cluster at ``bootstrap``, stopped (its spools deleted) at the end."""
+    f = Fetcher(aiokafka_options({"bootstrap.servers": bootstrap}), spool, options=options)
+    await f.start()
+    try:
+        yield f
+    finally:
+        await f.stop()
+
+
+@pytest.fixture(scope="module")
+def mixed_topic(broker: BrokerProcess) -> Iterator[tuple[str, Expected]]:
+    topic = f"attach-fetch-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, PARTITIONS)
+    yield topic, _produce_mix(broker.bootstrap, topic)
+
+
+def test_every_offset_spooled_once_in_order(broker: BrokerProcess, mixed_topic: tuple[str, Expected],
+                                            tmp_path: Path) -> None:
+    """All partitions, five codecs: the spooled ranges decode to every produced record once, in offset order; a
+    worker starting inside a batch gets the batch holding its offset; lag drops to 0."""
+    topic, expected = mixed_topic
+
+    async def main() -> None:
+        async with _fetching(broker.bootstrap, tmp_path / "spool") as f:
+            logs = [await f.add(topic, p, 0) for p in range(PARTITIONS)]
+            ends = {p: max(expected[p]) + 1 for p in range(PARTITIONS)}
+            await _until(lambda: all(plog.high_watermark == ends[i] for i, plog in enumerate(logs)), what="catch-up")
+            assert f.lag() == {(topic, p): 0 for p in range(PARTITIONS)}
+            for p, plog in enumerate(logs):
+                assert len(list(plog.directory.glob(f"*{SEGMENT_SUFFIX}"))) > 1  # spread over segments
+                got = _read_all(plog, 0)
+                assert list(got) == sorted(got) == list(range(ends[p]))
+                assert got == expected[p]
+                mid = ends[p] // 2 + 1  # most likely inside a compressed batch
+                ranges, _ = plog.read_ranges(mid, 1)
+                d = decode(pread_ranges(ranges), mid)
+                assert d.offsets[0] == mid
+            assert f.log(topic, 0) is logs[0] and f.log(topic, 99) is None
+        assert not (tmp_path / "spool" / f"{topic}-0").exists()  # stop deletes the spools
+
+    asyncio.run(main())
+
+
+def test_read_ranges_answers_as_partition_log(broker: BrokerProcess, mixed_topic: tuple[str, Expected],
+                                              tmp_path: Path) -> None:
+    """The same batches in a PartitionLog (one segment) and in the spool (many): the same bytes and next offset
+    for fetch offsets at and inside batches, byte budgets below one batch and across segments, max_offset limits."""
+    topic, expected = mixed_topic
+    end = max(expected[0]) + 1
+
+    async def main() -> None:
+        async with _fetching(broker.bootstrap, tmp_path / "spool") as f:
+            plog = await _spooled(f, topic, 0, end)
+            log_dir = tmp_path / "log" / f"{topic}-0"
+            await asyncio.to_thread(_copy_spool, plog, log_dir)
+            local = PartitionLog.open(log_dir, topic, 0)
+            try:
+                assert local.high_watermark == plog.high_watermark == end
+                _compare(local, plog, end)
+            finally:
+                local.close()
+
+    asyncio.run(main())
+
+
+def _copy_spool(plog: RemotePartitionLog, log_dir: Path) -> None:
+    """The spool's segments (batches from offset 0) as the one segment file of a broker log directory."""
+    log_dir.mkdir(parents=True)
+    with open(log_dir / file_name(0, ".log"), "wb") as out:
+        for seg in sorted(plog.directory.glob(f"*{SEGMENT_SUFFIX}")):
+            out.write(seg.read_bytes())
+
+
+def _compare(local: PartitionLog, plog: RemotePartitionLog, end: int) -> None:
+    offsets = sorted({0, 1, 7, end // 3, end // 3 + 1, end // 2, end - 2, end - 1, end})
+    limits: list[int | None] = [None, end, end - 1, end // 2, end // 2 + 3, 5, 0]
+    checked = 0
+    for fetch_offset in offsets:
+        for max_bytes in (0, 1, 200, 5_000, 40_000, 100_000, 1 << 30):
+            for max_offset in limits:
+                want_ranges, want_next = local.read_ranges(fetch_offset, max_bytes, max_offset)
+                got_ranges, got_next = plog.read_ranges(fetch_offset, max_bytes, max_offset)
+                want = pread_ranges(want_ranges) if want_ranges else b""
+                got = pread_ranges(got_ranges) if got_ranges else b""
+                assert (got, got_next) == (want, want_next), (fetch_offset, max_bytes, max_offset)
+                checked += bool(want)
+    assert checked > 100
+
+
+def test_release_deletes_segments_and_a_read_below_the_spool_fetches_again(
+        broker: BrokerProcess, mixed_topic: tuple[str, Expected], tmp_path: Path) -> None:
+    topic, expected = mixed_topic
+    end = max(expected[1]) + 1
+
+    async def main() -> None:
+        async with _fetching(broker.bootstrap, tmp_path / "spool") as f:
+            plog = await _spooled(f, topic, 1, end)
+            files = sorted(plog.directory.glob(f"*{SEGMENT_SUFFIX}"))
+            size = plog.size_bytes
+            plog.release(end // 2)
+            left = sorted(plog.directory.glob(f"*{SEGMENT_SUFFIX}"))
+            assert 0 < len(left) < len(files) and plog.size_bytes < size
+            assert 0 < plog.start_offset <= end // 2
+            assert _read_all(plog, end // 2) == {o: v for o, v in expected[1].items() if o >= end // 2}
+            # an aborted round: the worker goes back to the table's offset, below the spool
+            waiter = plog.add_waiter()
+            assert plog.read_ranges(10, 1 << 20) == ([], 10)
+            assert waiter.done()  # the spool restarted
+            assert plog.start_offset == 10 and plog.size_bytes == 0
+            await _until(lambda: plog.high_watermark == end, what="the refetch")
+            assert _read_all(plog, 10) == {o: v for o, v in expected[1].items() if o >= 10}
+            # a read past the spool's end (the table is ahead of it) restarts it there too
+            plog.release(end)
+            assert plog.size_bytes == 0 and plog.start_offset == end
+            assert plog.read_ranges(end, 100) == ([], end)
+            with pytest.raises(KafkaApiError) as e:  # below the remote log start: as PartitionLog
+                plog.remote_log_start = 5
+                plog.read_ranges(4, 100)
+            assert e.value.code == ErrorCode.OFFSET_OUT_OF_RANGE
+
+    asyncio.run(main())
+
+
+def test_back_pressure_then_delete_records_past_the_position(fresh_broker: BrokerProcess, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A spool bounded to a few batches stops fetching (lag stays); DeleteRecords past its position; released, the
+    fetcher finds the offset gone and continues at the new log start (logged once); a waiter resolves."""
+    topic = "bp"
+    create_topic(fresh_broker, topic, 1)
+    values = [f"r{i}".encode() * 50 for i in range(20_000)]
+    _produce(fresh_broker.bootstrap, topic, values, **{"batch.num.messages": 100})
+    deleted_to = 15_000
+    opts = FetcherOptions(max_wait_ms=100, partition_max_bytes=16 * 1024, segment_bytes=16 * 1024,
+                          max_spool_bytes=48 * 1024, retry_backoff_ms=50, max_backoff_ms=500)
+
+    async def main() -> None:
+        async with _fetching(fresh_broker.bootstrap, tmp_path / "spool", opts) as f:
+            plog = await f.add(topic, 0, 0)
+            await _until(lambda: plog.room() <= 0, what="a full spool")
+            await asyncio.sleep(0.5)
+            paused_at = plog.high_watermark
+            assert 0 < paused_at < deleted_to and f.lag()[(topic, 0)] == len(values) - paused_at
+            first = _read_all(plog, 0)
+            admin = _admin(fresh_broker)
+            for fut in admin.delete_records([TopicPartition(topic, 0, deleted_to)]).values():
+                fut.result(30)
+            waiter = plog.add_waiter()
+            plog.release(paused_at)
+            await asyncio.wait_for(waiter, 10)
+            assert plog.log_start_offset == deleted_to
+            rest = await _drain(plog, deleted_to, len(values))
+            assert list(first) == list(range(paused_at)) and list(rest) == list(range(deleted_to, len(values)))
+            assert [*first.values(), *rest.values()] == values[:paused_at] + values[deleted_to:]
+
+    with caplog.at_level(logging.WARNING, logger="tabletopic.attach.fetcher"):
+        asyncio.run(main())
+    jumps = [r for r in caplog.records if "were deleted from the remote log" in r.getMessage()]
+    assert len(jumps) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_broker_killed_and_restarted_mid_fetch(fresh_broker: BrokerProcess, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """kill -9 of the broker in the middle of a catch-up (the spools bounded, so it cannot be over before), fetches
+    against the dead broker, records produced after its restart: every offset spooled once, no gap; the outage is
+    logged as one condition, not per retry; progress lines while behind, one when caught up."""
+    topic = "killed"
+    create_topic(fresh_broker, topic, 2)
+    expected = _produce_mix(fresh_broker.bootstrap, topic, per_codec=3000)
+    opts = FetcherOptions(max_wait_ms=100, partition_max_bytes=8 * 1024, segment_bytes=16 * 1024,
+                          max_spool_bytes=64 * 1024, retry_backoff_ms=50, max_backoff_ms=300, progress_interval_s=0.5)
+
+    async def main() -> None:
+        async with _fetching(fresh_broker.bootstrap, tmp_path / "spool", opts) as f:
+            logs = [await f.add(topic, p, 0) for p in range(2)]
+            await _until(lambda: all(plog.room() <= 0 for plog in logs), what="full spools")
+            fresh_broker.kill()
+            killed_at = [plog.high_watermark for plog in logs]
+            assert all(0 < k < max(expected[p]) for p, k in enumerate(killed_at))
+            first = [_read_all(plog, 0) for plog in logs]
+            for plog, k in zip(logs, killed_at, strict=True):
+                plog.release(k)  # room again: the fetcher asks the dead broker
+            await asyncio.sleep(1.5)
+            assert [plog.high_watermark for plog in logs] == killed_at
+            await asyncio.to_thread(fresh_broker.start)
+            after = await asyncio.to_thread(_produce_mix, fresh_broker.bootstrap, topic, 10**6, 500)
+            for p in range(2):
+                expected[p].update(after.get(p, {}))
+            rest = await asyncio.gather(*(_drain(plog, killed_at[p], max(expected[p]) + 1, limit_s=60)
+                                          for p, plog in enumerate(logs)))
+            for p in range(2):
+                assert not first[p].keys() & rest[p].keys()
+                assert {**first[p], **rest[p]} == expected[p]
+            await asyncio.sleep(2 * opts.progress_interval_s)  # the "caught up" line
+
+    with caplog.at_level(logging.INFO, logger="tabletopic.attach.fetcher"):
+        asyncio.run(main())
+    outage = [r for r in caplog.records if "cannot fetch from broker" in r.getMessage()]
+    assert 1 <= len(outage) <= 3, [r.getMessage() for r in outage]
+    assert any("fetching from broker" in r.getMessage() and "again" in r.getMessage() for r in caplog.records)
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[ATTACH_FETCH] catching up")]
+    assert progress and "of 2 partition(s) behind by" in progress[0], progress
+    assert any("[ATTACH_FETCH] caught up" in r.getMessage() for r in caplog.records)
+
+
+def test_against_tansu(tmp_path: Path) -> None:
+    """Tansu (another Kafka implementation, memory storage): every offset of every partition spooled once."""
+    topic = "tansu-attach"
+    with TansuProcess(tmp_path / "tansu.log") as tansu:
+        create_topic(tansu, topic, 2)  # type: ignore[arg-type]  # needs only the address
+        expected = _produce_mix(tansu.bootstrap, topic, per_codec=1000)
+
+        async def main() -> None:
+            async with _fetching(tansu.bootstrap, tmp_path / "spool") as f:
+                logs = [await f.add(topic, p, 0) for p in range(2)]
+                await _until(lambda: all(plog.high_watermark == max(expected[p]) + 1 for p, plog in enumerate(logs)),
+                             what="catch-up from Tansu")
+                for p, plog in enumerate(logs):
+                    assert _read_all(plog, 0) == expected[p]
+
+        asyncio.run(main())
+
+
+# ------------------------------------------------------------------------------------------ batch walking
+
+
+def _batch(base: int, records: int = 1, magic: int = 2) -> bytes:
+    """A syntactically valid batch header (no records: whole_batches reads headers only) with a correct CRC."""
+    body = struct.pack(">hiqqqhii", 0, records - 1, 0, 0, -1, -1, -1, records)
+    crc = crc32c.crc32c(body)
+    head = struct.pack(">qiibI", base, 4 + 1 + 4 + len(body), 0, magic, crc)
+    return head + body
+
+
+def test_whole_batches_drops_a_partial_tail_and_refuses_what_is_not_v2() -> None:
+    data = _batch(0, 3) + _batch(3, 2) + _batch(5, 1)
+    headers, problem = whole_batches(memoryview(data), 0, verify_crc=True)
+    assert [h.base_offset for h in headers] == [0, 3, 5] and problem is None
+    # a fetch ends inside the last batch: it is left for the next fetch, silently
+    for cut in (1, 20, 60, len(_batch(5)) - 1):
+        headers, problem = whole_batches(memoryview(data[:-cut]), 0, verify_crc=True)
+        assert [h.base_offset for h in headers] == [0, 3] and problem is None
+    # batches wholly below the position (the fetch started inside an earlier batch) are skipped
+    assert [h.base_offset for h in whole_batches(memoryview(data), 4, verify_crc=True)[0]] == [3, 5]
+    old = bytearray(_batch(6))
+    old[16] = 1  # a message format v1 message set
+    headers, problem = whole_batches(memoryview(data + bytes(old)), 0, verify_crc=True)
+    assert [h.base_offset for h in headers] == [0, 3, 5]
+    assert problem is not None and "magic) v1" in problem and "offset 6" in problem
+    bad = bytearray(_batch(6))
+    bad[-1] ^= 1
+    headers, problem = whole_batches(memoryview(data + bytes(bad)), 0, verify_crc=True)
+    assert len(headers) == 3 and problem is not None and "CRC32C" in problem
+    assert len(whole_batches(memoryview(data + bytes(bad)), 0, verify_crc=False)[0]) == 4
