@@ -91,7 +91,7 @@ class _Segment:
 @dataclass(frozen=True, slots=True)
 class SpoolOptions:
     """Segment files of ``segment_bytes`` (a released segment is deleted whole); fetching pauses while more than
-    ``max_bytes`` are spooled above the released offset."""
+    ``max_bytes`` are spooled above the released offset and the workers' last read."""
 
     segment_bytes: int = 16 * 1024 * 1024
     max_bytes: int = 256 * 1024 * 1024
@@ -119,6 +119,7 @@ class RemotePartitionLog:
         self._start = start  # the spool holds every batch from here (or the one containing it) to _end
         self._end = start  # the high watermark: where the next fetch starts
         self._released = start
+        self._read_to = start  # the end of the last read: what the workers have taken (back-pressure counts above)
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.generation = 0
@@ -231,7 +232,11 @@ class RemotePartitionLog:
         if last is None:
             return [], fetch_offset
         seg, k = last
-        return ranges, seg.bases[k + 1] if k + 1 < len(seg.bases) else seg.lasts[k] + 1
+        after = seg.bases[k + 1] if k + 1 < len(seg.bases) else seg.lasts[k] + 1
+        if after > self._read_to:
+            self._read_to = after
+            self._on_move()  # room again: fetching may go on
+        return ranges, after
 
     # ------------------------------------------------------------------------------------------ the fetcher's side
 
@@ -282,7 +287,7 @@ class RemotePartitionLog:
         for seg in self._segments:
             seg.delete()
         self._segments = []
-        self._start = self._end = self._released = offset
+        self._start = self._end = self._released = self._read_to = offset
         self.error = None
         self.generation += 1
         self._wake()
@@ -307,11 +312,18 @@ class RemotePartitionLog:
         self._on_move()
 
     def bytes_unreleased(self) -> int:
-        """Bytes spooled for batches at or above the released offset (what back-pressure counts)."""
+        """Bytes spooled for batches at or above the later of the released offset and the end of the workers' last
+        read (what back-pressure counts): a catch-up is not held to ``max_bytes`` per commit interval, while what
+        was read stays on disk until its commit (an aborted round reads it again)."""
         if not self._segments:
             return 0
-        first = self._segments[0]
-        below = first.start_of(bisect.bisect_left(first.lasts, self._released))
+        mark = max(self._released, self._read_to)
+        below = 0
+        for seg in self._segments:
+            i = bisect.bisect_left(seg.lasts, mark)  # the first batch not wholly below the mark
+            below += seg.start_of(i)
+            if i < len(seg.lasts):
+                break
         return self.size_bytes - below
 
     def room(self) -> int:
