@@ -1,0 +1,449 @@
+"""The control topic: commit requests, answers and announcements between attach instances, over the cluster itself.
+
+Attach instances share one topic, :data:`CONTROL_TOPIC` (as AutoMQ's ``__automq_table_control`` and the Iceberg
+Kafka Connect sink's control topic), created when missing with :data:`CONTROL_TOPIC_CONFIGS` (one partition, deleted
+after a day: a message older than a round is of no use). Each instance runs one :class:`ControlBus`: a producer
+(acks=all, gzip, a few ms of linger) and a consumer assigned every partition of the topic, without a group, that
+starts at the end offsets the bus reads at :meth:`ControlBus.start` (what was sent before an instance started is
+not for it). Records are keyed by table topic name and encoded by :mod:`tabletopic.attach.codec` (JSON; a record
+that does not decode is logged, counted in :attr:`ControlBus.skipped` by reason, and skipped).
+
+:meth:`ControlBus.channel` gives a table topic's :class:`ControlChannel`, the cross-process
+:class:`~coordinator.contract.CommitChannel`: ``broadcast`` produces the request and every bus hands it to its
+workers of that topic registered there (after the request hook, :meth:`ControlBus.set_request_hook`); ``respond``
+produces the answer (split into parts when large) and the bus whose channel coordinates the topic (it broadcast or
+asked for answers) hands it over. ``broadcast`` and ``respond`` do not wait: they queue, and one task produces in
+order, retrying failed sends (the cluster briefly unreachable) until a message is ``send_max_age_s`` old.
+
+Announcements (:meth:`ControlBus.announce`, repeated every ``announce_interval_s``) tell every instance which
+instance runs which partitions' workers and which topics' coordinators; one not repeated for three intervals is
+forgotten (:meth:`ControlBus.owners`, :meth:`ControlBus.coordinator_of`, :meth:`ControlBus.instances`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError, TopicAlreadyExistsError
+
+from coordinator.contract import CommitRequest, CommitResponse, InProcessChannel
+from tabletopic.attach.codec import (
+    DEFAULT_MAX_PART_BYTES,
+    Announcement,
+    ControlMessageError,
+    Message,
+    PartitionTypeOf,
+    ResponsePart,
+    decode,
+    encode_announcement,
+    encode_request,
+    encode_response,
+    join_parts,
+)
+from tabletopic.logs import ConditionLog
+
+log = logging.getLogger(__name__)
+
+CONTROL_TOPIC = "__tabletopic_table_control"
+CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}
+
+RequestHook = Callable[[CommitRequest], Awaitable[None] | None]
+"""Sees each request of a topic with a channel on this bus before its local workers do (awaited if async)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOptions:
+    announce_interval_s: float = 3.0  # claims are repeated this often and forgotten after three times as long
+    fetch_max_wait_ms: int = 50  # how long a fetch of the control topic waits for news: a round's latency
+    linger_ms: int = 5
+    compression_type: str = "gzip"
+    max_part_bytes: int = DEFAULT_MAX_PART_BYTES  # an answer larger than this is split into parts
+    send_max_age_s: float = 120.0  # a message not sent by then is dropped (its round has long timed out)
+    part_ttl_s: float = 120.0  # parts of an answer whose other parts never came are dropped after this
+    stop_timeout_s: float = 5.0  # how long stop() waits for queued messages to go out
+
+
+async def ensure_control_topic(client_options: Mapping[str, Any], timeout_s: float = 30.0) -> list[int]:
+    """Create :data:`CONTROL_TOPIC` unless it exists (another instance creating it first is fine): one partition,
+    replication factor 3 or the number of brokers if fewer, :data:`CONTROL_TOPIC_CONFIGS`. Returns its partitions
+    once the cluster's metadata lists them."""
+    admin = AIOKafkaAdminClient(**client_options)
+    await admin.start()
+    try:
+        if CONTROL_TOPIC not in await admin.list_topics():
+            await _create_control_topic(admin)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            (topic,) = await admin.describe_topics([CONTROL_TOPIC])
+            partitions = sorted(p["partition"] for p in topic["partitions"]) if not topic["error_code"] else []
+            if partitions:
+                return partitions
+            if time.monotonic() > deadline:
+                raise KafkaError(f"the control topic {CONTROL_TOPIC} has no partitions in the cluster's metadata "
+                                 f"(error {topic['error_code']})")
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+
+
+async def _create_control_topic(admin: Any) -> None:
+    brokers = (await admin.describe_cluster()).get("brokers") or [None]
+    topic = NewTopic(CONTROL_TOPIC, 1, min(3, len(brokers)), topic_configs=CONTROL_TOPIC_CONFIGS)
+    response = await admin.create_topics([topic])
+    for entry in response.topic_errors:
+        code, message = entry[1], (entry[2] if len(entry) > 2 else None)
+        if code not in (0, TopicAlreadyExistsError.errno):
+            raise KafkaError(f"could not create the control topic {CONTROL_TOPIC} (error {code}: {message}); create "
+                             f"it with 1 partition and {CONTROL_TOPIC_CONFIGS}, or let this client create it")
+        if code == 0:
+            log.info("created the control topic %s", CONTROL_TOPIC)
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    key: bytes
+    value: bytes
+    queued_at: float  # monotonic
+
+
+@dataclass(slots=True)
+class _Seen:
+    announcement: Announcement
+    received_at: float  # monotonic, on this instance: no clocks compared across machines
+
+
+class ControlChannel(InProcessChannel):
+    """A table topic's :class:`~coordinator.contract.CommitChannel` across instances (made by
+    :meth:`ControlBus.channel`): its local side (registered workers, the answers queue) is the in-process channel's,
+    fed by the bus. Use from the event loop."""
+
+    def __init__(self, bus: ControlBus, topic: str, partition_type: PartitionTypeOf | None) -> None:
+        super().__init__()
+        self._bus = bus
+        self.topic = topic
+        self.partition_type = partition_type
+        self.coordinating = False  # answers are kept only where the coordinator asks for them
+
+    def broadcast(self, request: CommitRequest) -> None:
+        """Queue ``request`` for every instance's workers of this topic; answers are kept here from now on."""
+        if request.topic != self.topic:
+            raise ValueError(f"a request of topic {request.topic} on the channel of {self.topic}")
+        self.coordinating = True
+        self._bus.send(self.topic, encode_request(request))
+
+    def respond(self, response: CommitResponse) -> None:
+        """Queue a worker's answer for the coordinator, wherever it runs."""
+        for value in encode_response(response, max_bytes=self._bus.options.max_part_bytes,
+                                     partition_type=self.partition_type):
+            self._bus.send(self.topic, value)
+
+    async def next_response(self, timeout_s: float) -> CommitResponse | None:
+        self.coordinating = True
+        return await super().next_response(timeout_s)
+
+    def stop_coordinating(self) -> None:
+        """This instance no longer runs the topic's coordinator: drop answers instead of keeping them."""
+        self.coordinating = False
+        while not self._responses.empty():
+            self._responses.get_nowait()
+
+    def deliver_request(self, request: CommitRequest) -> None:
+        """A request read from the control topic, to the workers registered here."""
+        super().broadcast(request)
+
+    def deliver_response(self, response: CommitResponse) -> None:
+        """An answer read from the control topic: kept if this instance coordinates the topic."""
+        if self.coordinating:
+            super().respond(response)
+
+
+class ControlBus:
+    """One instance's end of the control topic (see the module doc). ``client_options`` are aiokafka's keyword
+    arguments (:func:`tabletopic.attach.client.aiokafka_options`); ``instance_id`` names this instance in its
+    announcements."""
+
+    def __init__(self, client_options: Mapping[str, Any], instance_id: str, *,
+                 options: ControlOptions | None = None) -> None:
+        self.client_options = dict(client_options)
+        self.instance_id = instance_id
+        self.options = options or ControlOptions()
+        # records not used, by reason: "malformed", "newer-version", "incomplete" (an answer's parts missing)
+        self.skipped: collections.Counter[str] = collections.Counter()
+        self.dropped_sends = 0  # messages given up on (too old, or too large for the cluster)
+        self._channels: dict[str, ControlChannel] = {}
+        self._hook: RequestHook | None = None
+        self._announced: dict[str, tuple[tuple[int, ...], bool]] = {}
+        self._seen: dict[tuple[str, str], _Seen] = {}
+        self._parts: dict[str, tuple[float, dict[int, ResponsePart]]] = {}
+        self._outbox: collections.deque[_Outgoing] = collections.deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._conditions = ConditionLog(log)
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Create the control topic if missing, start the clients, and read from the topic's end offsets now."""
+        partitions = await ensure_control_topic(self.client_options)
+        opts = self.options
+        self._producer = AIOKafkaProducer(**self.client_options, acks="all", linger_ms=opts.linger_ms,
+                                          compression_type=opts.compression_type)
+        self._consumer = AIOKafkaConsumer(**self.client_options, group_id=None, enable_auto_commit=False,
+                                          auto_offset_reset="latest", fetch_max_wait_ms=opts.fetch_max_wait_ms)
+        try:
+            await self._producer.start()
+            await self._consumer.start()
+            tps = [TopicPartition(CONTROL_TOPIC, p) for p in partitions]
+            self._consumer.assign(tps)
+            await self._consumer.seek_to_end(*tps)
+            for tp in tps:  # resolve the end now: a message sent after start() returns is read
+                await self._consumer.position(tp)
+        except BaseException:
+            await self.stop()
+            raise
+        self._tasks = [asyncio.create_task(coro, name=f"control-{name}-{self.instance_id}") for name, coro in (
+            ("consume", self._consume_loop()), ("send", self._send_loop()), ("announce", self._announce_loop()))]
+        log.info("control bus of instance %s started on %s (%d partition(s))", self.instance_id, CONTROL_TOPIC,
+                 len(tps))
+
+    async def stop(self) -> None:
+        """Withdraw this instance's announcements, send what is queued (for at most ``stop_timeout_s``), stop."""
+        for topic in list(self._announced):
+            self.announce(topic, (), coordinator=False)
+        if self._tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained(), self.options.stop_timeout_s)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for client in (self._consumer, self._producer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+        self._consumer = self._producer = None
+        if self._outbox:
+            log.warning("control bus of instance %s stopped with %d message(s) unsent", self.instance_id,
+                        len(self._outbox))
+
+    async def _drained(self) -> None:
+        while self._outbox or not self._idle.is_set():
+            await self._idle.wait()
+            await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------------------------------------ the API
+
+    def channel(self, topic: str, partition_type: PartitionTypeOf | None = None) -> ControlChannel:
+        """The channel of table topic ``topic`` (one per topic and bus). ``partition_type`` lets answers carry each
+        partition value with its field's Iceberg type (e.g. ``lambda f: codec.partition_type_in(table, f)``)."""
+        ch = self._channels.get(topic)
+        if ch is None:
+            ch = self._channels[topic] = ControlChannel(self, topic, partition_type)
+        elif partition_type is not None:
+            ch.partition_type = partition_type
+        return ch
+
+    def set_request_hook(self, hook: RequestHook | None) -> None:
+        """Call ``hook`` with each request of a topic that has a channel here, before its workers here get it
+        (awaited if it returns an awaitable; meanwhile the bus reads nothing else). Its errors are logged and the
+        request is delivered anyway."""
+        self._hook = hook
+
+    def announce(self, topic: str, partitions: tuple[int, ...] | list[int], coordinator: bool) -> None:
+        """Claim ``topic``'s ``partitions`` (and its coordinator) for this instance, now and every interval; no
+        partitions and no coordinator withdraws the claim (sent once)."""
+        claim = (tuple(sorted(partitions)), coordinator)
+        if claim[0] or coordinator:
+            self._announced[topic] = claim
+        else:
+            self._announced.pop(topic, None)
+        self._send_announcement(topic, *claim)
+
+    def owners(self, topic: str) -> dict[int, str]:
+        """Partition → the instance whose fresh announcement claims its worker (the newest claim wins)."""
+        out: dict[int, tuple[int, str]] = {}
+        for a in self._fresh():
+            if a.topic == topic:
+                for p in a.partitions:
+                    if p not in out or a.sent_ms > out[p][0]:
+                        out[p] = (a.sent_ms, a.instance_id)
+        return {p: inst for p, (_, inst) in sorted(out.items())}
+
+    def coordinator_of(self, topic: str) -> str | None:
+        """The instance whose fresh announcement says it runs ``topic``'s coordinator (the newest), if any."""
+        claims = [a for a in self._fresh() if a.topic == topic and a.coordinator]
+        return max(claims, key=lambda a: a.sent_ms).instance_id if claims else None
+
+    def instances(self) -> dict[str, list[Announcement]]:
+        """Each instance with a fresh announcement → its announcements (one per topic)."""
+        out: dict[str, list[Announcement]] = {}
+        for a in sorted(self._fresh(), key=lambda a: (a.instance_id, a.topic)):
+            out.setdefault(a.instance_id, []).append(a)
+        return out
+
+    def _fresh(self) -> list[Announcement]:
+        horizon = time.monotonic() - 3 * self.options.announce_interval_s
+        for key in [k for k, s in self._seen.items() if s.received_at < horizon]:
+            del self._seen[key]
+        return [s.announcement for s in self._seen.values()]
+
+    # ------------------------------------------------------------------------------------------------ sending
+
+    def send(self, topic: str, value: bytes) -> None:
+        """Queue one record (keyed by ``topic``) for the sending task."""
+        self._outbox.append(_Outgoing(topic.encode(), value, time.monotonic()))
+        self._idle.clear()
+        self._wake.set()
+
+    def _send_announcement(self, topic: str, partitions: tuple[int, ...], coordinator: bool) -> None:
+        self.send(topic, encode_announcement(Announcement(self.instance_id, topic, partitions, coordinator,
+                                                          int(time.time() * 1000))))
+
+    async def _announce_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.announce_interval_s)
+            for topic, claim in list(self._announced.items()):
+                self._send_announcement(topic, *claim)
+
+    async def _send_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            if not self._outbox:
+                self._idle.set()
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            batch = list(self._outbox)
+            self._outbox.clear()
+            failed = await self._send_batch(batch)
+            if not failed:
+                backoff = 0.1
+                self._conditions.clear("send", logging.INFO, "control topic %s: sending again", CONTROL_TOPIC)
+                continue
+            limit = time.monotonic() - self.options.send_max_age_s
+            old = [m for m in failed if m.queued_at < limit]
+            if old:
+                self.dropped_sends += len(old)
+                log.error("control topic %s: dropped %d message(s) not sent within %.0f s", CONTROL_TOPIC, len(old),
+                          self.options.send_max_age_s)
+            self._outbox.extendleft(reversed([m for m in failed if m.queued_at >= limit]))
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _send_batch(self, batch: list[_Outgoing]) -> list[_Outgoing]:
+        """Produce ``batch`` in order; the messages whose send failed and may succeed later (to be sent again)."""
+        sent: list[tuple[_Outgoing, asyncio.Future[Any]]] = []
+        failed: list[_Outgoing] = []
+        for i, m in enumerate(batch):
+            try:
+                sent.append((m, await self._producer.send(CONTROL_TOPIC, m.value, key=m.key)))
+            except Exception as exc:  # the cluster unreachable (a time-out), ...: retried; too large: dropped
+                if not self._drop_if_too_large(m, exc):
+                    failed = batch[i:]
+                    break
+        for m, fut in sent:
+            try:
+                await fut
+            except Exception as exc:
+                if not self._drop_if_too_large(m, exc):
+                    failed.append(m)
+        return sorted(failed, key=lambda m: m.queued_at)
+
+    def _drop_if_too_large(self, m: _Outgoing, exc: Exception) -> bool:
+        if isinstance(exc, MessageSizeTooLargeError | RecordTooLargeError):
+            self.dropped_sends += 1
+            log.error("control topic %s: a message of %d bytes for %s is too large for the cluster; dropped (%r)",
+                      CONTROL_TOPIC, len(m.value), m.key.decode(errors="replace"), exc)
+            return True
+        self._conditions.log("send", logging.WARNING, "control topic %s: cannot send (%r); retrying",
+                             CONTROL_TOPIC, exc)
+        return False
+
+    # ------------------------------------------------------------------------------------------------ receiving
+
+    async def _consume_loop(self) -> None:
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=1000)
+            except Exception as exc:  # the client retries by itself; this loop must outlive whatever it raises
+                self._conditions.log("fetch", logging.WARNING, "control topic %s: cannot read (%r); retrying",
+                                     CONTROL_TOPIC, exc)
+                await asyncio.sleep(0.5)
+                continue
+            self._conditions.clear("fetch", logging.INFO, "control topic %s: reading again", CONTROL_TOPIC)
+            for records in batches.values():
+                for record in records:
+                    await self._receive(record)
+
+    async def _receive(self, record: Any) -> None:
+        message: Message | None
+        try:
+            message = decode(record.value or b"")
+            if isinstance(message, ResponsePart):
+                message = self._join(message)
+        except ControlMessageError as exc:
+            self.skipped[exc.reason] += 1
+            self._conditions.log(("skip", exc.reason), logging.WARNING, "control topic %s: skipped the record at "
+                                 "partition %d offset %d: %s", CONTROL_TOPIC, record.partition, record.offset, exc)
+            return
+        if isinstance(message, Announcement):
+            self._note(message)
+        elif isinstance(message, CommitRequest):
+            ch = self._channels.get(message.topic)
+            if ch is not None:
+                await self._run_hook(message)
+                ch.deliver_request(message)
+        elif isinstance(message, CommitResponse):
+            ch = self._channels.get(message.topic)
+            if ch is not None:
+                ch.deliver_response(message)
+
+    def _join(self, part: ResponsePart) -> CommitResponse | None:
+        """Keep ``part``; the whole answer once every part is in. Parts left waiting ``part_ttl_s`` are dropped."""
+        now = time.monotonic()
+        for pid in [k for k, (t, _) in self._parts.items() if now - t > self.options.part_ttl_s]:
+            del self._parts[pid]
+            self.skipped["incomplete"] += 1
+            log.warning("control topic %s: dropped an answer whose parts did not all arrive", CONTROL_TOPIC)
+        _, parts = self._parts.setdefault(part.part_id, (now, {}))
+        parts[part.index] = part
+        if len(parts) < part.count:
+            return None
+        del self._parts[part.part_id]
+        return join_parts(list(parts.values()))
+
+    async def _run_hook(self, request: CommitRequest) -> None:
+        if self._hook is None:
+            return
+        try:
+            result = self._hook(request)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("control topic %s: the request hook failed on request %s of %s", CONTROL_TOPIC,
+                          request.commit_id, request.topic)
+
+    def _note(self, a: Announcement) -> None:
+        key = (a.instance_id, a.topic)
+        if a.partitions or a.coordinator:
+            self._seen[key] = _Seen(a, time.monotonic())
+        else:
+            self._seen.pop(key, None)
+
+
+__all__ = ["CONTROL_TOPIC", "CONTROL_TOPIC_CONFIGS", "ControlBus", "ControlChannel", "ControlOptions",
+           "RequestHook", "ensure_control_topic"]
