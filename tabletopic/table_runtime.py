@@ -103,7 +103,7 @@ class TableTopicRuntime:
         self.channel: CommitChannel = channel if channel is not None else InProcessChannel()
         self.workers: dict[int, PartitionWorker] = {}
         self._busy_seen: dict[int, tuple[float, float]] = {}  # partition -> (monotonic s, busy ms)
-        self._tables = _Tables(self)
+        self.tables = _Tables(self)  # the workers' TableSource
         self.coordinator: TableTopicCoordinator | None = None
         self.maintenance: TableMaintenance | None = None
         self.status = TableStatus(state_dir, self.table_name)
@@ -158,8 +158,8 @@ class TableTopicRuntime:
         await coordinator.stop()
         # the workers' tables come from the catalog from now on: start from the coordinator's last copy
         with contextlib.suppress(Exception):
-            self._tables.loaded = coordinator.table()
-            self._tables.dead_letters = coordinator.dead_letter_table()
+            self.tables.loaded = coordinator.table()
+            self.tables.dead_letters = coordinator.dead_letter_table()
         self.coordinator = self.maintenance = None
 
     async def take(self, partition: int) -> bool:
@@ -170,7 +170,7 @@ class TableTopicRuntime:
             log.error("no log for %s-%d: no worker started", self.topic, partition)
             return False
         services = self._services
-        worker = PartitionWorker(self.view, partition, self.channel, tables=self._tables,
+        worker = PartitionWorker(self.view, partition, self.channel, tables=self.tables,
                                  conversion=Conversion(services.executor(), services.schema_source))
         await worker.start()
         self.workers[partition] = worker
@@ -188,7 +188,7 @@ class TableTopicRuntime:
         copy lacks (or none is loaded); the dead-letter table at most every few seconds until it exists."""
         if self.coordinator is not None:
             return
-        t = self._tables
+        t = self.tables
         tbl = t.loaded
         stale = tbl is None or (request is not None and (request.schema_id not in tbl.schemas()
                                                         or request.spec_id not in tbl.specs()))

@@ -31,6 +31,28 @@ def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen[bytes] | 
 
 
 
+def terminate(proc: subprocess.Popen[bytes] | None, timeout: float) -> int:
+    """SIGTERM (after SIGCONT: a paused process must run to stop) and wait; returns the exit code, kills and
+    raises after ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return proc.returncode if proc else 0
+    proc.send_signal(signal.SIGCONT)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def kill9(proc: subprocess.Popen[bytes] | None) -> None:
+    """kill -9, as in a crash."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
 QUICK_JIT_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # test brokers' Spark driver (BrokerProcess)
 
 
@@ -83,21 +105,11 @@ class BrokerProcess:
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM and wait for a graceful exit; returns the exit code (kills after ``timeout``)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
+        return terminate(self.proc, timeout)
 
     def kill(self) -> None:
         """kill -9, as in a crash."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+        kill9(self.proc)
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         """Wait for the process to end by itself (e.g. at an armed crash point); returns its exit code."""

@@ -1,0 +1,321 @@
+"""An attach instance: table topics for the topics of an existing Kafka-compatible cluster.
+
+:class:`AttachHost` wires the parts of one ``tabletopic attach`` process: the settings topic (which topics are table
+topics and how), the cluster's own topic configs where it keeps them (:class:`~tabletopic.attach.cluster.ClusterWatch`),
+the consumer group that spreads the partitions over the instances (:class:`~tabletopic.attach.membership.
+GroupMembership`), the fetcher that spools each assigned partition's raw record batches, the control topic the
+coordinators and workers of different instances talk over, and one :class:`~tabletopic.table_runtime.
+TableTopicRuntime` per table topic with work here: workers for the assigned partitions, the coordinator and
+maintenance where partition 0 is assigned (AutoMQ pins the coordinator to partition 0's leader).
+
+Rules: the table's committed offsets are the only truth about what is in it; a coordinator that lost partition 0 but
+has not heard yet (paused, cut off) can still try to commit, and the catalog's optimistic commit plus the check that
+the table's offsets are the round's base (``coordinator.committer.commit_round``) refuse it once another coordinator
+committed. Settings: the settings topic wins key by key over topic configs the cluster holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.types import StructType
+
+from configs.errors import InvalidConfigError
+from configs.model import BrokerConfig
+from configs.table_topic import TableTopicConfig
+from coordinator.contract import CommitRequest, DataFile, LogReader
+from coordinator.coordinator import CoordinatorOptions
+from coordinator.table import catalog_identifier, committed_offsets
+from tabletopic.attach.client import aiokafka_options
+from tabletopic.attach.cluster import ClusterWatch
+from tabletopic.attach.codec import partition_type_in
+from tabletopic.attach.control import ControlBus, ControlChannel
+from tabletopic.attach.fetcher import Fetcher, FetcherOptions
+from tabletopic.attach.membership import TP, GroupMembership
+from tabletopic.attach.settings import SettingsTopic
+from tabletopic.catalog import open_broker_catalog
+from tabletopic.logs import ConditionLog
+from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
+from tabletopic.table_runtime import TableTopicRuntime
+from tabletopic.table_services import SharedServices
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 5.0  # cluster metadata, log starts and topic configs
+
+
+class RemoteTopicView:
+    """:class:`~coordinator.contract.TopicView` of a topic of the attached cluster: partitions and log starts as
+    the cluster watch last saw them, a log only for the partitions this instance fetches, leader epoch 0 (the
+    remote leader's epoch says nothing about the table). ``config`` is replaced when the settings change."""
+
+    def __init__(self, name: str, config: TableTopicConfig, cluster: ClusterWatch, fetcher: Fetcher) -> None:
+        self._name = name
+        self.config = config
+        self._cluster = cluster
+        self._fetcher = fetcher
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def topic_id(self) -> str | None:
+        return None  # not tracked in attach mode: a table's offsets are taken as this topic's
+
+    def settings(self) -> TableTopicConfig:
+        return self.config
+
+    def partitions(self) -> list[int]:
+        return self._cluster.partitions(self._name)
+
+    def log(self, partition: int) -> LogReader | None:
+        return self._fetcher.log(self._name, partition)
+
+    def log_start_offset(self, partition: int) -> int:
+        return self._cluster.log_start(self._name, partition)
+
+    def leader_epoch(self, partition: int) -> int:
+        return 0
+
+
+def _log_failure(what: str, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("attach: %s failed: %r", what, task.exception())
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class AttachHost:
+    """One attach instance (see the module doc). ``client_conf``: the Kafka client properties (librdkafka names,
+    ``bootstrap.servers`` included); ``state_dir``: checkpoints, status files and the fetch spool."""
+
+    def __init__(self, config: BrokerConfig, client_conf: Mapping[str, str], state_dir: Path) -> None:
+        self.config = config
+        self.client_conf = dict(client_conf)
+        self.state_dir = state_dir
+        self.instance_id = config.attach_instance_id or default_instance_id()
+        self.metrics = TableTopicMetrics()
+        self._options = aiokafka_options(self.client_conf)  # a setting aiokafka cannot honour fails here
+        self.cluster = ClusterWatch(self.client_conf, topic_configs=config.attach_topic_configs)
+        self.settings = SettingsTopic(self._options, broker=config)
+        self.bus = ControlBus(self._options, self.instance_id)
+        self.fetcher = Fetcher(self._options, state_dir / "spool",
+                               options=FetcherOptions(max_spool_bytes=config.attach_spool_max_bytes))
+        self.membership = GroupMembership(self.client_conf, config.attach_group_id, self.instance_id,
+                                          self._on_assignment)
+        self.services: SharedServices | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.runtimes: dict[str, TableTopicRuntime] = {}
+        self.views: dict[str, RemoteTopicView] = {}
+        self.problems: dict[str, str] = {}  # topic → why its settings are refused
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._conditions = ConditionLog(log)
+        self._wanted: set[str] = set()
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        """Open the catalog and the shared services, read the settings, join the group; raises for a catalog or
+        client setting that is wrong (an unreachable cluster or catalog is waited for)."""
+        t0 = time.monotonic()
+        catalog = await asyncio.to_thread(open_broker_catalog, self.config)
+        if catalog is None:
+            raise InvalidConfigError("attach mode needs a catalog: set automq.table.topic.catalog.type (and its "
+                                     "uri and warehouse) in --config or --override")
+        self.services = SharedServices(self.config, catalog, self.metrics)
+        await self.services.open(self.config.schema_registry_url)
+        self.metrics_server = start_metrics_server(self.config, self.metrics)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.settings.start()
+        self.settings.add_listener(self._settings_event)
+        await self.bus.start()
+        self.bus.set_request_hook(self._before_request)
+        await self.fetcher.start()
+        await self.cluster.refresh(set())
+        await self.membership.start()
+        await self._reconcile()
+        self._tasks = [asyncio.create_task(self._refresh_loop(), name="tabletopic-attach-refresh")]
+        log.info("attach instance %s joined group %s of %s: %d table topic(s) in %.0f ms", self.instance_id,
+                 self.config.attach_group_id, self.client_conf.get("bootstrap.servers"), len(self._wanted),
+                 (time.monotonic() - t0) * 1000)
+
+    async def stop(self) -> None:
+        """Leave the group (its partitions' workers stop first), then stop every part."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.membership.stop()
+        async with self._lock:
+            for topic in list(self.runtimes):
+                await self.runtimes.pop(topic).stop()
+        await self.fetcher.stop()
+        await self.bus.stop()
+        await self.settings.stop()
+        if self.services is not None:
+            await self.services.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+
+    # ---- which topics are table topics ----
+
+    def effective_settings(self, topic: str) -> TableTopicConfig:
+        """The topic's table-topic settings: its topic configs on the cluster, overridden key by key by the
+        settings topic; validated as the broker validates a topic's configs (raises InvalidConfigError)."""
+        merged = {**self.cluster.topic_configs(topic), **self.settings.settings(topic)}
+        return TableTopicConfig.from_topic(merged, self.config)
+
+    def _table_topics(self) -> dict[str, TableTopicConfig]:
+        found: dict[str, TableTopicConfig] = {}
+        for topic in sorted(set(self.cluster.state.partitions)):
+            try:
+                cfg = self.effective_settings(topic)
+            except InvalidConfigError as e:
+                if self.problems.get(topic) != str(e):
+                    log.error("attach: table topic %s is not run: %s", topic, e)
+                self.problems[topic] = str(e)
+                continue
+            self.problems.pop(topic, None)
+            if cfg.enable:
+                found[topic] = cfg
+        return found
+
+    async def _reconcile(self) -> None:
+        """Subscribe to the table topics as they are now; hand changed settings to the running runtimes."""
+        topics = self._table_topics()
+        async with self._lock:
+            for topic, cfg in topics.items():
+                view = self.views.get(topic)
+                if view is not None and view.config != cfg:
+                    view.config = cfg
+                    runtime = self.runtimes.get(topic)
+                    if runtime is not None:
+                        await runtime.settings_changed()
+                        log.info("attach: settings of table topic %s changed", topic)
+        if set(topics) != self._wanted:
+            self._wanted = set(topics)
+            self.membership.subscribe(self._wanted)
+            log.info("attach: table topics %s", sorted(self._wanted) or "none")
+
+    def _settings_event(self, topic: str) -> None:
+        task = asyncio.ensure_future(self._reconcile())
+        task.add_done_callback(partial(_log_failure, f"applying the settings of {topic}"))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            before = dict(self.cluster.state.partitions)
+            if await self.cluster.refresh(self._wanted):
+                await self._reconcile()
+                for topic, runtime in list(self.runtimes.items()):
+                    if self.cluster.state.partitions.get(topic, 0) > before.get(topic, 0):
+                        await runtime.settings_changed(partitions_added=True)
+
+    # ---- assignments ----
+
+    async def _on_assignment(self, added: set[TP], removed: set[TP]) -> None:
+        async with self._lock:
+            for topic, p in sorted(removed):
+                runtime = self.runtimes.get(topic)
+                if runtime is not None:
+                    if p == 0:
+                        await runtime.step_down()
+                        self._channel(topic).stop_coordinating()
+                        log.info("attach: this instance no longer coordinates table topic %s", topic)
+                    await runtime.release(p)
+                await self.fetcher.remove(topic, p)
+            for topic, p in sorted(added):
+                await self._take(topic, p)
+            for topic in sorted({t for t, _ in added | removed}):
+                runtime = self.runtimes.get(topic)
+                self.bus.announce(topic, sorted(runtime.workers) if runtime else [],
+                                  runtime.leading if runtime else False)
+                if runtime is not None and not runtime.workers and not runtime.leading:
+                    self.runtimes.pop(topic)
+                    self.views.pop(topic, None)
+
+    def _channel(self, topic: str) -> ControlChannel:
+        return self.bus.channel(topic)
+
+    async def _take(self, topic: str, partition: int) -> None:
+        runtime = self._runtime(topic)
+        if runtime is None:
+            return
+        offset = await self._committed_offset(runtime, partition)
+        await self.fetcher.add(topic, partition, self.cluster.log_start(topic, partition) if offset is None else offset)
+        await runtime.take(partition)
+        if partition == 0:
+            await runtime.lead()
+            log.info("attach: this instance coordinates table topic %s (table %s)", topic, runtime.table_name)
+
+    def _runtime(self, topic: str) -> TableTopicRuntime | None:
+        runtime = self.runtimes.get(topic)
+        if runtime is not None:
+            return runtime
+        try:
+            cfg = self.effective_settings(topic)
+        except InvalidConfigError as e:
+            log.error("attach: %s assigned but its settings are refused: %s", topic, e)
+            return None
+        assert self.services is not None
+        view = RemoteTopicView(topic, cfg, self.cluster, self.fetcher)
+        options = CoordinatorOptions(round_timeout_s=self.config.attach_round_timeout_ms / 1000,
+                                     workers_elsewhere=True)
+        channel = self.bus.channel(topic)
+        runtime = TableTopicRuntime(view, self.services.runtime_services(), self.state_dir / "__tables" / topic,
+                                    channel=channel, options=options)
+        tables = runtime.tables
+
+        def partition_type(data_file: DataFile) -> StructType | None:
+            try:
+                return partition_type_in(tables.table(), data_file)
+            except LookupError:
+                return None
+
+        channel.partition_type = partition_type
+        self.views[topic], self.runtimes[topic] = view, runtime
+        return runtime
+
+    async def _committed_offset(self, runtime: TableTopicRuntime, partition: int) -> int | None:
+        """Where the table has ``partition`` (None: from the log start), to start fetching there."""
+        assert self.services is not None
+        catalog: Catalog = self.services.catalog
+        ident = catalog_identifier(runtime.topic, runtime.view.settings())
+        try:
+            tbl = await asyncio.to_thread(catalog.load_table, ident)
+        except Exception:  # no table yet (its coordinator creates it) or the catalog is away: the log start
+            return None
+        return committed_offsets(tbl).get(partition)
+
+    async def _before_request(self, request: CommitRequest) -> None:
+        """A round's request is about to reach this instance's workers: their tables must know its schema and spec
+        (where the coordinator is elsewhere), and the spool below the table's offsets is no longer needed."""
+        runtime = self.runtimes.get(request.topic)
+        if runtime is None:
+            return
+        try:
+            await runtime.refresh_tables(request)
+        except Exception as e:
+            self._conditions.log("tables", logging.WARNING, "attach: cannot load the tables of %s: %s: %s",
+                                 request.topic, type(e).__name__, e, state=(request.topic, type(e).__name__))
+        for po in request.offsets:
+            spool = self.fetcher.log(request.topic, po.partition)
+            if spool is not None:
+                spool.release(po.offset)
+
+
+__all__ = ["AttachHost", "RemoteTopicView", "default_instance_id"]

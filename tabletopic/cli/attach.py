@@ -1,0 +1,112 @@
+"""``tabletopic attach``: run table topics for the topics of an existing Kafka-compatible cluster.
+
+The broker's settings file and ``--override`` give the catalog, converters, schema registry, Spark and attach
+settings (``table.topic.attach.*``) as for ``tabletopic serve``; ``log.dirs`` is the instance's local state
+(coordinator checkpoints, status files, the fetch spool), locked as a broker locks it. ``--command-config`` gives the
+Kafka client settings with Kafka's names (``security.protocol``, ``sasl.mechanism``, ...), as Kafka's tools take
+them. SIGTERM or Ctrl-C leaves the group and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from configs.model import load_properties
+from tabletopic.catalog import broker_config
+from tabletopic.datadir import DataDirError, DataDirInUseError, DataDirLock
+from tabletopic.errors import InvalidConfigError
+from tabletopic.logs import quiet_third_party
+
+log = logging.getLogger("tabletopic")
+
+SUMMARY = "run table topics for the topics of an existing Kafka cluster (attach mode, see docs/attach.md)"
+DESCRIPTION = """\
+Run table topics for the topics of an existing Kafka-compatible cluster: this
+instance joins the attach group on that cluster and materializes the partitions
+it is assigned. Table-topic settings of the cluster's topics are managed with
+'tabletopic attach-config'."""
+EPILOG = """\
+examples:
+  tabletopic attach --bootstrap-server kafka1:9092 --config attach.properties
+  tabletopic attach --bootstrap-server kafka1:9092 --command-config client.properties \\
+      --override automq.table.topic.catalog.type=rest --override automq.table.topic.catalog.uri=http://...
+
+SIGTERM or Ctrl-C leaves the group (its partitions move to the other instances)."""
+
+
+def add_parser(sub: Any) -> list[tuple[str, str]]:
+    p = sub.add_parser("attach", description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
+                   help="the cluster's bootstrap servers (comma-separated)")
+    p.add_argument("--config", metavar="FILE", help="settings file, as for tabletopic serve (catalog, converters, "
+                                                    "registry, Spark, table.topic.attach.*)")
+    p.add_argument("--override", action="append", metavar="KEY=VALUE", help="override a setting (repeatable)")
+    p.add_argument("--command-config", metavar="FILE",
+                   help="Kafka client properties (security.protocol, sasl.*, ssl.*), Kafka's names")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                   help="log level, on stderr (default: %(default)s)")
+    p.set_defaults(func=cmd_attach)
+    return [("attach", SUMMARY)]
+
+
+def client_properties(bootstrap: str, command_config: str | None) -> dict[str, str]:
+    conf = load_properties(Path(command_config)) if command_config else {}
+    conf["bootstrap.servers"] = bootstrap
+    return conf
+
+
+async def _run(host: Any) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await host.start()
+    except InvalidConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        await host.stop()
+        return 2
+    await stop.wait()
+    log.info("attach: stopping (leaving the group)")
+    await host.stop()
+    return 0
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    numeric = getattr(logging, args.log_level, logging.INFO)
+    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s [%(name)s] %(message)s", stream=sys.stderr)
+    quiet_third_party(numeric)
+    try:
+        config = broker_config(args.config, args.override or [])
+        client = client_properties(args.bootstrap_server, args.command_config)
+    except (OSError, InvalidConfigError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        lock = DataDirLock.acquire(config.log_dir)
+    except DataDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1 if isinstance(exc, DataDirInUseError) else 2
+    from tabletopic.attach.host import AttachHost
+    from tabletopic.runtime import run
+
+    try:
+        host = AttachHost(config, client, Path(config.log_dir))
+    except InvalidConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        lock.release()
+        return 2
+    try:
+        return run(_run(host))
+    finally:
+        lock.release()
+
+
+__all__ = ["add_parser", "cmd_attach"]

@@ -1,0 +1,147 @@
+"""Attach mode end to end: ``tabletopic attach`` instances against an existing cluster (our broker with no
+table-topic settings on its topics stands in for it), sharing one catalog and warehouse; the table must equal the
+topic's log, each (partition, offset) once, across instances killed (-9), added and paused past their session
+time-out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.helpers.attach import AttachProcess, SharedLake
+from tests.helpers.procs import BrokerProcess
+from tests.test_table_topics import _arrow_rows, end_offsets, log_rows, normalize_log
+
+Row = tuple[Any, ...]
+
+
+def attach_config(bootstrap: str, topic: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tabletopic", "attach-config", "--bootstrap-server", bootstrap,
+                           "--topic", topic, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def create_table_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """A plain topic of the cluster, made a table topic (1 s commits) through the settings topic."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    done = attach_config(bootstrap, topic, "--add-config",
+                         "automq.table.topic.enable=true,automq.table.topic.commit.interval.ms=1000")
+    assert done.returncode == 0, done.stderr
+
+
+def table_rows(lake: SharedLake, topic: str) -> list[Row]:
+    try:
+        tbl = lake.catalog().load_table(f"default.{topic}")
+    except Exception:  # not created yet
+        return []
+    return _arrow_rows(tbl.scan().to_arrow().to_pylist())
+
+
+def assert_table_equals_log(b: BrokerProcess, lake: SharedLake, topic: str, partitions: int,
+                            timeout: float = 120.0) -> None:
+    total = sum(end_offsets(b, topic, partitions).values())
+    deadline = time.monotonic() + timeout
+    rows = table_rows(lake, topic)
+    while len(rows) < total and time.monotonic() < deadline:
+        time.sleep(0.5)
+        rows = table_rows(lake, topic)
+    dupes = [k for k, n in Counter((p, o) for p, o, *_ in rows).items() if n > 1]
+    assert not dupes, f"(partition, offset) twice in the table: {dupes[:5]}"
+    assert len(rows) == total, f"{len(rows)} rows in the table, {total} records in the log"
+    assert sorted(rows) == normalize_log(log_rows(b, topic, partitions))
+
+
+def coordinates(p: AttachProcess, topic: str) -> bool:
+    """Whether ``p`` runs ``topic``'s coordinator now, by the last line its log says so or not."""
+    said = [line for line in p.log_text().splitlines() if f"coordinates table topic {topic}" in line]
+    return bool(said) and "no longer" not in said[-1]
+
+
+class Stream:
+    """Produces keyed JSON records to ``topic`` on a thread until stopped; counts what was acknowledged."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        self.topic = topic
+        self.acked = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _cb(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.acked += 1
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            for _ in range(200):
+                self.producer.produce(self.topic, key=f"k{i % 97}".encode(), value=f'{{"id": {i}}}'.encode(),
+                                      on_delivery=self._cb)
+                i += 1
+            self.producer.poll(0)
+            time.sleep(0.02)
+        self.producer.flush(60)
+
+    def __enter__(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(90)
+
+
+def test_one_instance_materializes_a_topic(broker: BrokerProcess, tmp_path: Path) -> None:
+    topic = "attach-one"
+    create_table_topic(broker.bootstrap, topic, 4)
+    lake = SharedLake(tmp_path / "lake")
+    a = AttachProcess(broker.bootstrap, tmp_path / "a1", lake, name="a1")
+    a.start()
+    try:
+        with Stream(broker.bootstrap, topic) as s:
+            time.sleep(3)
+        assert s.acked > 0
+        assert_table_equals_log(broker, lake, topic, 4)
+        assert "coordinates table topic attach-one" in a.log_text()
+    finally:
+        a.stop()
+
+
+def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path: Path) -> None:
+    """12 partitions over three instances; during one stream: one killed -9, one added, one paused with SIGSTOP
+    past its session time-out and resumed (it was fenced meanwhile), the coordinator's instance among those hit."""
+    topic = "attach-three"
+    create_table_topic(broker.bootstrap, topic, 12)
+    lake = SharedLake(tmp_path / "lake")
+    group = {"table.topic.attach.group.id": "attach-three", "table.topic.attach.round.timeout.ms": "3000"}
+    procs = [AttachProcess(broker.bootstrap, tmp_path / f"i{n}", lake, name=f"i{n}", overrides=group)
+             for n in range(4)]
+    for p in procs[:3]:
+        p.start()
+    try:
+        with Stream(broker.bootstrap, topic) as s:
+            time.sleep(6)
+            coordinator = next(p for p in procs[:3] if coordinates(p, topic))
+            coordinator.kill()  # the coordinator's instance crashes: another takes partition 0 over
+            time.sleep(8)
+            procs[3].start()  # an instance joins: cooperative-sticky moves only some partitions to it
+            time.sleep(6)
+            paused = next(p for p in procs if p.running and p is not coordinator)
+            paused.pause()  # past its session time-out (6 s): its partitions move, it is a zombie when it resumes
+            time.sleep(12)
+            paused.resume()
+            time.sleep(6)
+        assert s.acked > 0
+        assert_table_equals_log(broker, lake, topic, 12)
+        assert any("lost" in p.log_text() or "revoked" in p.log_text() for p in procs if p is not coordinator)
+    finally:
+        for p in procs:
+            p.stop()
