@@ -6,7 +6,8 @@ carrying it (:class:`CommitChannel`; :class:`InProcessChannel` for workers in th
 layout both sides rely on (where and under which names workers write files, a data file's partition spec id, the
 dead-letter table's schema and location) and the narrow view of the topic both read (:class:`TopicView`: its
 partitions, settings and a :class:`LogReader` per partition), which the broker implements over its own logs
-(``tabletopic.plugin_host.BrokerTopicView``) and attach mode will implement against a remote cluster.
+(``tabletopic.plugin_host.BrokerTopicView``) and attach mode against a remote cluster
+(``tabletopic.attach.host.RemoteTopicView``).
 
 Rules: ``worker/`` imports nothing else of ``coordinator/``, and this module nothing of ``worker/``. Messages stay
 frozen dataclasses of plain values plus pyiceberg ``DataFile`` entries (which pickle small), so a channel may carry
@@ -347,8 +348,8 @@ class CommitChannel(Protocol):
 class InProcessChannel:
     """:class:`CommitChannel` over asyncio queues, one per table topic, for workers in the same process.
 
-    Not thread-safe: use from the event loop. A cross-process channel (a control topic) would pickle the same
-    messages.
+    Not thread-safe: use from the event loop. Attach mode's channel across processes
+    (``tabletopic.attach.control.ControlChannel``) carries the same messages over a control topic, as JSON.
     """
 
     def __init__(self) -> None:

@@ -1,10 +1,13 @@
 """One table topic's runtime: its coordinator, partition workers and maintenance, over a :class:`TopicView`.
 
 The one component that runs a table topic, whoever hosts it: the broker's plugin host starts one per table topic
-over its own logs (``tabletopic.plugin_host.BrokerTopicView``); attach mode will start one over a remote cluster's
-topic. The runtime joins its parts by an in-process channel, lets the maintenance follow the coordinator's rounds
-(:meth:`~coordinator.maintenance.TableMaintenance.listen_to`) and feeds every round's report to the metrics and to
-the table's status for ``tabletopic tables`` (:class:`~tabletopic.table_status.TableStatus`).
+over its own logs (``tabletopic.plugin_host.BrokerTopicView``) and runs all of it; an attach instance
+(``tabletopic.attach.host``) starts one over a remote cluster's topic, running the workers of the partitions it is
+assigned and, while it owns partition 0, the coordinator, joined to the other instances by the control topic's
+channel. The runtime joins its parts by a channel (in-process unless given another), lets the maintenance follow
+the coordinator's rounds (:meth:`~coordinator.maintenance.TableMaintenance.listen_to`) and feeds every round's
+report to the metrics and to the table's status for ``tabletopic tables``
+(:class:`~tabletopic.table_status.TableStatus`).
 
 Rules: it reads the topic only through its view and never imports the broker's server, protocol or wiring; what
 is shared among table topics (catalog, table engine, conversion pool, schema registry client, metrics) comes in

@@ -46,6 +46,13 @@ RULES = (
     Rule("tabletopic.table_runtime", (*UPPER, "tabletopic.protocol", "tabletopic.spark", "tabletopic.registry"),
          why="the runtime reads its topic through a TopicView and is given its table engine: the broker and attach "
              "mode both run it"),
+    Rule("tabletopic.attach", (*UPPER, "tabletopic.log", "tabletopic.groups", "tabletopic.topics",
+                               "tabletopic.registry", "tabletopic.spark", "worker"),
+         why="attach mode runs the table-topic runtime against another cluster: it never reaches into the broker's "
+             "own server, logs, groups or topics, nor into Spark or the workers except through the runtime"),
+    *(Rule(side, ("tabletopic.attach",), why="attach mode is a host of the runtime beside the broker, not below it")
+      for side in ("configs", "worker", "coordinator", "tabletopic.broker", "tabletopic.plugin_host",
+                   "tabletopic.server", "tabletopic.log", "tabletopic.table_runtime", "tabletopic.table_services")),
     Rule("tabletopic.protocol", ("tabletopic.server", "tabletopic.log", "tabletopic.broker"),
          why="the wire codec is pure"),
     Rule("tabletopic.log", ("tabletopic.server", "tabletopic.broker", "tabletopic.plugin_host"),
