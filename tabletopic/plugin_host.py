@@ -8,7 +8,7 @@ leads every partition. It gives each runtime the view of its topic over the brok
 and the parts they share (:class:`~tabletopic.table_services.SharedServices`: the table engine over the Spark side
 process, the conversion process pool, the schema registry client), as an attach instance does. It follows topic changes
 (:class:`~tabletopic.topics.TopicEvent`; what users see: docs/table-topics.md, "The table and its columns") and gives
-the broker its table checks (:meth:`TableTopicHost.check_config_change`).
+the broker its table checks (:meth:`TableTopicHost.check_config_change`, :mod:`tabletopic.table_checks`).
 
 Rules: disabling or deleting a topic stops its runtime and keeps the table, as AutoMQ does; CPU-heavy work
 (decoding, Arrow, Parquet) runs in the process pool all workers share, never on the event loop.
@@ -20,40 +20,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
 
 from configs.model import local_http_url
-from configs.table_topic import (
-    CDC_FIELD,
-    CONVERT_KEY_TYPE,
-    CONVERT_VALUE_TYPE,
-    ENABLE,
-    FORMAT_VERSION,
-    ICEBERG_AUTO_CREATE_PROPERTIES,
-    ID_COLUMNS,
-    NAMESPACE,
-    SCHEMA_TYPE,
-    TRANSFORM_VALUE_TYPE,
-    UPSERT_ENABLE,
-    SchemaType,
-    TableTopicConfig,
-)
+from configs.table_topic import TableTopicConfig
 from coordinator.coordinator import TableTopicCoordinator
-from coordinator.table import (
-    appends_conflict,
-    catalog_identifier,
-    cdc_field_conflict,
-    converter_conflicts,
-    dead_letter_identifier,
-    format_version_conflict,
-    id_columns_conflict,
-    value_layout_conflict,
-)
-from tabletopic.errors import InvalidConfigError
 from tabletopic.metrics import TableTopicMetrics
+from tabletopic.table_checks import check_settings_change
 from tabletopic.table_runtime import TableTopicRuntime
 from tabletopic.table_services import SharedServices
 from tabletopic.topics import TopicEvent, TopicEventKind, TopicInfo, TopicManager
@@ -159,67 +134,14 @@ class TableTopicHost:
     # ---- config checks ----
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:
-        """Refuse converter settings the topic's existing table cannot take, ``id.columns`` it does not have, a
-        ``cdc.field`` that holds no text in it, a ``format-version`` it is not, a value transform that would lay
-        its values out otherwise and upserts or CDC turned on over appended rows (blocking: reads the catalog).
-        Iceberg cannot change a column's type, so the table would silently keep the old one; a table of appended rows
-        may hold several rows per key, and the broker does not rewrite it to one per key.
-
-        Looks at the table only when the settings that decide its columns, its name or its key change, or when the
-        table topic is turned on (or created): other changes never touch the catalog. Raises InvalidConfigError
-        naming the setting, its value, the table, the column and why.
-        """
-        cfg = TableTopicConfig.from_topic(new, self._broker.config, validate=False)
-        before = None if old is None else TableTopicConfig.from_topic(old, self._broker.config, validate=False)
-        if before is not None and _layout(topic, before) == _layout(topic, cfg) and (before.enable or not cfg.enable):
-            return
-        self._check_dead_letter_names(topic, cfg, new)
-        table, conflicts = converter_conflicts(self._catalog, topic, cfg)
-        if not conflicts:
-            layout_key = SCHEMA_TYPE if cfg.schema_type is not SchemaType.NONE else TRANSFORM_VALUE_TYPE
-            checks = ((ID_COLUMNS, id_columns_conflict), (CDC_FIELD, cdc_field_conflict),
-                      (ICEBERG_AUTO_CREATE_PROPERTIES, format_version_conflict),
-                      (layout_key, partial(value_layout_conflict, before=before)),
-                      (UPSERT_ENABLE if cfg.upsert_enable else CDC_FIELD, partial(appends_conflict, before=before)))
-            for key, check in checks:
-                table, problem = check(self._catalog, topic, cfg)
-                if problem is not None:
-                    value = new.get(key) or _effective_value(key, cfg)
-                    raise InvalidConfigError(f"Invalid value {value} for configuration {key}: the table "
-                                             f"{table} already exists and {problem}")
-            return
-        key, value = _converter_setting(conflicts[0].column, cfg, before)
-        found = ", ".join(f"it has no column {c.column} ({c.want} needed)" if c.have is None
-                          else f"its {c.column} column is {c.have}, not {c.want}" for c in conflicts)
-        raise InvalidConfigError(
-            f"Invalid value {value} for configuration {key}: the table {table} already exists and {found}; the "
-            f"broker does not change an existing table's columns (Iceberg cannot change a column's type), so the "
-            f"table would not follow: create a new topic or drop the table (with {ENABLE}=false; turning it on "
-            f"again creates the table with the new columns)"
-        )
-
-    def _check_dead_letter_names(self, topic: str, cfg: TableTopicConfig, new: Mapping[str, str]) -> None:
-        """Refuse a table topic whose table is another table topic's dead-letter table (topic ``orders_dlq`` beside
-        table topic ``orders`` in one namespace), or whose dead-letter table is another's table: both would write
-        into one table and one folder, whose maintenance removes the other's files as orphans."""
-        if not cfg.enable:
-            return
-        mine = catalog_identifier(topic, cfg)
-        for info in self._broker.topics.all():
-            if info.name == topic:
-                continue
-            other = TableTopicConfig.from_topic(info.configs, self._broker.config, validate=False)
-            if not other.enable:
-                continue
-            theirs = catalog_identifier(info.name, other)
-            if mine in (dead_letter_identifier(theirs), theirs) or dead_letter_identifier(mine) == theirs:
-                key = NAMESPACE if NAMESPACE in new else ENABLE
-                raise InvalidConfigError(
-                    f"Invalid value {new.get(key, cfg.enable)} for configuration {key}: the table "
-                    f"{'.'.join(mine)} (dead letters in {'.'.join(dead_letter_identifier(mine))}) would share a table "
-                    f"with table topic {info.name} ({'.'.join(theirs)}, dead letters in "
-                    f"{'.'.join(dead_letter_identifier(theirs))}); choose another topic name or "
-                    f"automq.table.topic.namespace")
+        """The broker's topic-config check: :func:`tabletopic.table_checks.check_settings_change` on this broker's
+        topics (blocking: reads the catalog)."""
+        config = self._broker.config
+        cfg = TableTopicConfig.from_topic(new, config, validate=False)
+        before = None if old is None else TableTopicConfig.from_topic(old, config, validate=False)
+        others = ((info.name, TableTopicConfig.from_topic(info.configs, config, validate=False))
+                  for info in self._broker.topics.all() if info.name != topic)
+        check_settings_change(self._catalog, topic, (before, cfg), new, others)
 
     # ---- topic events ----
 
@@ -273,32 +195,6 @@ class TableTopicHost:
             return
         await running[1].stop(forget=forget)
         log.debug("table topic %s stopped", topic)
-
-
-def _layout(topic: str, cfg: TableTopicConfig) -> tuple[object, ...]:
-    """What decides the table's name, converter columns, value layout, key, upserts, op field and format
-    version."""
-    return (catalog_identifier(topic, cfg), cfg.convert_key_type, cfg.convert_value_type, cfg.legacy_columns,
-            cfg.transform_value_type, cfg.id_columns, cfg.cdc_field, cfg.upsert_enable,
-            dict(cfg.iceberg_auto_create_properties).get(FORMAT_VERSION))
-
-
-def _effective_value(key: str, cfg: TableTopicConfig) -> str:
-    """``key``'s value in ``cfg`` when the topic's overrides do not set it (a broker default, or implied)."""
-    if key == ICEBERG_AUTO_CREATE_PROPERTIES:
-        return ",".join(f"{k}={v}" for k, v in cfg.iceberg_auto_create_properties)
-    return {TRANSFORM_VALUE_TYPE: str(cfg.transform_value_type), SCHEMA_TYPE: str(cfg.schema_type),
-            UPSERT_ENABLE: "true"}.get(key, "")
-
-
-def _converter_setting(column: str, cfg: TableTopicConfig, before: TableTopicConfig | None) -> tuple[str, str]:
-    """The setting (and its new value) that asks for ``column``'s type: ``schema.type`` when the legacy setting is
-    in play, else the key or value converter."""
-    if cfg.schema_type is not SchemaType.NONE or (before is not None and before.schema_type is not SchemaType.NONE):
-        return SCHEMA_TYPE, str(cfg.schema_type)
-    if column == "_kafka_key":
-        return CONVERT_KEY_TYPE, str(cfg.convert_key_type)
-    return CONVERT_VALUE_TYPE, str(cfg.convert_value_type)
 
 
 __all__ = ["TableTopicHost"]

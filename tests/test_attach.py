@@ -145,3 +145,29 @@ def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path
     finally:
         for p in procs:
             p.stop()
+
+
+def test_a_change_the_table_cannot_take_is_not_applied(broker: BrokerProcess, tmp_path: Path) -> None:
+    """As the broker refuses such a topic config: a converter change the existing table cannot take is not applied
+    by the instances (the broker's words in their log); the topic goes on with the settings it had."""
+    topic = "attach-refused"
+    create_table_topic(broker.bootstrap, topic, 2)
+    lake = SharedLake(tmp_path / "lake")
+    a = AttachProcess(broker.bootstrap, tmp_path / "a1", lake, name="a1",
+                      overrides={"table.topic.attach.group.id": "attach-refused"})
+    a.start()
+    try:
+        with Stream(broker.bootstrap, topic):
+            time.sleep(3)
+        assert_table_equals_log(broker, lake, topic, 2)
+        done = attach_config(broker.bootstrap, topic, "--add-config", "automq.table.topic.convert.value.type=string")
+        assert done.returncode == 0, done.stderr  # valid on its own: only the table says no
+        a.wait_log("are not applied", timeout=20)
+        assert (f"Invalid value string for configuration automq.table.topic.convert.value.type: the table "
+                f"default.{topic} already exists and its _kafka_value column is binary, not string") in a.log_text()
+        with Stream(broker.bootstrap, topic):
+            time.sleep(2)
+        assert_table_equals_log(broker, lake, topic, 2)  # still written as before, values as bytes
+        assert "settings of table topic attach-refused changed" not in a.log_text()
+    finally:
+        a.stop()

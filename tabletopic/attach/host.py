@@ -11,7 +11,9 @@ maintenance where partition 0 is assigned (AutoMQ pins the coordinator to partit
 Rules: the table's committed offsets are the only truth about what is in it; a coordinator that lost partition 0 but
 has not heard yet (paused, cut off) can still try to commit, and the catalog's optimistic commit plus the check that
 the table's offsets are the round's base (``coordinator.committer.commit_round``) refuse it once another coordinator
-committed. Settings: the settings topic wins key by key over topic configs the cluster holds.
+committed. Settings: the settings topic wins key by key over topic configs the cluster holds; a change is checked
+against the existing table as the broker checks a topic's configs (``tabletopic.table_checks``) and, when refused,
+not applied (the topic keeps its settings; the problem is logged and kept in ``problems``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ from tabletopic.attach.control import ControlBus, ControlChannel
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions
 from tabletopic.attach.membership import TP, GroupMembership
 from tabletopic.attach.settings import SettingsTopic
+from tabletopic.attach.status import AttachStatus
 from tabletopic.catalog import open_broker_catalog
 from tabletopic.logs import ConditionLog
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
+from tabletopic.table_checks import check_settings_change
 from tabletopic.table_runtime import TableTopicRuntime
 from tabletopic.table_services import SharedServices
 
@@ -120,10 +124,16 @@ class AttachHost:
         self.runtimes: dict[str, TableTopicRuntime] = {}
         self.views: dict[str, RemoteTopicView] = {}
         self.problems: dict[str, str] = {}  # topic → why its settings are refused
+        self.accepted: dict[str, TableTopicConfig] = {}  # the settings each topic runs with (checked)
+        self._refused: dict[str, TableTopicConfig] = {}  # the last settings the table checks refused, per topic
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._conditions = ConditionLog(log)
         self._wanted: set[str] = set()
+        # lag per partition, ownership and last commits: in every announcement (current at each re-send) and metrics
+        self.status = AttachStatus(self.fetcher, self.runtimes)
+        self.status.export(self.metrics.registry, self.bus, self.membership)
+        self.bus.set_status_provider(self.status.topic_status)
 
     # ---- lifecycle ----
 
@@ -180,34 +190,71 @@ class AttachHost:
         return TableTopicConfig.from_topic(merged, self.config)
 
     def _table_topics(self) -> dict[str, TableTopicConfig]:
+        """Every topic of the cluster whose effective settings are valid, with them (problems noted)."""
         found: dict[str, TableTopicConfig] = {}
         for topic in sorted(set(self.cluster.state.partitions)):
             try:
-                cfg = self.effective_settings(topic)
+                found[topic] = self.effective_settings(topic)
             except InvalidConfigError as e:
-                if self.problems.get(topic) != str(e):
-                    log.error("attach: table topic %s is not run: %s", topic, e)
-                self.problems[topic] = str(e)
-                continue
-            self.problems.pop(topic, None)
-            if cfg.enable:
-                found[topic] = cfg
+                self._problem(topic, str(e))
         return found
 
+    def _problem(self, topic: str, problem: str | None) -> None:
+        """Note (or clear) why ``topic``'s settings are not applied; logged when it changes."""
+        if problem is None:
+            if self.problems.pop(topic, None) is not None:
+                log.info("attach: the settings of %s are applied again", topic)
+        elif self.problems.get(topic) != problem:
+            self.problems[topic] = problem
+            log.error("attach: the settings of %s are not applied (it keeps the ones before): %s", topic, problem)
+
+    async def _checked(self, found: dict[str, TableTopicConfig]) -> None:
+        """Accept each changed setting the existing table can take (``tabletopic.table_checks``, as the broker
+        checks a topic's configs); a refused change leaves the topic with the settings it had."""
+        assert self.services is not None
+        catalog = self.services.catalog
+        for topic, cfg in found.items():
+            before = self.accepted.get(topic)
+            if before == cfg or (before is None and not cfg.enable):
+                if before == cfg:
+                    self._problem(topic, None)
+                continue
+            if self._refused.get(topic) == cfg:
+                continue  # refused already: the table is read again only when the settings change again
+            others = [(t, c) for t, c in self.accepted.items() if t != topic]
+            raw = {**self.cluster.topic_configs(topic), **self.settings.settings(topic)}
+            try:
+                await asyncio.to_thread(check_settings_change, catalog, topic, (before, cfg), raw, others)
+            except InvalidConfigError as e:
+                self._problem(topic, str(e))
+                self._refused[topic] = cfg
+                continue
+            except Exception as e:  # the catalog is away: look again at the next refresh
+                self._conditions.log("checks", logging.WARNING, "attach: cannot check the settings of %s against "
+                                     "its table (%s: %s); trying again", topic, type(e).__name__, e,
+                                     state=(topic, type(e).__name__))
+                continue
+            self._problem(topic, None)
+            self.accepted[topic] = cfg
+        for topic in [t for t in self.accepted if t not in found]:
+            del self.accepted[topic]  # the topic is gone
+
     async def _reconcile(self) -> None:
-        """Subscribe to the table topics as they are now; hand changed settings to the running runtimes."""
-        topics = self._table_topics()
+        """Accept the settings as they are now, subscribe to the table topics, hand changed settings to the running
+        runtimes."""
+        await self._checked(self._table_topics())
         async with self._lock:
-            for topic, cfg in topics.items():
+            for topic, cfg in self.accepted.items():
                 view = self.views.get(topic)
-                if view is not None and view.config != cfg:
+                if view is not None and view.config != cfg and cfg.enable:
                     view.config = cfg
                     runtime = self.runtimes.get(topic)
                     if runtime is not None:
                         await runtime.settings_changed()
                         log.info("attach: settings of table topic %s changed", topic)
-        if set(topics) != self._wanted:
-            self._wanted = set(topics)
+        wanted = {t for t, c in self.accepted.items() if c.enable}
+        if wanted != self._wanted:
+            self._wanted = wanted
             self.membership.subscribe(self._wanted)
             log.info("attach: table topics %s", sorted(self._wanted) or "none")
 
@@ -266,10 +313,9 @@ class AttachHost:
         runtime = self.runtimes.get(topic)
         if runtime is not None:
             return runtime
-        try:
-            cfg = self.effective_settings(topic)
-        except InvalidConfigError as e:
-            log.error("attach: %s assigned but its settings are refused: %s", topic, e)
+        cfg = self.accepted.get(topic)
+        if cfg is None or not cfg.enable:
+            log.warning("attach: %s assigned but it is not a table topic (any more)", topic)
             return None
         assert self.services is not None
         view = RemoteTopicView(topic, cfg, self.cluster, self.fetcher)
@@ -304,6 +350,7 @@ class AttachHost:
     async def _before_request(self, request: CommitRequest) -> None:
         """A round's request is about to reach this instance's workers: their tables must know its schema and spec
         (where the coordinator is elsewhere), and the spool below the table's offsets is no longer needed."""
+        self.status.note_request(request)  # its offsets are the table's: the partitions' lag is measured from them
         runtime = self.runtimes.get(request.topic)
         if runtime is None:
             return
