@@ -19,15 +19,44 @@ from dataclasses import dataclass
 
 # loggers of libraries that log routine work at INFO
 THIRD_PARTY_LOGGERS = ("pyiceberg",)
+# loggers of libraries that log the same failure on every retry (aiokafka: "Unable connect to node ..." at ERROR
+# while a broker is down): each distinct message at most once per DEFAULT_EVERY_S
+REPEATING_LOGGERS = ("aiokafka",)
 
 DEFAULT_EVERY_S = 60.0
 
 
 def quiet_third_party(level: int = logging.INFO) -> None:
-    """Set the third-party loggers to WARNING unless the broker's own ``level`` is DEBUG (or finer)."""
+    """Set the third-party loggers to WARNING and rate-limit those that repeat themselves per retry, unless the
+    broker's own ``level`` is DEBUG (or finer)."""
     if level > logging.DEBUG:
         for name in THIRD_PARTY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
+        for name in REPEATING_LOGGERS:
+            logger = logging.getLogger(name)
+            if not any(isinstance(f, RepeatFilter) for f in logger.filters):
+                logger.addFilter(RepeatFilter())
+
+
+class RepeatFilter(logging.Filter):
+    """Lets each distinct message (its format string and level) through at most once per ``every_s`` seconds."""
+
+    def __init__(self, every_s: float = DEFAULT_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._every_s = every_s
+        self._clock = clock
+        self._last: dict[tuple[int, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, str(record.msg))
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self._every_s:
+            return False
+        if len(self._last) > 1000:  # bounded: messages are format strings, but some libraries inline values
+            self._last.clear()
+        self._last[key] = now
+        return True
 
 
 @dataclass(slots=True)

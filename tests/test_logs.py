@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from tabletopic.logs import ConditionLog, quiet_third_party
+from tabletopic.logs import ConditionLog, RepeatFilter, quiet_third_party
 
 
 def test_condition_log_rate_limits_per_key_and_state(caplog: pytest.LogCaptureFixture) -> None:
@@ -62,3 +62,19 @@ def test_third_party_loggers_quiet_unless_debug() -> None:
         assert not logging.getLogger("pyiceberg.io").isEnabledFor(logging.INFO)
     finally:
         pyiceberg.setLevel(before)
+
+
+def test_a_library_repeating_a_failure_per_retry_is_heard_once_per_interval() -> None:
+    """aiokafka logs "Unable connect to node" at ERROR on every retry while a broker is down: once per interval."""
+    now = [0.0]
+    f = RepeatFilter(every_s=60, clock=lambda: now[0])
+
+    def rec(msg: str, level: int = logging.ERROR) -> logging.LogRecord:
+        return logging.LogRecord("aiokafka", level, __file__, 1, msg, ("n1",), None)
+
+    assert f.filter(rec("Unable connect to node with id %s"))
+    assert not any(f.filter(rec("Unable connect to node with id %s")) for _ in range(100))
+    assert f.filter(rec("another failure %s"))  # a different message is not held back
+    assert f.filter(rec("Unable connect to node with id %s", logging.WARNING))  # nor the same at another level
+    now[0] = 61.0
+    assert f.filter(rec("Unable connect to node with id %s"))
