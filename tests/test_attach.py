@@ -5,6 +5,7 @@ time-out."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -111,6 +112,10 @@ def test_one_instance_materializes_a_topic(broker: BrokerProcess, tmp_path: Path
         assert s.acked > 0
         assert_table_equals_log(broker, lake, topic, 4)
         assert "coordinates table topic attach-one" in a.log_text()
+        # the topic's id as the cluster has it, so a topic created again under the name starts a table afresh
+        topics = json.loads((broker.data_dir / "__meta" / "topics.json").read_text())["topics"]
+        props = lake.catalog().load_table(f"default.{topic}").properties
+        assert props["tabletopic.topic-id"] == topics[topic]["topic_id"]
     finally:
         a.stop()
 

@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ class ClusterTopics:
     partitions: dict[str, int] = field(default_factory=dict)  # topic → partition count
     log_starts: dict[tuple[str, int], int] = field(default_factory=dict)
     configs: dict[str, dict[str, str]] = field(default_factory=dict)  # topic → its automq.table.topic.* configs
+    topic_ids: dict[str, str] = field(default_factory=dict)  # topic → its id (UUID text, as the broker writes it)
     at: float = 0.0  # monotonic time of the refresh
 
 
@@ -57,6 +59,10 @@ class ClusterWatch:
 
     def log_start(self, topic: str, partition: int) -> int:
         return self.state.log_starts.get((topic, partition), 0)
+
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id (None where the cluster does not say: then a table's offsets are taken as its own)."""
+        return self.state.topic_ids.get(topic)
 
     def topic_configs(self, topic: str) -> dict[str, str]:
         return dict(self.state.configs.get(topic, {}))
@@ -80,6 +86,7 @@ class ClusterWatch:
                 out.partitions[name] = len(t.partitions)
         if self._topic_configs and out.partitions:
             out.configs = self._describe(list(out.partitions))
+        out.topic_ids = self._topic_ids([t for t in watched if t in out.partitions])
         wanted = {TopicPartition(t, p): _admin_types().OffsetSpec.earliest() for t in watched if t in out.partitions
                   for p in range(out.partitions[t])}
         if wanted:
@@ -92,6 +99,31 @@ class ClusterWatch:
                     if known is not None:
                         out.log_starts[(tp.topic, tp.partition)] = known
         return out
+
+    def _topic_ids(self, topics: list[str]) -> dict[str, str]:
+        """Each topic's id from DescribeTopics, as a UUID's text (Kafka's tools print it base64); a cluster that
+        answers none (or the null id) leaves it out."""
+        if not topics:
+            return {}
+        ck = importlib.import_module("confluent_kafka")
+        found: dict[str, str] = {}
+        answers = self._admin.describe_topics(ck.TopicCollection(topics), request_timeout=REQUEST_TIMEOUT_S)
+        for name, fut in answers.items():
+            try:
+                tid = fut.result().topic_id
+            except Exception as e:
+                log.debug("attach: id of %s: %s", name, e)
+                known = self.state.topic_ids.get(name)
+                if known is not None:
+                    found[name] = known
+                continue
+            if tid is None:
+                continue
+            value = ((tid.get_most_significant_bits() & (2**64 - 1)) << 64) | (tid.get_least_significant_bits()
+                                                                              & (2**64 - 1))
+            if value:
+                found[name] = str(uuid.UUID(int=value))
+        return found
 
     def _describe(self, topics: list[str]) -> dict[str, dict[str, str]]:
         types = _admin_types()

@@ -74,7 +74,7 @@ class RemoteTopicView:
 
     @property
     def topic_id(self) -> str | None:
-        return None  # not tracked in attach mode: a table's offsets are taken as this topic's
+        return self._cluster.topic_id(self._name)
 
     def settings(self) -> TableTopicConfig:
         return self.config
@@ -254,6 +254,7 @@ class AttachHost:
                         log.info("attach: settings of table topic %s changed", topic)
         wanted = {t for t, c in self.accepted.items() if c.enable}
         if wanted != self._wanted:
+            await self.cluster.refresh(wanted)  # their ids and log starts before their runtimes start
             self._wanted = wanted
             self.membership.subscribe(self._wanted)
             log.info("attach: table topics %s", sorted(self._wanted) or "none")
