@@ -33,7 +33,7 @@ def test_tabletopic_help_lists_every_command() -> None:
     assert "Kafka-compatible broker" in out
     # the epilog: one line per command, with what it does
     for command, words in (("serve", "start the broker"), ("sql", "Spark SQL"), ("tables", "list the Iceberg"),
-                           ("attach-config", "table-topic settings")):
+                           ("attach-config", "table-topic settings"), ("attach-status", "each partition's lag")):
         assert re.search(rf"^  {command}\s+.*{words}", out, re.MULTILINE), (command, out)
     assert "tabletopic COMMAND --help" in out
 
@@ -44,6 +44,7 @@ def test_tabletopic_help_lists_every_command() -> None:
     ("tables", "List the Iceberg tables", ["--config", "--override"]),
     ("attach-config", "Show or change the table-topic settings",
      ["--bootstrap-server", "--command-config", "--topic", "--describe", "--add-config", "--delete-config"]),
+    ("attach-status", "Show the attach instances' work", ["--bootstrap-server", "--command-config", "--topic"]),
 ])
 def test_every_command_has_a_described_help(command: str, description: str, options: list[str]) -> None:
     proc = run("tabletopic", command, "--help")

@@ -10,7 +10,9 @@ with :class:`UnsupportedVersionError`: fields may be added within a version, any
 - ``"response"``: a :class:`~coordinator.contract.CommitResponse`; one too big for a record (:func:`encode_response`'s
   ``max_bytes``) goes as several, each with a ``"part"`` (id, index, count) and a share of the files, which
   :func:`join_parts` puts back together;
-- ``"announcement"``: an :class:`Announcement` (which instance runs which partitions' workers and coordinators).
+- ``"announcement"``: an :class:`Announcement` (which instance runs which partitions' workers and coordinators,
+  each partition's lag and, from the coordinator's instance, the table's last commit; ``"lag"`` and
+  ``"last_commit"`` were added within version 1: an announcement without them decodes with none).
 
 A data file is an object of its pyiceberg ``DataFile`` fields by name, for the format version whose field layout it
 has (``"fv"``), bytes in base64, maps keyed by field id, plus the spec id :func:`~coordinator.contract.set_file_spec_id`
@@ -27,8 +29,9 @@ import functools
 import json
 import struct
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from decimal import Decimal
 from typing import Any, ClassVar, cast
 
@@ -96,15 +99,35 @@ class UnsupportedVersionError(ControlMessageError):
 
 
 @dataclass(frozen=True, slots=True)
+class LastCommit:
+    """A table's last committed round as its coordinator saw it: when (the snapshot's time, ms since the epoch),
+    how many records it added, its snapshot id and the table's name."""
+
+    time_ms: int
+    records: int
+    snapshot_id: int | None
+    table: str
+
+
+@dataclass(frozen=True, slots=True)
 class Announcement:
     """An instance's claim, re-sent every few seconds: it runs the workers of ``partitions`` of ``topic`` (and the
-    topic's coordinator when ``coordinator``). No partitions and no coordinator withdraws the claim."""
+    topic's coordinator when ``coordinator``). No partitions and no coordinator withdraws the claim.
+
+    ``lag``: partition → the remote high watermark minus the table's committed offset, as this instance last saw
+    them (-1: unknown); ``last_commit``: from the coordinator's instance, the table's last commit (None: unknown)."""
 
     instance_id: str
     topic: str
     partitions: tuple[int, ...]
     coordinator: bool
     sent_ms: int
+    lag: Mapping[int, int] = dataclass_field(default_factory=dict)
+    last_commit: LastCommit | None = None
+
+    def lag_of(self, partition: int) -> int:
+        """The lag announced for ``partition``, -1 when none was."""
+        return self.lag.get(partition, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,16 +465,30 @@ def _decode_request(obj: _Obj) -> CommitRequest:
 
 def encode_announcement(announcement: Announcement) -> bytes:
     """An announcement as one record value."""
-    a = announcement
+    a, c = announcement, announcement.last_commit
     return _dumps({"v": VERSION, "type": "announcement", "instance_id": a.instance_id, "topic": a.topic,
-                   "partitions": list(a.partitions), "coordinator": a.coordinator,
-                   "sent_ms": a.sent_ms}).encode("ascii")
+                   "partitions": list(a.partitions), "coordinator": a.coordinator, "sent_ms": a.sent_ms,
+                   "lag": [[p, n] for p, n in sorted(a.lag.items())],
+                   "last_commit": None if c is None else {"time_ms": c.time_ms, "records": c.records,
+                                                          "snapshot_id": c.snapshot_id, "table": c.table},
+                   }).encode("ascii")
 
 
 def _decode_announcement(obj: _Obj) -> Announcement:
+    lag: dict[int, int] = {}
+    for i, pair in enumerate(obj.get_list("lag", [])):  # absent: an announcement of an older release
+        values = _ints(pair, f"{obj.where}.lag[{i}]")
+        if len(values) != 2:
+            raise MalformedMessageError(f"{obj.where}.lag[{i}]: expected [partition, lag], got {values!r:.80}")
+        lag[values[0]] = values[1]
+    last = None
+    if obj.raw.get("last_commit") is not None:
+        c = obj.get_obj("last_commit")
+        last = LastCommit(c.get_int("time_ms"), c.get_int("records"), c.get_opt_int("snapshot_id"),
+                          c.get_str("table"))
     return Announcement(obj.get_str("instance_id"), obj.get_str("topic"),
                         tuple(_ints(obj.get_list("partitions"), f"{obj.where}.partitions")),
-                        obj.get_bool("coordinator"), obj.get_int("sent_ms"))
+                        obj.get_bool("coordinator"), obj.get_int("sent_ms"), lag, last)
 
 
 def _response_head(r: CommitResponse) -> dict[str, Any]:
@@ -589,6 +626,7 @@ __all__ = [
     "VERSION",
     "Announcement",
     "ControlMessageError",
+    "LastCommit",
     "MalformedMessageError",
     "Message",
     "PartitionTypeOf",

@@ -17,7 +17,10 @@ order, retrying failed sends (the cluster briefly unreachable) until a message i
 
 Announcements (:meth:`ControlBus.announce`, repeated every ``announce_interval_s``) tell every instance which
 instance runs which partitions' workers and which topics' coordinators; one not repeated for three intervals is
-forgotten (:meth:`ControlBus.owners`, :meth:`ControlBus.coordinator_of`, :meth:`ControlBus.instances`).
+forgotten (:meth:`ControlBus.owners`, :meth:`ControlBus.coordinator_of`, :meth:`ControlBus.instances`). Each one
+also carries what the host's status provider (:meth:`ControlBus.set_status_provider`) says at the time it is sent:
+the claimed partitions' lag and, with a coordinator's claim, the table's last commit. :func:`recent_announcements`
+reads the live claims off the topic without a bus (``tabletopic attach-status``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +44,7 @@ from tabletopic.attach.codec import (
     DEFAULT_MAX_PART_BYTES,
     Announcement,
     ControlMessageError,
+    LastCommit,
     Message,
     PartitionTypeOf,
     ResponsePart,
@@ -60,10 +64,26 @@ CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": str(24 * 36
 RequestHook = Callable[[CommitRequest], Awaitable[None] | None]
 """Sees each request of a topic with a channel on this bus before its local workers do (awaited if async)."""
 
+ANNOUNCE_INTERVAL_S = 3.0
+"""How often claims are repeated by default; a claim not repeated for three intervals is forgotten."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStatus:
+    """What a topic's announcement says besides the claim: partition → lag (-1: unknown), and the table's last
+    commit (sent only with a coordinator's claim)."""
+
+    lag: Mapping[int, int]
+    last_commit: LastCommit | None = None
+
+
+StatusProvider = Callable[[str], TopicStatus]
+"""Asked, on the event loop, for a topic's status each time an announcement of it is sent."""
+
 
 @dataclass(frozen=True, slots=True)
 class ControlOptions:
-    announce_interval_s: float = 3.0  # claims are repeated this often and forgotten after three times as long
+    announce_interval_s: float = ANNOUNCE_INTERVAL_S  # claims are repeated this often, forgotten after 3 times that
     fetch_max_wait_ms: int = 50  # how long a fetch of the control topic waits for news: a round's latency
     linger_ms: int = 5
     compression_type: str = "gzip"
@@ -182,6 +202,7 @@ class ControlBus:
         self.dropped_sends = 0  # messages given up on (too old, or too large for the cluster)
         self._channels: dict[str, ControlChannel] = {}
         self._hook: RequestHook | None = None
+        self._status: StatusProvider | None = None
         self._announced: dict[str, tuple[tuple[int, ...], bool]] = {}
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._parts: dict[str, tuple[float, dict[int, ResponsePart]]] = {}
@@ -263,6 +284,11 @@ class ControlBus:
         request is delivered anyway."""
         self._hook = hook
 
+    def set_status_provider(self, provider: StatusProvider | None) -> None:
+        """Ask ``provider(topic)`` for the lag and last commit each announcement of ``topic`` carries, every time
+        one is sent (so re-sent claims are current). Its errors are logged and the claim goes out without them."""
+        self._status = provider
+
     def announce(self, topic: str, partitions: tuple[int, ...] | list[int], coordinator: bool) -> None:
         """Claim ``topic``'s ``partitions`` (and its coordinator) for this instance, now and every interval; no
         partitions and no coordinator withdraws the claim (sent once)."""
@@ -275,18 +301,12 @@ class ControlBus:
 
     def owners(self, topic: str) -> dict[int, str]:
         """Partition → the instance whose fresh announcement claims its worker (the newest claim wins)."""
-        out: dict[int, tuple[int, str]] = {}
-        for a in self._fresh():
-            if a.topic == topic:
-                for p in a.partitions:
-                    if p not in out or a.sent_ms > out[p][0]:
-                        out[p] = (a.sent_ms, a.instance_id)
-        return {p: inst for p, (_, inst) in sorted(out.items())}
+        return {p: a.instance_id for p, a in owners_in(self._fresh(), topic).items()}
 
     def coordinator_of(self, topic: str) -> str | None:
         """The instance whose fresh announcement says it runs ``topic``'s coordinator (the newest), if any."""
-        claims = [a for a in self._fresh() if a.topic == topic and a.coordinator]
-        return max(claims, key=lambda a: a.sent_ms).instance_id if claims else None
+        claim = coordinator_in(self._fresh(), topic)
+        return None if claim is None else claim.instance_id
 
     def instances(self) -> dict[str, list[Announcement]]:
         """Each instance with a fresh announcement → its announcements (one per topic)."""
@@ -310,8 +330,21 @@ class ControlBus:
         self._wake.set()
 
     def _send_announcement(self, topic: str, partitions: tuple[int, ...], coordinator: bool) -> None:
+        status = self._status_of(topic)  # asked for a withdrawal too: the host's metrics follow every claim
+        lag = {} if status is None else {p: n for p, n in status.lag.items() if p in partitions}
+        last = status.last_commit if status is not None and coordinator else None
         self.send(topic, encode_announcement(Announcement(self.instance_id, topic, partitions, coordinator,
-                                                          int(time.time() * 1000))))
+                                                          int(time.time() * 1000), lag, last)))
+
+    def _status_of(self, topic: str) -> TopicStatus | None:
+        if self._status is None:
+            return None
+        try:
+            return self._status(topic)
+        except Exception:
+            self._conditions.log("status", logging.ERROR, "control topic %s: the status of %s could not be had; "
+                                 "announced without it", CONTROL_TOPIC, topic, exc_info=True)
+            return None
 
     async def _announce_loop(self) -> None:
         while True:
@@ -445,5 +478,84 @@ class ControlBus:
             self._seen.pop(key, None)
 
 
-__all__ = ["CONTROL_TOPIC", "CONTROL_TOPIC_CONFIGS", "ControlBus", "ControlChannel", "ControlOptions",
-           "RequestHook", "ensure_control_topic"]
+# ------------------------------------------------------------------------------------------------ claims
+
+
+def owners_in(announcements: Iterable[Announcement], topic: str) -> dict[int, Announcement]:
+    """Partition of ``topic`` → the announcement claiming its worker (the newest claim, by ``sent_ms``, wins)."""
+    out: dict[int, Announcement] = {}
+    for a in announcements:
+        if a.topic == topic:
+            for p in a.partitions:
+                if p not in out or a.sent_ms > out[p].sent_ms:
+                    out[p] = a
+    return dict(sorted(out.items()))
+
+
+def coordinator_in(announcements: Iterable[Announcement], topic: str) -> Announcement | None:
+    """The newest announcement claiming ``topic``'s coordinator, if any."""
+    claims = [a for a in announcements if a.topic == topic and a.coordinator]
+    return max(claims, key=lambda a: a.sent_ms) if claims else None
+
+
+class NoControlTopicError(LookupError):
+    """The cluster has no control topic: no attach instance ever ran against it."""
+
+
+async def recent_announcements(client_options: Mapping[str, Any], window_s: float = 3 * ANNOUNCE_INTERVAL_S + 1,
+                               timeout_s: float = 30.0) -> list[Announcement]:
+    """The claims live on the control topic: its records of the last ``window_s`` (by record time) up to its end
+    now, the last announcement per instance and topic, withdrawn claims left out (a consumer without a group).
+    Records that are no message are ignored. Raises :class:`NoControlTopicError` when the topic does not exist."""
+    admin = AIOKafkaAdminClient(**client_options)
+    await asyncio.wait_for(admin.start(), timeout_s)
+    try:
+        if CONTROL_TOPIC not in await admin.list_topics():
+            raise NoControlTopicError(f"the cluster has no topic {CONTROL_TOPIC}: no tabletopic attach instance "
+                                      f"ever ran against it")
+        (described,) = await admin.describe_topics([CONTROL_TOPIC])
+    finally:
+        await admin.close()
+    tps = [TopicPartition(CONTROL_TOPIC, p["partition"]) for p in described["partitions"]]
+    consumer = AIOKafkaConsumer(**client_options, group_id=None, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), timeout_s)
+    try:
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        since = await consumer.offsets_for_times({tp: int((time.time() - window_s) * 1000) for tp in tps})
+        left = {tp: ends[tp] for tp in tps if since.get(tp) is not None and since[tp].offset < ends[tp]}
+        for tp in left:
+            consumer.seek(tp, since[tp].offset)
+        live: dict[tuple[str, str], Announcement] = {}
+        deadline = time.monotonic() + timeout_s
+        while left:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {CONTROL_TOPIC} took over {timeout_s:.0f} s")
+            for tp, records in (await consumer.getmany(*left, timeout_ms=500)).items():
+                for record in records:
+                    if record.offset < left.get(tp, 0):
+                        _fold(live, record.value)
+                if await consumer.position(tp) >= left.get(tp, 0):
+                    left.pop(tp, None)
+        return list(live.values())
+    finally:
+        await consumer.stop()
+
+
+def _fold(live: dict[tuple[str, str], Announcement], value: bytes | None) -> None:
+    """Take one record into the live claims (newer records replace older ones; a withdrawal removes)."""
+    try:
+        message = decode(value or b"")
+    except ControlMessageError:
+        return
+    if isinstance(message, Announcement):
+        key = (message.instance_id, message.topic)
+        if message.partitions or message.coordinator:
+            live[key] = message
+        else:
+            live.pop(key, None)
+
+
+__all__ = ["ANNOUNCE_INTERVAL_S", "CONTROL_TOPIC", "CONTROL_TOPIC_CONFIGS", "ControlBus", "ControlChannel",
+           "ControlOptions", "NoControlTopicError", "RequestHook", "StatusProvider", "TopicStatus", "coordinator_in",
+           "ensure_control_topic", "owners_in", "recent_announcements"]

@@ -90,6 +90,7 @@ SIGTERM or Ctrl-C stops the broker gracefully."""
 def build_parser() -> argparse.ArgumentParser:
     from tabletopic.cli.attach import add_parser as add_attach_parser
     from tabletopic.cli.attach_config import add_parser as add_attach_config_parser
+    from tabletopic.cli.attach_status import add_parser as add_attach_status_parser
     from tabletopic.cli.sql import add_parsers as add_query_parsers
 
     parser = argparse.ArgumentParser(prog="tabletopic", description=DESCRIPTION,
@@ -110,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the broker log's level, on stderr (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
     commands = [("serve", SERVE_SUMMARY), *add_query_parsers(sub), *add_attach_parser(sub),
-                *add_attach_config_parser(sub)]
+                *add_attach_config_parser(sub), *add_attach_status_parser(sub)]
     width = max(len(name) for name, _ in commands) + 2
     parser.epilog = "\n".join([
         "commands:",
