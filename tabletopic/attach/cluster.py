@@ -5,6 +5,10 @@ counts, ListOffsets (earliest) for where a partition the table has never seen st
 them as topic configs (AutoMQ, tabletopic, clusters that accept any config), DescribeConfigs for the
 ``automq.table.topic.*`` configs. A refresh that fails keeps the last answers (the cluster may be briefly away);
 the failure is logged once per condition.
+
+A topic's own configs are the entries its DescribeConfigs answer does not mark as defaults, except on a cluster that
+lists only the configs a topic was given, not Kafka's defaults (Tansu 0.6: it accepts any config and describes each
+one set as a default, source DEFAULT_CONFIG): there every entry listed is the topic's own.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0
 TABLE_PREFIX = "automq.table.topic."
+# topic configs Kafka, AutoMQ and tabletopic always describe, with their defaults; a cluster that leaves some out lists
+# only the configs a topic was given
+KAFKA_LISTED = ("cleanup.policy", "retention.ms", "segment.bytes", "max.message.bytes")
 
 
 @dataclass
@@ -135,8 +142,9 @@ class ClusterWatch:
             except Exception as e:  # a cluster without DescribeConfigs for it: only the settings topic counts
                 log.debug("attach: configs of %s: %s", res.name, e)
                 continue
+            given_only = not all(k in entries for k in KAFKA_LISTED)  # Tansu: "default" says nothing there
             table = {k: str(e.value) for k, e in entries.items()
-                     if k.startswith(TABLE_PREFIX) and e.value is not None and not e.is_default}
+                     if k.startswith(TABLE_PREFIX) and e.value is not None and (given_only or not e.is_default)}
             if table:
                 found[res.name] = table
         return found
