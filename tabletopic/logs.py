@@ -20,8 +20,10 @@ from dataclasses import dataclass
 # loggers of libraries that log routine work at INFO
 THIRD_PARTY_LOGGERS = ("pyiceberg",)
 # loggers of libraries that log the same failure on every retry (aiokafka: "Unable connect to node ..." at ERROR
-# while a broker is down): each distinct message at most once per DEFAULT_EVERY_S
-REPEATING_LOGGERS = ("aiokafka",)
+# while a broker is down): each distinct message at most once per DEFAULT_EVERY_S. A logger's filters see only the
+# records logged on it, not its children's: each module's logger is named (its fetcher logs "Failed fetch messages"
+# and its producer's sender "Got error produce response" on every retry, every 100 ms)
+REPEATING_LOGGERS = ("aiokafka", "aiokafka.conn", "aiokafka.consumer.fetcher", "aiokafka.producer.sender")
 
 DEFAULT_EVERY_S = 60.0
 

@@ -6,15 +6,19 @@ record batches or small produce/consume loops (the fetcher, the control and sett
 client settings once, as ``kafka-configs --command-config`` takes them (``security.protocol``, ``sasl.mechanism``,
 ``sasl.username``, ``ssl.ca.location``, ...): :func:`librdkafka_config` passes them through, :func:`aiokafka_options`
 maps them to aiokafka's arguments. A setting aiokafka cannot honour is refused here, by name, never dropped.
+librdkafka's log lines go to a :class:`ClientLog`.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import ssl
 from collections.abc import Mapping
 from typing import Any
 
 from configs.errors import InvalidConfigError
+from tabletopic.logs import ConditionLog
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -83,6 +87,20 @@ def aiokafka_options(conf: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+class ClientLog:
+    """A librdkafka client's ``logger`` (and its owner's error lines): each line is a condition keyed by its text with
+    the numbers masked (``logs.ConditionLog``), logged once and then at most once a minute, as librdkafka reports every
+    failed reconnect, about every 50 ms while the cluster is away. Not thread-safe: use it from one thread at a time
+    (librdkafka's lines are served by the client's poll)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._conditions = ConditionLog(logger)
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        text = msg % args if args else msg
+        self._conditions.log(re.sub(r"\d+", "#", text), level, "%s", text)
+
+
 def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
     """The client properties for confluent-kafka, as given (checked by :func:`aiokafka_options` first, so both
     clients run with the same settings); librdkafka logs errors only unless ``log_level`` says otherwise."""
@@ -90,4 +108,4 @@ def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
     return {"log_level": "3", **conf}
 
 
-__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "aiokafka_options", "librdkafka_config"]
+__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "ClientLog", "aiokafka_options", "librdkafka_config"]

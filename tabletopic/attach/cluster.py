@@ -25,7 +25,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tabletopic.attach.client import librdkafka_config
+from tabletopic.attach.client import ClientLog, librdkafka_config
 from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,9 @@ class ClusterWatch:
         conf["log_level"] = int(conf.get("log_level", "3"))
         for key in ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms"):
             conf.pop(key, None)  # consumer settings: the admin client refuses them
-        self._admin = AdminClient(conf)
+        # librdkafka's lines are served by poll (after each refresh): its reconnects while the cluster is away are
+        # heard once a minute, not every 50 ms on stderr
+        self._admin = AdminClient(conf, logger=ClientLog(log))
         self._topic_configs = topic_configs
         self.state = ClusterTopics()
         self._conditions = ConditionLog(log)
@@ -86,6 +88,12 @@ class ClusterWatch:
         return True
 
     def _fetch(self, watched: set[str]) -> ClusterTopics:
+        try:
+            return self._ask(watched)
+        finally:
+            self._admin.poll(0)  # serve librdkafka's log lines
+
+    def _ask(self, watched: set[str]) -> ClusterTopics:
         md = self._admin.list_topics(timeout=REQUEST_TIMEOUT_S)
         out = ClusterTopics(at=time.monotonic())
         for name, t in md.topics.items():

@@ -9,6 +9,9 @@ membership alive, polled on a thread of its own so a busy event loop never misse
 Changes reach the event loop as calls of ``on_change(assigned, revoked)``; a revocation waits (bounded) for the host
 to stop its workers, so the next owner rarely starts while the old one still writes (the table's committed offsets
 keep it exactly once either way).
+
+librdkafka reports every failed reconnect, about every 50 ms while the cluster is away, as a log line and an error:
+both go through a :class:`~tabletopic.attach.client.ClientLog` (once, then at most once a minute).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from tabletopic.attach.client import librdkafka_config
+from tabletopic.attach.client import ClientLog, librdkafka_config
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class GroupMembership:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
+        self._client_log = ClientLog(log)
         self.rebalances = 0
         self.last_error: str | None = None
 
@@ -77,7 +81,7 @@ class GroupMembership:
     async def start(self) -> None:
         """Create the consumer (a bad setting raises here) and start polling it on a thread."""
         self._loop = asyncio.get_running_loop()
-        consumer = Consumer(self._conf, error_cb=self._error, logger=log)
+        consumer = Consumer(self._conf, error_cb=self._error, logger=self._client_log)
         self._thread = threading.Thread(target=self._run, args=(consumer,), name="tabletopic-attach-group",
                                         daemon=True)
         self._thread.start()
@@ -173,7 +177,7 @@ class GroupMembership:
     def _error(self, err: KafkaError) -> None:
         self.last_error = str(err)
         level = logging.ERROR if err.fatal() else logging.WARNING
-        log.log(level, "attach group %s: %s", self.group_id, err)
+        self._client_log.log(level, "attach group %s: %s", self.group_id, err)
 
 
 def _show(parts: Iterable[TP]) -> str:
