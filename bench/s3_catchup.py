@@ -34,12 +34,14 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -116,9 +118,16 @@ def local_catalog(broker: BrokerProcess) -> Catalog:
     return SqlCatalog("tabletopic", uri=with_sqlite_timeout(broker.catalog_uri), warehouse=broker.warehouse)
 
 
+class Started(Protocol):
+    """A started process helper (``BrokerProcess``, ``AttachProcess``)."""
+
+    proc: subprocess.Popen[bytes] | None
+
+
 def wait_caught_up(catalog: Catalog, topic: str, ends: dict[int, int], args: argparse.Namespace,
-                   broker: BrokerProcess, t0: float) -> float:
-    """perf_counter() of the first poll whose table's committed offsets reach ``ends``."""
+                   alive: Sequence[tuple[str, Started]], t0: float) -> float:
+    """perf_counter() of the first poll whose table's committed offsets reach ``ends``; BenchError when one of
+    ``alive`` (name, process) exits meanwhile."""
     want = {p: e for p, e in ends.items() if e > 0}
     total, done, last_progress = sum(want.values()), 0, time.perf_counter()
     while True:
@@ -130,8 +139,9 @@ def wait_caught_up(catalog: Catalog, topic: str, ends: dict[int, int], args: arg
         if all(offsets.get(p, 0) >= e for p, e in want.items()):
             return now
         done = sum(min(offsets.get(p, 0), e) for p, e in want.items())
-        if broker.proc is None or broker.proc.poll() is not None:
-            raise BenchError(f"the broker exited during the catch-up at {done:,}/{total:,}")
+        gone = [name for name, p in alive if p.proc is None or p.proc.poll() is not None]
+        if gone:
+            raise BenchError(f"{', '.join(gone)} exited during the catch-up at {done:,}/{total:,}")
         if now - t0 > args.commit_timeout_s:
             raise BenchError(f"{done:,}/{total:,} rows committed after {args.commit_timeout_s:.0f} s")
         if now - last_progress >= args.progress_s:
@@ -176,7 +186,7 @@ def catch_up(run: Run, root: Path, overrides: dict[str, str], catalog_of: Callab
         store_cpu0 = tree_cpu_seconds(store.proc.pid) if store is not None and store.proc is not None else 0.0
         t0, t0_wall = time.perf_counter(), time.time()
         enable_table_topic(broker.bootstrap, run.topic, args.interval_ms)
-        run.seconds = wait_caught_up(catalog, run.topic, ends, args, broker, t0) - t0
+        run.seconds = wait_caught_up(catalog, run.topic, ends, args, [("the broker", broker)], t0) - t0
         run.broker_cpu_s = tree_cpu_seconds(broker.proc.pid) - cpu0
         if store is not None and store.proc is not None:
             run.store_cpu_s = tree_cpu_seconds(store.proc.pid) - store_cpu0
@@ -247,6 +257,32 @@ def warm_store(store: SeaweedServer) -> None:
     table.append(pa.table({"x": pa.array([1], pa.int64())}))
 
 
+def run_and_report(body: Callable[[], Mapping[str, Sequence[Run]]],
+                   report: Callable[[Mapping[str, Sequence[Run]], tuple[str, str]], None],
+                   args: argparse.Namespace) -> int:
+    """Run the benchmark's ``body`` (its runs by kind), then ``report`` them with the load average before and after
+    and write ``--json``. Returns the exit code: 0, 130 on Ctrl-C, 1 when it broke (the traceback printed)."""
+    load_before = loadavg()
+    try:
+        runs = body()
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except Exception as e:
+        if INTERRUPTED.is_set():
+            log("interrupted")
+            return 130
+        log(f"benchmark failed: {type(e).__name__}: {e}")
+        traceback.print_exc()
+        return 1
+    report(runs, (load_before, loadavg()))
+    if args.json:
+        out = {"args": args_json(args), "runs": {k: [{**asdict(r), "rec_s": r.rec_s, "mb_s": r.mb_s} for r in rs]
+                                                 for k, rs in runs.items()}}
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
 def run_all(args: argparse.Namespace, order: list[str], root: Path, store: SeaweedServer) -> dict[str, list[Run]]:
     """``--repeat`` repetitions, the order reversed every other one (neither warehouse always goes first)."""
     runs: dict[str, list[Run]] = {name: [] for name in order}
@@ -281,29 +317,15 @@ def main() -> int:
         root = workdir(stack, args.workdir, "tabletopic-s3-catchup-")
         store = SeaweedServer()
         stack.callback(store.stop)
-        load_before = loadavg()
-        try:
+
+        def body() -> dict[str, list[Run]]:
             store.start()
             log(f"SeaweedFS: S3 {store.endpoint}, REST catalog {store.rest_uri}, warehouse {store.warehouse}")
             if "s3" in order:
                 warm_store(store)
-            runs = run_all(args, order, root, store)
-        except KeyboardInterrupt:
-            log("interrupted")
-            return 130
-        except Exception as e:
-            if INTERRUPTED.is_set():
-                log("interrupted")
-                return 130
-            log(f"benchmark failed: {type(e).__name__}: {e}")
-            traceback.print_exc()
-            return 1
-        print_report(runs, args, (load_before, loadavg()))
-        if args.json:
-            out = {"args": args_json(args), "runs": {k: [{**asdict(r), "rec_s": r.rec_s, "mb_s": r.mb_s} for r in rs]
-                                                     for k, rs in runs.items()}}
-            args.json.write_text(json.dumps(out, indent=2, default=str))
-    return 0
+            return run_all(args, order, root, store)
+
+        return run_and_report(body, lambda runs, load: print_report(runs, args, load), args)
 
 
 if __name__ == "__main__":
