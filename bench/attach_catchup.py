@@ -61,10 +61,10 @@ from e2e import (
     RecordMaker,
     _on_sigint,
     add_common_args,
+    alter_topic_configs,
     broker_log_problems,
     commit_lines,
     create_topic,
-    enable_table_topic,
     end_offsets,
     log,
     mark,
@@ -134,7 +134,10 @@ def put_settings(bootstrap: str, topic: str, configs: dict[str, str] | None) -> 
 
 
 def table_settings(args: argparse.Namespace) -> dict[str, str]:
-    return {ENABLE: "true", INTERVAL: str(args.interval_ms)}
+    """The table-topic settings every run sets: enable, the interval and ``--convert``'s."""
+    convert = {"json": {"automq.table.topic.convert.value.type": "json",
+                        "automq.table.topic.transform.value.type": "flatten"}}.get(args.convert, {})
+    return {ENABLE: "true", INTERVAL: str(args.interval_ms), **convert}
 
 
 def warm_up(broker: BrokerProcess, topic: str, args: argparse.Namespace, enable: Callable[[], None],
@@ -158,7 +161,7 @@ def broker_catch_up(broker: BrokerProcess, run: CatchUp, ends: dict[int, int], a
     since = time.time()
     cpu0, main0 = tree_cpu_seconds(broker.proc.pid), cpu_seconds(broker.proc.pid)
     t0, t0_wall = time.perf_counter(), time.time()
-    enable_table_topic(broker.bootstrap, run.topic, args.interval_ms)
+    alter_topic_configs(broker.bootstrap, run.topic, table_settings(args))
     run.seconds = wait_caught_up(local_catalog(broker), run.topic, ends, args, [("the broker", broker)], t0) - t0
     run.broker_cpu_s = tree_cpu_seconds(broker.proc.pid) - cpu0
     run.main_cpu_s = [cpu_seconds(broker.proc.pid) - main0]
@@ -277,9 +280,9 @@ def run_all(broker: BrokerProcess, root: Path, kinds: list[str], args: argparse.
 
 
 def print_report(runs: dict[str, list[CatchUp]], args: argparse.Namespace, load: tuple[str, str]) -> None:
-    print(f"\n==== catch-up of {args.records:,} JSON records of {args.min_size}-{args.max_size} B, {args.partitions} "
-          f"partitions, commit interval {args.interval_ms} ms, conversion pool {args.pool} per process, "
-          f"{args.repeat} run(s) each; MB = 10^6 bytes of key + value")
+    print(f"\n==== catch-up of {args.records:,} JSON records of {args.min_size}-{args.max_size} B ({args.convert}), "
+          f"{args.partitions} partitions, commit interval {args.interval_ms} ms, conversion pool {args.pool} per "
+          f"process, {args.repeat} run(s) each; MB = 10^6 bytes of key + value")
     print(f"  {'kind (median run)':<20}{'seconds':>8}{'rec/s':>11}{'MB/s':>8}  first round at  coordinator at"
           f"  broker CPU s  instances CPU s")
     for name, rs in runs.items():
@@ -337,6 +340,10 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each kind; medians are compared")
     ap.add_argument("--kinds", default="broker,1,2,3", help="broker and/or attach instance counts, comma-separated")
+    ap.add_argument("--convert", choices=("raw", "json"), default="raw",
+                    help="raw: the value as bytes (the default converter); json: convert.value.type=json + flatten "
+                         "(a column per JSON field; its first table change starts each process's Spark side process "
+                         "in the warm-up)")
     ap.add_argument("--pool", type=int, default=2, help="table.topic.conversion.pool.size of every process")
     ap.add_argument("--warm-records", type=int, default=1200, help="records of each warm-up table topic")
     ap.add_argument("--settle-s", type=float, default=1.0, help="wait after the warm-up, before timing")
@@ -361,8 +368,8 @@ def main() -> int:
             stack.callback(broker.stop)
             log(f"broker on {broker.bootstrap}, log {broker.log_path}")
             if "broker" in kinds:
-                warm_up(broker, "wbroker", args, lambda: enable_table_topic(broker.bootstrap, "wbroker",
-                                                                            args.interval_ms),
+                warm_up(broker, "wbroker", args, lambda: alter_topic_configs(broker.bootstrap, "wbroker",
+                                                                             table_settings(args)),
                         local_catalog(broker), [("the broker", broker)])
             runs = run_all(broker, root, kinds, args)
             warnings, errors, firsts = broker_log_problems(broker.log_path)

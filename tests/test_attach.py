@@ -176,3 +176,42 @@ def test_a_change_the_table_cannot_take_is_not_applied(broker: BrokerProcess, tm
         assert "settings of table topic attach-refused changed" not in a.log_text()
     finally:
         a.stop()
+
+
+def test_the_first_round_holds_what_the_topic_had(broker: BrokerProcess, tmp_path: Path) -> None:
+    """A topic filled before it becomes a table topic: its first commit holds every record, within a fraction of the
+    interval (a round's request waits, bounded, for the spools to reach the cluster's high watermarks, as the
+    broker's round covers its log up to its high watermark), not what was fetched by the time partition 0's
+    coordinator asked, with the rest an interval later."""
+    topic = "attach-first-round"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # referenced until its future resolves
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "queue.buffering.max.messages": 300_000})
+    for i in range(200_000):
+        p.produce(topic, key=f"k{i % 997}".encode(), value=b'{"id": %d, "note": "%s"}' % (i, b"x" * 120))
+    assert p.flush(60) == 0
+    total = sum(end_offsets(broker, topic, 4).values())
+    lake = SharedLake(tmp_path / "lake")
+    a = AttachProcess(broker.bootstrap, tmp_path / "a1", lake, name="a1",
+                      overrides={"table.topic.attach.group.id": topic})
+    a.start()
+    try:
+        t0 = time.monotonic()
+        done = attach_config(broker.bootstrap, topic, "--add-config",
+                             "automq.table.topic.enable=true,automq.table.topic.commit.interval.ms=10000")
+        assert done.returncode == 0, done.stderr
+        catalog = lake.catalog()
+        while True:
+            assert time.monotonic() - t0 < 30, "no commit"
+            try:
+                snapshot = catalog.load_table(f"default.{topic}").current_snapshot()
+            except Exception:  # not created yet
+                snapshot = None
+            if snapshot is not None:
+                break
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert snapshot.summary is not None and int(snapshot.summary["total-records"]) == total
+        assert took < 6, f"the first commit came {took:.1f} s after the settings, an interval is 10 s"
+    finally:
+        a.stop()

@@ -98,6 +98,43 @@ def test_a_request_reaches_the_workers_of_its_topic_on_every_instance(broker: Br
     run(scenario())
 
 
+def test_a_waiting_hook_holds_back_only_the_later_requests_of_its_topic(broker: BrokerProcess) -> None:
+    """The host's hook waits for the fetch (up to an interval): meanwhile another topic's requests and the answers
+    for the coordinator on the same bus go through, and the waiting topic's requests keep their order."""
+    async def scenario() -> None:
+        a, b = await started(broker, "a", "b")
+        try:
+            slow, fast = topic_name(), topic_name()
+            slow_q = b.channel(slow).register_worker(0)
+            coordinator = b.channel(fast)  # b runs a worker of `fast` and coordinates it
+            fast_q = coordinator.register_worker(0)
+            assert await coordinator.next_response(0.01) is None
+            release = asyncio.Event()
+
+            async def hook(req: CommitRequest) -> None:
+                if req.topic == slow:
+                    await release.wait()
+
+            b.set_request_hook(hook)
+            first, second = request(slow, range(1)), request(slow, range(1))
+            a.channel(slow).broadcast(first)
+            a.channel(slow).broadcast(second)
+            other = request(fast, range(1))
+            coordinator.broadcast(other)
+            assert await asyncio.wait_for(fast_q.get(), 10) == other
+            (answer,) = answers(fast, lambda _i: (), 1)
+            a.channel(fast).respond(answer)
+            got = await coordinator.next_response(10)
+            assert got is not None and got.commit_id == answer.commit_id
+            assert slow_q.empty()
+            release.set()
+            assert [await asyncio.wait_for(slow_q.get(), 10) for _ in range(2)] == [first, second]
+        finally:
+            await stopped(a, b)
+
+    run(scenario())
+
+
 def test_the_control_topic_is_created_as_documented(broker: BrokerProcess) -> None:
     async def scenario() -> None:
         (bus,) = await started(broker, "solo")

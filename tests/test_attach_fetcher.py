@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition
 
 from tabletopic.attach.client import aiokafka_options
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions, whole_batches
-from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog
+from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog, SpoolOptions
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.segment import file_name
@@ -363,3 +363,48 @@ def test_whole_batches_drops_a_partial_tail_and_refuses_what_is_not_v2() -> None
     headers, problem = whole_batches(memoryview(data + bytes(bad)), 0, verify_crc=True)
     assert len(headers) == 3 and problem is not None and "CRC32C" in problem
     assert len(whole_batches(memoryview(data + bytes(bad)), 0, verify_crc=False)[0]) == 4
+
+
+def _append(plog: RemotePartitionLog, base: int, records: int) -> None:
+    data = memoryview(_batch(base, records))
+    plog.append(data, whole_batches(data, base, verify_crc=True)[0])
+
+
+def test_wait_fetched_waits_for_the_remote_high_watermark_known_when_called(tmp_path: Path) -> None:
+    """What a round's request waits for before it reaches the workers (attach/host.py ``_fetched``)."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        plog = RemotePartitionLog(tmp_path / "spool", "t", 0, 0)
+        # nothing fetched yet: the first answer's high watermark is the target
+        waiting = asyncio.create_task(plog.wait_fetched(loop.time() + 30))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        plog.remote_high_watermark = 6
+        _append(plog, 0, 3)
+        await asyncio.sleep(0.1)
+        assert not waiting.done(), "3 of the 6 records the remote had are spooled"
+        _append(plog, 3, 3)
+        await asyncio.wait_for(waiting, 1)
+        # what the remote gets after the call is not waited for
+        plog.remote_high_watermark = 9
+        waiting = asyncio.create_task(plog.wait_fetched(loop.time() + 30))
+        await asyncio.sleep(0.05)
+        plog.remote_high_watermark = 12
+        _append(plog, 6, 3)
+        await asyncio.wait_for(waiting, 1)
+        # the fetch does not get there: the deadline
+        plog.remote_high_watermark = 20
+        t0 = loop.time()
+        await plog.wait_fetched(t0 + 0.3)
+        assert 0.25 <= loop.time() - t0 < 2
+        # a full spool (fetching pauses) and a closed one return at once
+        full = RemotePartitionLog(tmp_path / "full", "t", 1, 0, options=SpoolOptions(max_bytes=len(_batch(0, 3))))
+        full.remote_high_watermark = 100
+        _append(full, 0, 3)
+        t0 = loop.time()
+        await full.wait_fetched(t0 + 30)
+        plog.close()
+        await plog.wait_fetched(t0 + 30)
+        assert loop.time() - t0 < 0.5
+
+    asyncio.run(main())

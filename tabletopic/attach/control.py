@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -62,7 +63,8 @@ CONTROL_TOPIC = "__tabletopic_table_control"
 CONTROL_TOPIC_CONFIGS = {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}
 
 RequestHook = Callable[[CommitRequest], Awaitable[None] | None]
-"""Sees each request of a topic with a channel on this bus before its local workers do (awaited if async)."""
+"""Sees each request of a topic with a channel on this bus before its local workers do (awaited if async; while it
+waits, that topic's later requests wait behind it, nothing else does)."""
 
 ANNOUNCE_INTERVAL_S = 3.0
 """How often claims are repeated by default; a claim not repeated for three intervals is forgotten."""
@@ -213,6 +215,7 @@ class ControlBus:
         self._producer: Any = None
         self._consumer: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._deliveries: dict[str, asyncio.Task[None]] = {}  # per topic, its last request on its way to the workers
         self._conditions = ConditionLog(log)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -248,10 +251,11 @@ class ControlBus:
         if self._tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained(), self.options.stop_timeout_s)
-        for t in self._tasks:
+        deliveries = list(self._deliveries.values())
+        for t in [*self._tasks, *deliveries]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*self._tasks, *deliveries, return_exceptions=True)
+        self._tasks, self._deliveries = [], {}
         for client in (self._consumer, self._producer):
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -438,8 +442,13 @@ class ControlBus:
         elif isinstance(message, CommitRequest):
             ch = self._channels.get(message.topic)
             if ch is not None:
-                await self._run_hook(message)
-                ch.deliver_request(message)
+                # the hook may wait (for the fetch): on a task of the topic's own, after its earlier requests, so
+                # neither answers nor other topics' requests wait behind it
+                before = self._deliveries.get(message.topic)
+                task = asyncio.create_task(self._deliver(before, ch, message),
+                                           name=f"control-deliver-{message.topic}")
+                self._deliveries[message.topic] = task
+                task.add_done_callback(partial(self._delivered, message.topic))
         elif isinstance(message, CommitResponse):
             ch = self._channels.get(message.topic)
             if ch is not None:
@@ -458,6 +467,16 @@ class ControlBus:
             return None
         del self._parts[part.part_id]
         return join_parts(list(parts.values()))
+
+    async def _deliver(self, before: asyncio.Task[None] | None, ch: ControlChannel, request: CommitRequest) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        await self._run_hook(request)
+        ch.deliver_request(request)
+
+    def _delivered(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._deliveries.get(topic) is task:
+            del self._deliveries[topic]
 
     async def _run_hook(self, request: CommitRequest) -> None:
         if self._hook is None:

@@ -77,8 +77,11 @@ class FetcherOptions:
     holds above its released offset, how retries back off, how often progress is logged during a catch-up."""
 
     max_wait_ms: int = 250
-    fetch_max_bytes: int = 32 * MiB
-    partition_max_bytes: int = 4 * MiB
+    # 16/2 MiB rather than 32/4: 1M records of ~155 B over 12 partitions spooled in 0.27 s for 0.19 CPU s instead
+    # of 0.35 s and 0.28 s (each answer is copied three times on its way to the spool); Kafka's consumers ask
+    # 1 MiB per partition
+    fetch_max_bytes: int = 16 * MiB
+    partition_max_bytes: int = 2 * MiB
     max_spool_bytes: int = 256 * MiB
     segment_bytes: int = 16 * MiB
     retry_backoff_ms: int = 100

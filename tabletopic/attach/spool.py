@@ -183,6 +183,29 @@ class RemotePartitionLog:
         with contextlib.suppress(ValueError):
             self._waiters.remove(fut)
 
+    async def wait_fetched(self, deadline: float) -> None:
+        """Return once the spool reaches the remote high watermark as the fetcher knew it when called (the first
+        fetch answer's, when none came yet), or the spool cannot get there (full: fetching pauses; failed; closed),
+        or at ``deadline`` (event loop time). Later moves of the remote high watermark are not waited for."""
+        loop = asyncio.get_running_loop()
+        target = self.remote_high_watermark
+        while not self._closed and self.error is None and self.room() > 0:
+            if target < 0:
+                target = self.remote_high_watermark
+            if 0 <= target <= self._end:
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            # an answer without records moves no high watermark (nothing wakes the waiter): look every few ms
+            fut = self.add_waiter()
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), min(left, 0.02))
+            except TimeoutError:
+                pass
+            finally:
+                self.remove_waiter(fut)
+
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
                     ) -> tuple[list[FileRange], int]:
         """Like :meth:`tabletopic.log.log.PartitionLog.read_ranges`: the file ranges of whole batches from the one
