@@ -18,9 +18,11 @@ repetition, in an order that rotates:
   configs (``table.topic.attach.topic.configs.enable=false``: the broker runs' copies are table topics by theirs).
 
 Processes in service, not cold ones, are compared: before the clock starts, the broker and each run's instances
-catch up a small warm-up table topic (``--warm-records`` over all partitions), which starts their conversion pools
-and, in attach mode, forms the group with partitions on every instance; instance start-up is not timed, as the
-broker's is not. The group's rebalance onto the new topic, the fetch and the control-topic rounds are timed.
+catch up a small warm-up table topic (``--warm-records``; in attach mode a partition per instance, until each has
+one: the group formed), which starts their conversion pools (with ``--convert json``, its first table change also
+starts the Spark side process of the process coordinating it: in attach mode only that instance's, so runs of
+several instances may pay a Spark start where the next coordinator is another). Instance start-up is not timed,
+as the broker's is not; the group's rebalance onto the new topic, the fetch and the control-topic rounds are.
 Every process converts with a pool of ``--pool`` processes (``table.topic.conversion.pool.size``; the default 2 is
 the broker's default here, one per core) at the same commit interval (``--interval-ms``, 1000). Every table is then
 scanned with pyiceberg: rows and distinct (partition, offset) pairs must both equal the records, else no ratio.
@@ -31,8 +33,8 @@ coordinator's ``[COMMIT_COMPLETE]`` lines), the ratios attach / broker (target: 
 
 Prints numbers, asserts nothing: exit 0 whenever it ran (targets shown with ✓/✗), 1 when it broke, 130 on Ctrl-C::
 
-    .venv/bin/python bench/attach_catchup.py              # 1M records, 12 partitions, 3 repetitions: ~6 min
-    .venv/bin/python bench/attach_catchup.py --quick      # 200k records, 1 repetition: ~1.5 min
+    .venv/bin/python bench/attach_catchup.py              # 1M records, 12 partitions, 5 repetitions: ~4 min
+    .venv/bin/python bench/attach_catchup.py --quick      # 200k records, 1 repetition: ~1 min
     .venv/bin/python bench/attach_catchup.py --kinds broker,1 --workdir /tmp/ac   # keeps the logs
 """
 
@@ -135,23 +137,40 @@ def put_settings(bootstrap: str, topic: str, configs: dict[str, str] | None) -> 
 
 def table_settings(args: argparse.Namespace) -> dict[str, str]:
     """The table-topic settings every run sets: enable, the interval and ``--convert``'s."""
-    convert = {"json": {"automq.table.topic.convert.value.type": "json",
-                        "automq.table.topic.transform.value.type": "flatten"}}.get(args.convert, {})
-    return {ENABLE: "true", INTERVAL: str(args.interval_ms), **convert}
+    converter = {"json": {"automq.table.topic.convert.value.type": "json",
+                          "automq.table.topic.transform.value.type": "flatten"}}.get(args.convert, {})
+    return {ENABLE: "true", INTERVAL: str(args.interval_ms), **converter}
 
 
-def warm_up(broker: BrokerProcess, topic: str, args: argparse.Namespace, enable: Callable[[], None],
-            catalog: Catalog, alive: list[tuple[str, Started]]) -> None:
-    """A small table topic (``--warm-records`` over all partitions) enabled and caught up: starts the conversion
-    pool and, in attach mode, has every instance in the group with partitions assigned."""
-    create_topic(broker.bootstrap, topic, args.partitions)
-    produce_records(broker.bootstrap, topic, args.warm_records, SpreadRecords(args.min_size, args.max_size), args,
-                    label=f"fill {topic}")
-    ends = end_offsets(broker.bootstrap, topic, args.partitions)
+def warm_up(broker: BrokerProcess, topics: list[tuple[str, int]], args: argparse.Namespace,
+            enable: Callable[[str], None], catalog: Catalog, alive: list[tuple[str, Started]]) -> None:
+    """Small table topics (name, partitions; ``--warm-records`` each) enabled and caught up: they start the
+    conversion pools and (``--convert json``: a table's first change) the Spark side processes of the processes
+    that run them."""
     t0 = time.perf_counter()
-    enable()
-    log(f"  warm-up table topic {topic} caught up in "
-        f"{wait_caught_up(catalog, topic, ends, args, alive, t0) - t0:.2f} s")
+    ends = {}
+    for topic, partitions in topics:
+        create_topic(broker.bootstrap, topic, partitions)
+        produce_records(broker.bootstrap, topic, args.warm_records, SpreadRecords(args.min_size, args.max_size),
+                        args, label=f"fill {topic}")
+        ends[topic] = end_offsets(broker.bootstrap, topic, partitions)
+        enable(topic)
+    for topic, end in ends.items():
+        wait_caught_up(catalog, topic, end, args, alive, t0)
+    log(f"  warm-up table topic(s) {', '.join(ends)} caught up in {time.perf_counter() - t0:.2f} s")
+
+
+def wait_assigned(proc: AttachProcess, topics: list[str], timeout_s: float) -> None:
+    """Until ``proc``'s last assignment line (``[tabletopic.attach.membership] ... assigned``) names one of
+    ``topics``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [line for line in proc.log_text().splitlines() if "attach.membership" in line and "assigned" in line]
+        if lines and any(f" {topic} [" in lines[-1] for topic in topics):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"{proc.name} has no partition of {topics} after {timeout_s:.0f} s")
+        time.sleep(0.1)
 
 
 def broker_catch_up(broker: BrokerProcess, run: CatchUp, ends: dict[int, int], args: argparse.Namespace) -> None:
@@ -197,17 +216,22 @@ def attach_catch_up(broker: BrokerProcess, run: CatchUp, root: Path, ends: dict[
         s0 = time.perf_counter()
         start_instances(procs)
         run.start_s = time.perf_counter() - s0
-        # running instances, as in service: their group formed and their conversion pools started by a table topic
-        # they already run, caught up before the clock starts (the broker's pool is warmed the same way)
-        warm_up(broker, warm, args, lambda: put_settings(broker.bootstrap, warm, table_settings(args)),
-                lake.catalog(), [("the broker", broker), *((p.name, p) for p in procs)])
+        # running instances, as in service: their group formed, their conversion pools (and Spark) started by
+        # table topics they already run, caught up before the clock starts (the broker is warmed the same way)
+        # a partition per instance, until each has one: cooperative-sticky balances partition counts over all
+        # topics, so a warm-up topic of many partitions, caught up by the first instance in, would keep the new
+        # topic off that instance
+        alive: list[tuple[str, Started]] = [("the broker", broker), *((p.name, p) for p in procs)]
+        warm_up(broker, [(warm, run.instances)], args,
+                lambda t: put_settings(broker.bootstrap, t, table_settings(args)), lake.catalog(), alive)
+        for p in procs:
+            wait_assigned(p, [warm], args.commit_timeout_s)
         time.sleep(args.settle_s)
         cpu0 = [tree_cpu_seconds(p.proc.pid) for p in procs if p.proc is not None]
         main0 = [cpu_seconds(p.proc.pid) for p in procs if p.proc is not None]
         bcpu0 = tree_cpu_seconds(broker.proc.pid)
         t0, t0_wall = time.perf_counter(), time.time()
         put_settings(broker.bootstrap, PLAIN, table_settings(args))
-        alive: list[tuple[str, Started]] = [("the broker", broker), *((p.name, p) for p in procs)]
         run.seconds = wait_caught_up(lake.catalog(), PLAIN, ends, args, alive, t0) - t0
         run.per_instance_cpu_s = [tree_cpu_seconds(p.proc.pid) - c for p, c in zip(procs, cpu0, strict=True)
                                   if p.proc is not None]
@@ -329,7 +353,8 @@ def print_ratios(runs: dict[str, list[CatchUp]]) -> None:
                          f"{', '.join(f'{x:.2f}x' for x in per_rep)}){ok}")
         if one and name != "attach x1":
             parts.append(f"/ attach x1 {rate / one:.2f}x")
-        print(f"  {name:<11}{'; '.join(parts)}")
+        if parts:
+            print(f"  {name:<11}{'; '.join(parts)}")
 
 
 def main() -> int:
@@ -338,7 +363,7 @@ def main() -> int:
     ap.add_argument("--min-size", type=int, default=110, help="smallest JSON value, bytes")
     ap.add_argument("--max-size", type=int, default=200, help="largest JSON value, bytes")
     ap.add_argument("--partitions", type=int, default=12)
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each kind; medians are compared")
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each kind; medians are compared")
     ap.add_argument("--kinds", default="broker,1,2,3", help="broker and/or attach instance counts, comma-separated")
     ap.add_argument("--convert", choices=("raw", "json"), default="raw",
                     help="raw: the value as bytes (the default converter); json: convert.value.type=json + flatten "
@@ -368,8 +393,8 @@ def main() -> int:
             stack.callback(broker.stop)
             log(f"broker on {broker.bootstrap}, log {broker.log_path}")
             if "broker" in kinds:
-                warm_up(broker, "wbroker", args, lambda: alter_topic_configs(broker.bootstrap, "wbroker",
-                                                                             table_settings(args)),
+                warm_up(broker, [("wbroker", 1)], args, lambda t: alter_topic_configs(broker.bootstrap, t,
+                                                                                 table_settings(args)),
                         local_catalog(broker), [("the broker", broker)])
             runs = run_all(broker, root, kinds, args)
             warnings, errors, firsts = broker_log_problems(broker.log_path)
