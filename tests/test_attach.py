@@ -5,19 +5,23 @@ time-out."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+from aiokafka.errors import KafkaError
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.helpers.attach import AttachProcess, SharedLake
+from tests.helpers.attach import AttachProcess, SharedLake, retire_table_topic
 from tests.helpers.procs import BrokerProcess
 from tests.test_table_topics import _arrow_rows, end_offsets, log_rows, normalize_log
 
@@ -29,8 +33,23 @@ def attach_config(bootstrap: str, topic: str, *args: str) -> subprocess.Complete
                            "--topic", topic, *args], capture_output=True, text=True, timeout=60, check=False)
 
 
+_CREATED: list[tuple[str, str]] = []  # (bootstrap, topic) made table topics by the running test
+
+
+@pytest.fixture(autouse=True)
+def _retire_table_topics() -> Iterator[None]:
+    """The session's broker is shared: a table topic left on it would be taken up by every later test's instances."""
+    yield
+    while _CREATED:
+        bootstrap, topic = _CREATED.pop()
+        with contextlib.suppress(KafkaError):  # the test's own cluster is gone already: nothing to retire
+            retire_table_topic(bootstrap, topic)
+
+
 def create_table_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    """A plain topic of the cluster, made a table topic (1 s commits) through the settings topic."""
+    """A plain topic of the cluster, made a table topic (1 s commits) through the settings topic; its settings are
+    removed after the test (a module using this imports ``_retire_table_topics`` too)."""
+    _CREATED.append((bootstrap, topic))
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     done = attach_config(bootstrap, topic, "--add-config",
@@ -197,6 +216,7 @@ def test_the_first_round_holds_what_the_topic_had(broker: BrokerProcess, tmp_pat
     a.start()
     try:
         t0 = time.monotonic()
+        _CREATED.append((broker.bootstrap, topic))
         done = attach_config(broker.bootstrap, topic, "--add-config",
                              "automq.table.topic.enable=true,automq.table.topic.commit.interval.ms=10000")
         assert done.returncode == 0, done.stderr

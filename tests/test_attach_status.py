@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tabletopic.attach.codec import Announcement, LastCommit, MalformedMessageError, decode, encode_announcement
 from tests.helpers.attach import AttachProcess, SharedLake
 from tests.helpers.procs import BrokerProcess
-from tests.test_attach import Stream, create_table_topic, table_rows
+from tests.test_attach import Stream, _retire_table_topics, create_table_topic, table_rows  # noqa: F401 (fixture)
 from tests.test_table_topics import end_offsets
 
 T = TypeVar("T")
@@ -90,12 +90,13 @@ def wait_for(get: Callable[[], T], ok: Callable[[T], bool], timeout: float, what
     return value
 
 
-def attach_gauges(p: AttachProcess) -> dict[str, dict[tuple[str, ...], float]]:
-    """The instance's tabletopic_attach_* samples: name → (label values) → value."""
+def attach_gauges(p: AttachProcess, topic: str) -> dict[str, dict[tuple[str, ...], float]]:
+    """The instance's tabletopic_attach_* samples of ``topic`` (and those without a topic): name → (label values)
+    → value. Other table topics of the shared broker may be running on the instance too."""
     out: dict[str, dict[tuple[str, ...], float]] = {}
     for family in text_string_to_metric_families(p.metrics()):
         for s in family.samples:
-            if s.name.startswith("tabletopic_attach_"):
+            if s.name.startswith("tabletopic_attach_") and s.labels.get("topic", topic) == topic:
                 key = tuple(s.labels[k] for k in ("topic", "partition", "reason") if k in s.labels)
                 out.setdefault(s.name, {})[key] = s.value
     return out
@@ -107,7 +108,11 @@ def caught_up(status: Status, partitions: int, instances: set[str]) -> bool:
             and status.coordinator == status.partitions[0][0] and status.snapshot_id != "-")
 
 
-def test_attach_status_and_metrics_show_owners_lag_and_last_commit(broker: BrokerProcess, tmp_path: Path) -> None:
+def test_attach_status_and_metrics_show_owners_lag_and_last_commit(fresh_broker: BrokerProcess, tmp_path: Path
+                                                                  ) -> None:
+    # a cluster of its own: table topics other tests leave on the shared broker would take partitions of the group
+    # (cooperative-sticky balances counts over all its topics), and this test looks at how one topic is spread
+    broker = fresh_broker
     topic, n = "attach-status", 4
     create_table_topic(broker.bootstrap, topic, n)
     lake = SharedLake(tmp_path / "lake")
@@ -136,7 +141,7 @@ def test_attach_status_and_metrics_show_owners_lag_and_last_commit(broker: Broke
         assert int(status.records) > 0 and status.last_commit.endswith("+00:00")
 
         for p in (a1, a2):  # each instance's metrics agree with what attach-status shows
-            g = attach_gauges(p)
+            g = attach_gauges(p, topic)
             mine = {part for part, inst in owners.items() if inst == p.name}
             assert g["tabletopic_attach_partition_owned"] == {(topic, str(part)): 1.0 for part in mine}
             assert g["tabletopic_attach_partition_lag"] == {(topic, str(part)): 0.0 for part in mine}
@@ -150,7 +155,7 @@ def test_attach_status_and_metrics_show_owners_lag_and_last_commit(broker: Broke
         after = wait_for(lambda: status_of(broker.bootstrap, topic),
                          lambda s: caught_up(s, n, {staying.name}), 30, "attach-status after one instance left")
         assert after.coordinator == staying.name
-        g = attach_gauges(staying)
+        g = attach_gauges(staying, topic)
         assert g["tabletopic_attach_partition_owned"] == {(topic, str(part)): 1.0 for part in range(n)}
     finally:
         a1.stop()

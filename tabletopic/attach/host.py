@@ -262,8 +262,13 @@ class AttachHost:
             log.info("attach: table topics %s", sorted(self._wanted) or "none")
 
     def _settings_event(self, topic: str) -> None:
-        task = asyncio.ensure_future(self._reconcile())
+        task = asyncio.ensure_future(self._settings_changed(topic))
         task.add_done_callback(partial(_log_failure, f"applying the settings of {topic}"))
+
+    async def _settings_changed(self, topic: str) -> None:
+        if topic not in self.cluster.state.partitions:  # a topic created since the last refresh: look now
+            await self.cluster.refresh(self._wanted | {topic})
+        await self._reconcile()
 
     async def _refresh_loop(self) -> None:
         while True:

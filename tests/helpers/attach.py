@@ -7,6 +7,7 @@ metrics endpoint listens (bound after it joined the group). Its log goes to ``<s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -17,7 +18,24 @@ from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
 
+from tabletopic.attach.client import aiokafka_options
+from tabletopic.attach.settings import SettingsTopic
 from tests.helpers.procs import QUICK_JIT_JVM_OPTIONS, free_port, kill9, terminate, wait_port
+
+
+def retire_table_topic(bootstrap: str, topic: str) -> None:
+    """Remove the topic's attach settings (a tombstone on the settings topic), so that instances of later tests on
+    the same cluster leave it alone."""
+
+    async def run() -> None:
+        settings = SettingsTopic(aiokafka_options({"bootstrap.servers": bootstrap}))
+        await settings.start()
+        try:
+            await settings.put(topic, None)
+        finally:
+            await settings.stop()
+
+    asyncio.run(run())
 
 
 class SharedLake:
