@@ -199,6 +199,14 @@ class LogReader(HighWatermarkSource, Protocol):
     @property
     def size_bytes(self) -> int: ...
 
+    @property
+    def source_high_watermark(self) -> int:
+        """The partition's high watermark where its records come from: ``high_watermark`` itself for a log the
+        records are written to (the broker's); for a copy fetched from another cluster (attach mode), that
+        cluster's as last fetched, ahead of ``high_watermark`` while the copy catches up. A round covers the records
+        below it, reading each once ``high_watermark`` passes it (``add_waiter`` says when)."""
+        ...
+
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
                     ) -> tuple[list[FileRange], int]:
         """The file ranges of whole batches from ``fetch_offset`` (up to ``max_bytes``, below ``max_offset``), and

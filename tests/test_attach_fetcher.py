@@ -21,7 +21,7 @@ from confluent_kafka import TopicPartition
 
 from tabletopic.attach.client import aiokafka_options
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions, whole_batches
-from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog, SpoolOptions
+from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.segment import file_name
@@ -370,41 +370,41 @@ def _append(plog: RemotePartitionLog, base: int, records: int) -> None:
     plog.append(data, whole_batches(data, base, verify_crc=True)[0])
 
 
-def test_wait_fetched_waits_for_the_remote_high_watermark_known_when_called(tmp_path: Path) -> None:
-    """What a round's request waits for before it reaches the workers (attach/host.py ``_fetched``)."""
+def test_wait_known_waits_for_the_first_answer_and_the_source_high_watermark_leads(tmp_path: Path) -> None:
+    """What a round's request waits for before it reaches the workers (attach/host.py ``_known``), and the high
+    watermark a round's workers read up to as the spool gets there (``source_high_watermark``)."""
     async def main() -> None:
         loop = asyncio.get_running_loop()
         plog = RemotePartitionLog(tmp_path / "spool", "t", 0, 0)
-        # nothing fetched yet: the first answer's high watermark is the target
-        waiting = asyncio.create_task(plog.wait_fetched(loop.time() + 30))
+        # nothing fetched yet: no answer, nothing to wait for in a round (the spool's own high watermark)
+        waiting = asyncio.create_task(plog.wait_known(loop.time() + 30))
         await asyncio.sleep(0.1)
         assert not waiting.done()
-        plog.remote_high_watermark = 6
+        assert plog.source_high_watermark == 0
+        plog.remote_high_watermark = 6  # an answer, before its records are spooled
+        await asyncio.wait_for(waiting, 1)
+        assert (plog.high_watermark, plog.source_high_watermark) == (0, 6)
         _append(plog, 0, 3)
-        await asyncio.sleep(0.1)
-        assert not waiting.done(), "3 of the 6 records the remote had are spooled"
+        assert (plog.high_watermark, plog.source_high_watermark) == (3, 6)
         _append(plog, 3, 3)
-        await asyncio.wait_for(waiting, 1)
-        # what the remote gets after the call is not waited for
-        plog.remote_high_watermark = 9
-        waiting = asyncio.create_task(plog.wait_fetched(loop.time() + 30))
-        await asyncio.sleep(0.05)
-        plog.remote_high_watermark = 12
-        _append(plog, 6, 3)
-        await asyncio.wait_for(waiting, 1)
-        # the fetch does not get there: the deadline
-        plog.remote_high_watermark = 20
+        assert (plog.high_watermark, plog.source_high_watermark) == (6, 6)
+        # known already: at once
         t0 = loop.time()
-        await plog.wait_fetched(t0 + 0.3)
-        assert 0.25 <= loop.time() - t0 < 2
-        # a full spool (fetching pauses) and a closed one return at once
-        full = RemotePartitionLog(tmp_path / "full", "t", 1, 0, options=SpoolOptions(max_bytes=len(_batch(0, 3))))
-        full.remote_high_watermark = 100
-        _append(full, 0, 3)
-        t0 = loop.time()
-        await full.wait_fetched(t0 + 30)
-        plog.close()
-        await plog.wait_fetched(t0 + 30)
+        await plog.wait_known(t0 + 30)
         assert loop.time() - t0 < 0.5
+        # no answer in time: the deadline
+        fresh = RemotePartitionLog(tmp_path / "fresh", "t", 2, 0)
+        t0 = loop.time()
+        await fresh.wait_known(t0 + 0.3)
+        assert 0.25 <= loop.time() - t0 < 2
+        # fetching stopped (a refused batch) or closed: nothing more comes, at once
+        plog.remote_high_watermark = 20
+        plog.fail("refused")
+        assert plog.source_high_watermark == 6
+        fresh.close()
+        t0 = loop.time()
+        await fresh.wait_known(t0 + 30)
+        assert loop.time() - t0 < 0.5
+        assert fresh.source_high_watermark == 0
 
     asyncio.run(main())

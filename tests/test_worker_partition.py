@@ -1,6 +1,7 @@
 """PartitionWorker: the commit handshake over an InProcessChannel, against a real PartitionLog, a real SQLite
 catalog and a real spawned process pool: matching / older / newer offsets, pre-write, resets, log start,
-MORE_DATA, BLOCKED, EPOCH_MISMATCH, stale requests, stop."""
+MORE_DATA, BLOCKED, EPOCH_MISMATCH, stale requests, stop; a round over attach mode's copy of a remote partition
+still being fetched."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pyiceberg.table import Table
 from configs.partition_spec import parse_partition_by
 from configs.table_topic import ConvertType, ErrorsTolerance, TableTopicConfig
 from coordinator.contract import CommitCode, CommitRequest, CommitResponse, InProcessChannel, PartitionOffset
+from tabletopic.attach.fetcher import whole_batches
+from tabletopic.attach.spool import RemotePartitionLog
 from tabletopic.fileio import local_path
 from tabletopic.log import PartitionLog
 from tests.helpers.topic_view import FunctionTables, FunctionTopicView
@@ -39,6 +42,7 @@ from tests.test_worker_support import (
 )
 from worker.converters.string import REASON_INVALID_UTF8_VALUE
 from worker.partition_worker import Conversion, PartitionWorker, WorkerOptions
+from worker.task import sealed
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -415,6 +419,7 @@ from tests.test_worker_partition import STRING, TOPIC
 from tests.test_worker_support import append_records, catalog, create_table, json_records, open_log
 from tests.helpers.topic_view import FunctionTables, FunctionTopicView
 from worker.partition_worker import Conversion, PartitionWorker, WorkerOptions
+from worker.task import sealed
 
 async def main(tmp: Path) -> None:
     table = create_table(catalog(tmp), STRING, TOPIC)
@@ -440,3 +445,64 @@ def test_crash_point_between_writing_and_answering(tmp_path: Path) -> None:
     assert "answered" not in proc.stdout
     files = list((tmp_path / "wh").rglob("tt-p0-0-*.parquet"))
     assert files  # written, never handed over: the coordinator's clean-up finds them by name (start offset 0)
+
+
+def _feed(remote: RemotePartitionLog, batches: list[bytes]) -> None:
+    for buf in batches:
+        view = memoryview(bytes(buf))
+        remote.append(view, whole_batches(view, remote.high_watermark, verify_crc=True)[0])
+
+
+def test_a_round_over_a_copy_still_being_fetched(tmp_path: Path, pool: ProcessPoolExecutor,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Attach mode: the round covers the remote high watermark known when it was asked for, converting the records
+    # as they reach the spool (one answer for all of them), and waits for the rest only a bounded time (MORE_DATA).
+    monkeypatch.setattr("worker.partition_worker.DATA_WAIT_MAX_S", 1.0)
+    source = open_log(tmp_path / "source", TOPIC, 0)  # the remote partition: its batches as a fetch gets them
+    append_records(source, json_records(3000), per_batch=100)
+    batches = [source.read(offset, 1).data for offset in range(0, 3000, 100)]
+    source.close()
+    remote = RemotePartitionLog(tmp_path / "spool", TOPIC, 0, 0)
+
+    async def body(env: Env) -> None:
+        w = PartitionWorker(FunctionTopicView(TOPIC, lambda: env.cfg, log=lambda p: remote), 0, env.channel,
+                            tables=FunctionTables(lambda: env.table), conversion=Conversion(env.pool),
+                            options=WorkerOptions(prewrite_bytes=64 * 1024))
+        await w.start()
+        env.workers[0] = w
+        remote.remote_high_watermark = 2000  # what the cluster had when the round was asked for
+        _feed(remote, batches[:2])
+
+        async def trickle() -> None:
+            for i in range(2, 30):
+                await asyncio.sleep(0.01)
+                _feed(remote, batches[i:i + 1])
+
+        feeding = asyncio.create_task(trickle())
+        r = await env.ask(0)
+        assert (r.code, r.next_offset, r.record_count) == (CommitCode.NONE, 2000, 2000)
+        env.commit(r)
+        await feeding
+        # the cluster says 5000, the copy holds 3000 and nothing more comes: what came, then MORE_DATA
+        remote.remote_high_watermark = 5000
+        t0 = time.monotonic()
+        r = await env.ask(2000)
+        assert (r.code, r.next_offset) == (CommitCode.MORE_DATA, 3000)
+        assert 0.9 <= time.monotonic() - t0 < 10
+        env.commit(r)
+        assert env.table_offsets() == list(range(3000))
+
+    try:
+        run(tmp_path, pool, body)
+    finally:
+        remote.close()
+
+
+def test_a_sealed_pool_call_takes_its_arguments_as_they_were(pool: ProcessPoolExecutor) -> None:
+    # The pool pickles on a thread of its own, later; a sealed call was pickled when made, so what the event loop
+    # changes afterwards (pyiceberg's cached properties, here a dict) neither reaches nor races the pickling.
+    fields = {"id": 1}
+    call = sealed(len, fields)
+    fields["name"] = 2
+    assert pool.submit(call).result() == 1
+    assert call() == 1

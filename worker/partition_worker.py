@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from concurrent.futures import Executor
@@ -46,7 +45,7 @@ from worker.formats.base import RegistrySchema
 from worker.plan import ConversionPlan, latest_subjects
 from worker.reasons import error_text, is_outage
 from worker.schema_source import RegistryUnavailableError, SchemaSource
-from worker.task import TaskResult, convert_and_write, dead_letter_target, delete_uncommitted
+from worker.task import TaskResult, convert_and_write, dead_letter_target, delete_uncommitted, sealed
 from worker.writer import APPEND, MERGE, WriteTarget
 
 log = logging.getLogger(__name__)
@@ -65,6 +64,9 @@ ROUND_BUDGET_S = 10.0
 CHUNK_TARGET_S = 3.0
 MIN_CHUNK_BYTES = 256 * 1024
 FIRST_CHUNK_BYTES = 4 * MiB
+# a round waits at most this long (and at most a commit interval) for records below its high watermark to become
+# readable: a remote partition's copy still being fetched (attach mode); the broker's own logs never wait
+DATA_WAIT_MAX_S = 2.0
 
 
 def _target_key(t: WriteTarget) -> tuple[str, int, int, str]:
@@ -242,8 +244,9 @@ class PartitionWorker:
         assert self._queue is not None
         while True:
             req = await self._queue.get()
-            # "the high watermark at the time of the request": taken before any waiting
-            hw = self.plog.high_watermark
+            # "the high watermark at the time of the request": taken before any waiting (a copy of a remote
+            # partition's: the remote one, read as the copy gets there)
+            hw = self.plog.source_high_watermark
             try:
                 await self.handle_request(req, hw)
             except asyncio.CancelledError:
@@ -273,7 +276,7 @@ class PartitionWorker:
         mine = next((po for po in req.offsets if po.partition == self.partition), None)
         if mine is None:
             return None
-        hw = self.plog.high_watermark if high_watermark is None else high_watermark
+        hw = self.plog.source_high_watermark if high_watermark is None else high_watermark
         age = int(time.time() * 1000) - req.sent_ms
         if req.sent_ms > 0 and age > self.request_timeout_ms:
             log.warning("%s: dropping commit request %s: %d ms old (limit %d ms)", self.name, req.commit_id, age,
@@ -370,9 +373,12 @@ class PartitionWorker:
         """Take chunks in offset order, keeping the pipeline full up to ``hw`` and the round's byte budget, until
         none is left, ``answer_by`` has passed (chunks still running stay pre-written for the next round), or one
         stops at a blocking record, a record the table must first be evolved for, or the registry cannot give a
-        schema before ``deadline``. A system error hands nothing over."""
+        schema before ``deadline``. A system error hands nothing over. Records below ``hw`` not readable yet (a
+        remote partition's copy still being fetched) are waited for (:data:`DATA_WAIT_MAX_S`, at most a commit
+        interval) and converted as they come."""
         assert self._written_to is not None
         x = next(po.offset for po in req.offsets if po.partition == self.partition)  # where the round starts
+        data_by = time.monotonic() + min(self._config_provider().commit_interval_ms / 1000, DATA_WAIT_MAX_S)
         taken: list[_Chunk] = []
         round_bytes = 0
         try:
@@ -380,7 +386,7 @@ class PartitionWorker:
                 while (self._running() < self.max_inflight and self._written_to < hw
                        and (time.monotonic() < answer_by or not (taken or self._chunks))):
                     budget = self.max_response_bytes - round_bytes - sum(c.input_bytes for c in self._chunks)
-                    if budget <= 0 or not await self._submit(hw, target, plan, min(self._chunk_bytes(), budget)):
+                    if not await self._submit_next(hw, target, plan, budget, data_by):
                         break
                 if not self._chunks or (taken and time.monotonic() >= answer_by):
                     return _Flushed(taken)
@@ -555,14 +561,46 @@ class PartitionWorker:
         loop = asyncio.get_running_loop()
         dead_letters = (DeadLetters(self.topic, self._dead_letter_offset),
                         dead_letter_target(target, self._dead_letter_provider()))
-        job = functools.partial(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
-                                target=target, dead_letters=dead_letters)
+        job = sealed(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
+                     target=target, dead_letters=dead_letters)
         fut = loop.run_in_executor(self._executor, job)
         fut.add_done_callback(self._chunk_done)
         self._chunks.append(_Chunk(start, offset, size, target, plan, fut))
         self._written_to = offset
         log.debug("%s: submitted offsets %d..%d (%d bytes)", self.name, start, offset, size)
         return True
+
+    async def _submit_next(self, hw: int, target: WriteTarget, plan: ConversionPlan, budget: int,
+                           data_by: float) -> bool:
+        """Submit a round's next chunk, of at most ``budget`` bytes; False when none went: the byte budget is spent,
+        nothing is readable (by ``data_by``), or more records are arriving and a running chunk comes first (its
+        end brings the round back here)."""
+        if budget <= 0:
+            return False
+        want = min(self._chunk_bytes(), budget)
+        if self._arriving(hw, want):
+            if self._running():
+                return False
+            # nothing converting: start on what comes first rather than wait for a whole chunk
+            await self._wait_for_data(hw, min(want, MIN_CHUNK_BYTES * 4), data_by)
+        return await self._submit(hw, target, plan, want)
+
+    def _arriving(self, hw: int, want: int) -> bool:
+        """Records below ``hw`` are still on their way (a remote copy) and fewer than ``want`` bytes are readable:
+        a chunk now would be a small one."""
+        readable = self.plog.high_watermark
+        return readable < min(hw, self.plog.source_high_watermark) and self.pending_bytes_estimate() < want
+
+    async def _wait_for_data(self, hw: int, want: int, until: float) -> None:
+        """Wait, until the monotonic time ``until``, for ``want`` bytes or every record below ``hw`` to be readable."""
+        while self._arriving(hw, want) and (left := until - time.monotonic()) > 0:
+            waiter = self.plog.add_waiter()
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), left)
+            except TimeoutError:
+                return
+            finally:
+                self.plog.remove_waiter(waiter)
 
     def _running(self) -> int:
         return sum(1 for c in self._chunks if not c.future.done())

@@ -9,9 +9,13 @@ back a :class:`TaskResult` of file entries and stats. The pool should use the ``
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
@@ -30,6 +34,22 @@ from worker.changes import last_change_per_key
 from worker.convert import ConvertStats, DeadLetters, convert_records, fit_table
 from worker.plan import ConversionPlan
 from worker.writer import WriteTarget, remove_files, write_data_files, writer_for
+
+T = TypeVar("T")
+
+
+def sealed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[], T]:
+    """``fn(*args, **kwargs)`` as a call for the pool whose arguments are pickled now, on the caller's thread.
+
+    A process pool pickles what it is given on a feeder thread of its own, later, while the event loop goes on
+    using the same objects: pyiceberg's schemas and specs fill cached properties on first use, and a chunk was
+    once lost to "dictionary changed size during iteration" that way. Sealed, the feeder sends bytes only."""
+    return functools.partial(_unseal, pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _unseal(blob: bytes) -> Any:
+    fn, args, kwargs = pickle.loads(blob)  # noqa: S301 - bytes this process's parent pickled a moment ago
+    return fn(*args, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)

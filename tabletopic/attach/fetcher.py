@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient
+from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
@@ -99,6 +99,7 @@ class _Partition:
     leader: int | None = None
     retry_at: float = 0.0
     backoff_s: float = 0.0
+    asking: bool = False  # its high watermark is being asked (ListOffsets)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -284,18 +285,51 @@ class Fetcher:
     def _assign_leaders(self) -> list[str]:
         """Put each partition on its leader's fetch loop (starting loops as needed); the partitions without one."""
         leaderless: list[str] = []
+        unknown: dict[int, list[_Partition]] = {}  # leader → partitions whose remote high watermark is not known
         for part in self._parts.values():
             leader = self._client.cluster.leader_for_partition(TopicPartition(*part.key))
             part.leader = leader if leader is not None and leader >= 0 else None
             if part.leader is None:
                 leaderless.append(part.log.name)
-            elif part.leader not in self._loops:
+                continue
+            if part.log.remote_high_watermark < 0 and not part.asking:
+                unknown.setdefault(part.leader, []).append(part)
+            if part.leader not in self._loops:
                 self._wakes[part.leader] = asyncio.Event()
                 task = asyncio.create_task(self._fetch_loop(part.leader), name=f"attach-fetch-{part.leader}")
                 task.add_done_callback(self._task_done)
                 self._loops[part.leader] = task
+        for node, parts in unknown.items():
+            for part in parts:
+                part.asking = True
+            task = asyncio.create_task(self._learn_high_watermarks(node, parts), name=f"attach-list-{node}")
+            task.add_done_callback(self._task_done)
         self._wake_loops()
         return leaderless
+
+    async def _learn_high_watermarks(self, node: int, parts: list[_Partition]) -> None:
+        """Ask ``node`` the high watermarks of partitions just added (one ListOffsets, over the connection that does
+        not long-poll): a round's workers then know what to read up to before the first fetch answers. Best effort:
+        a failure leaves it to the fetch answers."""
+        topics: dict[str, list[tuple[int, int]]] = {}
+        for part in parts:
+            topics.setdefault(part.log.topic, []).append((part.log.partition, LATEST))
+        try:
+            resp = await self._client.send(node, OffsetRequest(-1, READ_UNCOMMITTED, list(topics.items())),
+                                           group=ConnectionGroup.COORDINATION)
+        except _NETWORK_ERRORS as e:
+            log.debug("[ATTACH_FETCH] ListOffsets of %d partition(s) on broker %s failed: %s", len(parts), node, e)
+            return
+        finally:
+            for part in parts:
+                part.asking = False
+        by_key = {part.key: part for part in parts}
+        for topic, partitions in resp.topics:
+            for p in partitions:
+                found = by_key.get((topic, p[0]))
+                if found is not None and p[1] == ErrorCode.NONE and self._parts.get(found.key) is found \
+                        and found.log.remote_high_watermark < 0:
+                    found.log.remote_high_watermark = int(p[3] if resp.API_VERSION >= 1 else p[2][0])
 
     def _backoff_start(self) -> float:
         return self.options.retry_backoff_ms / 1000
@@ -315,54 +349,76 @@ class Fetcher:
     # ------------------------------------------------------------------------------------------ fetching
 
     async def _fetch_loop(self, node: int) -> None:
-        """Fetch the partitions led by ``node``, all in one request each time, until it leads none."""
-        backoff = self._backoff_start()
+        """Fetch the partitions led by ``node``, all in one request each time, until it leads none.
+
+        A request may wait on the broker up to ``max_wait_ms`` (partitions caught up) and a connection answers in
+        order: partitions added meanwhile (an assignment) go at once in a second request, without waiting, over a
+        second connection, rather than behind the long-poll."""
         wake = self._wakes[node]
+        inflight: dict[asyncio.Task[Any], tuple[Any, list[_Sent]]] = {}  # request → (connection group, partitions)
         turn = 0
         try:
             while True:
                 now = time.monotonic()
                 mine = [p for p in self._parts.values() if p.leader == node]
-                if not mine:
+                if not mine and not inflight:
                     return
-                ready = [p for p in mine if not p.log.error and p.retry_at <= now and p.log.room() > 0]
-                if not ready:
-                    wake.clear()
-                    later = [p.retry_at - now for p in mine if p.retry_at > now]
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), min([1.0, *later]))
+                asked = {id(s.part) for _, sent in inflight.values() for s in sent}
+                ready = [p for p in mine if id(p) not in asked and not p.log.error and p.retry_at <= now
+                         and p.log.room() > 0]
+                free = [g for g in (ConnectionGroup.DEFAULT, ConnectionGroup.COORDINATION)
+                        if g not in {g for g, _ in inflight.values()}]
+                if ready and free:
+                    # a different partition first each time: brokers give the first one at least one batch, however
+                    # big, and may leave the later ones out once the response is full
+                    turn = (turn + 1) % len(ready)
+                    sent = [_Sent(p, p.log.generation, p.log.position) for p in ready[turn:] + ready[:turn]]
+                    wait_ms = 0 if inflight else self.options.max_wait_ms
+                    task = asyncio.ensure_future(
+                        self._client.send(node, self._request(sent, wait_ms), group=free[0]))
+                    inflight[task] = (free[0], sent)
                     continue
-                # a different partition first each time: brokers give the first one at least one batch, however
-                # big, and may leave the later ones out once the response is full
-                turn = (turn + 1) % len(ready)
-                sent = [_Sent(p, p.log.generation, p.log.position) for p in ready[turn:] + ready[:turn]]
+                wake.clear()
+                later = [p.retry_at - now for p in mine if p.retry_at > now]
+                waker = asyncio.ensure_future(wake.wait())
                 try:
-                    resp = await self._client.send(node, self._request(sent))
-                except _NETWORK_ERRORS as e:
-                    self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] cannot fetch from broker "
-                                         "%s: %s; retrying", node, _describe(e), state=type(e).__name__)
-                    self._refresh.set()
-                    await asyncio.sleep(backoff)
-                    backoff = self._next_backoff(backoff)
-                    continue
-                self._conditions.clear(("node", node), logging.INFO, "[ATTACH_FETCH] fetching from broker %s again",
-                                       node)
-                backoff = self._backoff_start()
-                await self._handle(node, resp, sent)
-                throttle_ms = getattr(resp, "throttle_time_ms", 0)
-                if throttle_ms > 0:  # the broker's quota: wait as Kafka's clients do
-                    await asyncio.sleep(min(throttle_ms, 30_000) / 1000)
+                    done, _ = await asyncio.wait([*inflight, waker], timeout=min([1.0, *later]),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+                for task in [t for t in inflight if t in done]:
+                    _, sent = inflight.pop(task)
+                    await self._answered(node, task, sent)
         finally:
+            for task in inflight:
+                task.cancel()
             if self._loops.get(node) is asyncio.current_task():
                 del self._loops[node]
                 self._wakes.pop(node, None)
 
-    def _request(self, sent: list[_Sent]) -> Any:
+    async def _answered(self, node: int, task: asyncio.Task[Any], sent: list[_Sent]) -> None:
+        """One fetch request came back: apply its answer, or back off its partitions when it failed."""
+        try:
+            resp = task.result()
+        except _NETWORK_ERRORS as e:
+            self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] cannot fetch from broker %s: %s; "
+                                 "retrying", node, _describe(e), state=type(e).__name__)
+            self._refresh.set()
+            for each in sent:
+                self._back_off(each.part)
+            return
+        self._conditions.clear(("node", node), logging.INFO, "[ATTACH_FETCH] fetching from broker %s again", node)
+        await self._handle(node, resp, sent)
+        throttle_ms = getattr(resp, "throttle_time_ms", 0)
+        if throttle_ms > 0:  # the broker's quota: wait as Kafka's clients do
+            await asyncio.sleep(min(throttle_ms, 30_000) / 1000)
+
+    def _request(self, sent: list[_Sent], wait_ms: int) -> Any:
         topics: dict[str, list[tuple[int, int, int]]] = {}
         for s in sent:
             topics.setdefault(s.part.log.topic, []).append(
                 (s.part.log.partition, s.position, self.options.partition_max_bytes))
-        return FetchRequest(self.options.max_wait_ms, 1, self.options.fetch_max_bytes, READ_UNCOMMITTED,
+        return FetchRequest(wait_ms, 1, self.options.fetch_max_bytes, READ_UNCOMMITTED,
                             list(topics.items()))
 
     async def _handle(self, node: int, resp: Any, sent: list[_Sent]) -> None:

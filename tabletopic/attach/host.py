@@ -56,7 +56,7 @@ from tabletopic.table_services import SharedServices
 log = logging.getLogger(__name__)
 
 REFRESH_S = 5.0  # cluster metadata, log starts and topic configs
-FETCH_WAIT_MAX_S = 2.0  # a round's request waits at most this long for the spools to catch up (see _fetched)
+FETCH_WAIT_MAX_S = 2.0  # a round's request waits at most this long for the spools' first answers (see _known)
 
 
 class RemoteTopicView:
@@ -358,7 +358,7 @@ class AttachHost:
     async def _before_request(self, request: CommitRequest) -> None:
         """A round's request is about to reach this instance's workers: their tables must know its schema and spec
         (where the coordinator is elsewhere), the spool below the table's offsets is no longer needed, and the spools
-        should hold what the cluster had when the round was asked for (waited for, bounded: :meth:`_fetched`)."""
+        should have had a fetch answer (waited for, bounded: :meth:`_known`)."""
         self.status.note_request(request)  # its offsets are the table's: the partitions' lag is measured from them
         runtime = self.runtimes.get(request.topic)
         if runtime is None:
@@ -374,21 +374,22 @@ class AttachHost:
             if spool is not None:
                 spool.release(po.offset)
                 spools.append(spool)
-        await self._fetched(request.topic, spools)
+        await self._known(request.topic, spools)
 
-    async def _fetched(self, topic: str, spools: list[RemotePartitionLog]) -> None:
-        """Wait until ``spools`` reach the cluster's high watermarks as last fetched, for at most an interval (or
+    async def _known(self, topic: str, spools: list[RemotePartitionLog]) -> None:
+        """Wait until every one of ``spools`` had a fetch answer, for at most an interval (or
         :data:`FETCH_WAIT_MAX_S`, or a quarter of the round time-out): a round then covers what the cluster had
-        when it was asked for, as the broker's round covers its log up to the high watermark. Without it the first
-        round after an assignment finds the spools nearly empty and a catch-up waits a whole interval for the next
-        (bench/attach_catchup.py: 1M records in 2.7 s, 2.0 s with it); a spool that keeps up returns at once."""
+        when it was asked for (the workers read up to the cluster's high watermark as the spools get there,
+        converting while the rest is fetched), as the broker's round covers its log up to the high watermark.
+        Without it the first round after an assignment finds no high watermark and a catch-up waits a whole
+        interval for the next; a spool fetched before returns at once."""
         view = self.views.get(topic)
         if not spools or view is None:
             return
         wait_s = min(view.config.commit_interval_ms / 1000, FETCH_WAIT_MAX_S,
                      self.config.attach_round_timeout_ms / 4000)
         deadline = asyncio.get_running_loop().time() + wait_s
-        await asyncio.gather(*(s.wait_fetched(deadline) for s in spools))
+        await asyncio.gather(*(s.wait_known(deadline) for s in spools))
 
 
 __all__ = ["AttachHost", "RemoteTopicView", "default_instance_id"]

@@ -162,6 +162,15 @@ class RemotePartitionLog:
         return sum(s.size for s in self._segments)
 
     @property
+    def source_high_watermark(self) -> int:
+        """The remote high watermark as last fetched while the spool is still getting there; the spool's own
+        (nothing more will come to wait for) before the first answer, and once fetching stopped (a refused batch,
+        closed)."""
+        if self._closed or self.error is not None or self.remote_high_watermark < 0:
+            return self._end
+        return max(self._end, self.remote_high_watermark)
+
+    @property
     def start_offset(self) -> int:
         """The first offset the spool can answer reads at (earlier ones restart it)."""
         return self._start
@@ -183,17 +192,12 @@ class RemotePartitionLog:
         with contextlib.suppress(ValueError):
             self._waiters.remove(fut)
 
-    async def wait_fetched(self, deadline: float) -> None:
-        """Return once the spool reaches the remote high watermark as the fetcher knew it when called (the first
-        fetch answer's, when none came yet), or the spool cannot get there (full: fetching pauses; failed; closed),
-        or at ``deadline`` (event loop time). Later moves of the remote high watermark are not waited for."""
+    async def wait_known(self, deadline: float) -> None:
+        """Return once a fetch answered (the remote high watermark is known: a round's workers read up to it as
+        the spool gets there, :attr:`source_high_watermark`), fetching stopped (refused batch, closed), or at
+        ``deadline`` (event loop time)."""
         loop = asyncio.get_running_loop()
-        target = self.remote_high_watermark
-        while not self._closed and self.error is None and self.room() > 0:
-            if target < 0:
-                target = self.remote_high_watermark
-            if 0 <= target <= self._end:
-                return
+        while not self._closed and self.error is None and self.remote_high_watermark < 0:
             left = deadline - loop.time()
             if left <= 0:
                 return

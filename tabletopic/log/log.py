@@ -722,6 +722,11 @@ class PartitionLog:
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return ReadResult(data, hw, lso)
 
+    @property
+    def source_high_watermark(self) -> int:
+        """The table workers' :class:`~coordinator.contract.LogReader` view: the records come from this log."""
+        return self.high_watermark
+
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
                     ) -> tuple[list[tuple[str, int, int]], int]:
         """Like :meth:`read`, but the file ranges ``(segment path, position, length)`` instead of the bytes, and
