@@ -19,6 +19,8 @@ import kafka.protocol.producer  # noqa: F401  (imports register the message clas
 from kafka.protocol.api_key import ApiKey as _KafkaApiKey
 from kafka.protocol.api_message import ApiMessage
 
+import tabletopic.protocol.messages  # noqa: F401  (registers the messages kafka-python lacks)
+
 __all__ = [
     "MIN_USABLE_PRODUCE_VERSION",
     "SUPPORTED_VERSIONS",
@@ -81,6 +83,7 @@ class ApiKey(IntEnum):
     DescribeCluster = 60
     DescribeTransactions = 65
     ListTransactions = 66
+    ConsumerGroupHeartbeat = 68
 
 
 for _api in ApiKey:
@@ -119,6 +122,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.IncrementalAlterConfigs: (0, 1),
     ApiKey.OffsetDelete: (0, 0),
     ApiKey.DescribeCluster: (0, 1),
+    # advertised so that a consumer with group.protocol=consumer (KIP-848) asks, and is refused with a reason
+    # (server/handlers/groups.py); not advertised, librdkafka retries the coordinator without a word
+    ApiKey.ConsumerGroupHeartbeat: (0, 1),
 }
 # Below this Produce version the request cannot carry magic v2 batches; answered UNSUPPORTED_VERSION.
 MIN_USABLE_PRODUCE_VERSION = 3
