@@ -190,7 +190,8 @@ class TopicManager:
         eff = self.effective_configs(info)
         # as in Kafka, time and size retention apply only with cleanup.policy "delete": a compact-only topic keeps
         # every record (log compaction is not built: nothing is removed from it; _warn_compaction says so)
-        deletes = "delete" in typed_list(eff, "cleanup.policy")
+        policy = typed_list(eff, "cleanup.policy")
+        deletes = "delete" in policy
         return LogConfig(
             segment_bytes=typed(eff, "segment.bytes", int),
             segment_ms=typed(eff, "segment.ms", int),
@@ -200,6 +201,7 @@ class TopicManager:
             index_interval_bytes=typed(eff, "index.interval.bytes", int),
             message_timestamp_type=typed(eff, "message.timestamp.type", str),
             flush_interval_ms=self._config.log_flush_interval_ms,
+            compacted="compact" in policy,
         )
 
     # ---- changes ----

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -23,6 +22,7 @@ import pyarrow.compute as pc
 from aiokafka import codec as aiokafka_codec
 from aiokafka.record.memory_records import MemoryRecords
 
+from tabletopic.protocol.batch_body import CODEC_LZ4, CODEC_SNAPPY, CODEC_ZSTD, decompress_records, zigzag_varint
 from tabletopic.protocol.records import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
@@ -32,78 +32,18 @@ from tabletopic.protocol.records import (
     BatchHeader,
     parse_header,
 )
-from worker.formats.confluent import zigzag_varint
 
 if TYPE_CHECKING:
-    import zstandard
+    pass
 
 Headers = list[list[tuple[str, bytes | None]]]  # per record, in record order
 
 
-CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 1, 2, 3, 4
 # codecs aiokafka cannot decompress in this environment (it needs cramjam for all three)
 _FOREIGN_CODECS = frozenset(
     c for c, has in ((CODEC_SNAPPY, aiokafka_codec.has_snappy()), (CODEC_LZ4, aiokafka_codec.has_lz4()),
                      (CODEC_ZSTD, aiokafka_codec.has_zstd())) if not has
 )
-_XERIAL_MAGIC = b"\x82SNAPPY\x00"
-
-
-def _snappy_raw(block: bytes | memoryview) -> bytes:
-    # raw snappy starts with the uncompressed length as a varint, which pyarrow needs up front
-    size = shift = i = 0
-    while True:
-        b = block[i]
-        size |= (b & 0x7F) << shift
-        i += 1
-        if b < 0x80:
-            break
-        shift += 7
-    return bytes(pa.decompress(block, decompressed_size=size, codec="snappy", asbytes=True))
-
-
-def _snappy_decode(payload: memoryview) -> bytes:
-    if bytes(payload[:8]) != _XERIAL_MAGIC:  # librdkafka writes raw snappy, Java clients xerial blocks
-        return _snappy_raw(payload)
-    out, pos = [], 16
-    while pos + 4 <= len(payload):
-        n = int.from_bytes(payload[pos : pos + 4], "big")
-        out.append(_snappy_raw(payload[pos + 4 : pos + 4 + n]))
-        pos += 4 + n
-    return b"".join(out)
-
-
-_local = threading.local()
-
-
-def _zstd() -> zstandard.ZstdDecompressor:
-    # One decompression context per thread, reused: a fresh context per batch allocates (and page-faults) its
-    # buffers every time, which made zstd batches 4x slower in pool processes.
-    d: zstandard.ZstdDecompressor | None = getattr(_local, "zstd", None)
-    if d is None:
-        import zstandard
-
-        d = _local.zstd = zstandard.ZstdDecompressor()
-    return d
-
-
-def decompress_records(codec: int, payload: memoryview) -> bytes:
-    """The records section of a batch compressed with ``codec`` (Kafka's codec ids), decompressed."""
-    if codec == CODEC_SNAPPY:
-        return _snappy_decode(payload)
-    if codec == CODEC_LZ4:
-        # Kafka's lz4 (magic 2) is the standard frame format (KIP-57)
-        import lz4.frame  # type: ignore[import-untyped]
-
-        return bytes(lz4.frame.decompress(bytes(payload)))
-    if codec == CODEC_ZSTD:
-        # frames written by streaming encoders carry no content size: use a stream reader
-        return bytes(_zstd().decompressobj().decompress(bytes(payload)))
-    if codec == CODEC_GZIP:
-        return bytes(aiokafka_codec.gzip_decode(payload))
-    raise ValueError(f"unknown compression codec {codec}")
-
-
 def _decompress_foreign(data: bytes) -> bytes:
     """``data`` with every batch in a codec aiokafka cannot read here rewritten as an uncompressed batch.
 

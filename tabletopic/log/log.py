@@ -73,6 +73,9 @@ class LogConfig:
     # None: acknowledge after fsync (high watermark = durable end). A number: acknowledge at once and fsync at
     # least this often (high watermark = log end).
     flush_interval_ms: int | None = None
+    # cleanup.policy includes "compact": every record needs a key (the produce path refuses those without one, as
+    # Kafka's LogValidator does)
+    compacted: bool = False
 
     def __post_init__(self) -> None:
         if self.segment_bytes < 14 or self.segment_bytes > INT32_MAX:

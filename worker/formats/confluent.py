@@ -17,6 +17,8 @@ from enum import StrEnum
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tabletopic.protocol.batch_body import zigzag_varint
+
 MAGIC = b"\x00"
 HEADER_SIZE = 5  # magic byte + schema id
 
@@ -102,21 +104,6 @@ def _schema_ids(raw: pa.Array, valid: pa.BooleanArray) -> pa.Int32Array:
     swapped = pc.bit_wise_or(pc.bit_wise_or(b0, b1), pc.bit_wise_or(b2, b3))
     ids = swapped.cast(pa.int32(), safe=False)  # Confluent's ids are Java ints
     return pc.if_else(valid, ids, pa.scalar(None, pa.int32()))
-
-
-def zigzag_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """(value, next position) of the zigzag varint at ``pos`` (Confluent's message indexes, Kafka's record
-    varints and varlongs); IndexError when it is cut, ValueError when longer than 64 bits."""
-    shift = result = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
 
 
 def _message_indexes(data: bytes) -> tuple[tuple[int, ...], int]:

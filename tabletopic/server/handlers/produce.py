@@ -16,10 +16,11 @@ import logging
 import time
 from dataclasses import dataclass
 
-from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.errors import CorruptRecordError, ErrorCode, KafkaApiError
 from tabletopic.log.log import AppendResult, PartitionLog
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol import records as rb
+from tabletopic.protocol.batch_body import keyless_records
 from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -30,12 +31,13 @@ _repeats = ConditionLog(log)
 
 
 class _PartitionOutcome:
-    __slots__ = ("error", "index", "message", "plog", "result")
+    __slots__ = ("error", "index", "message", "plog", "record_errors", "result")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.error = ErrorCode.NONE
         self.message: str | None = None
+        self.record_errors: list[tuple[int, str]] = []  # (index of the record in its batch, why) for INVALID_RECORD
         self.result: AppendResult | None = None
         self.plog: PartitionLog | None = None
 
@@ -67,6 +69,10 @@ def _append(ctx: RequestContext, out: _PartitionOutcome, topic: str, plog: Parti
         headers = rb.validate_produce_records(buf)
         if any(h.is_transactional or h.is_control for h in headers):
             raise KafkaApiError(ErrorCode.INVALID_RECORD, "transactional and control batches are not supported yet")
+        if plog.config.compacted:
+            out.record_errors = _keyless(buf, headers, plog.name)
+            if out.record_errors:
+                raise KafkaApiError(ErrorCode.INVALID_RECORD, _rejected(out.record_errors))
         out.result = plog.append(buf, headers, now_ms)
         out.plog = plog
     except KafkaApiError as exc:
@@ -78,6 +84,29 @@ def _append(ctx: RequestContext, out: _PartitionOutcome, topic: str, plog: Parti
         out.error = ErrorCode.KAFKA_STORAGE_ERROR
         out.message = str(exc)
         _repeats.log((topic, out.index, out.error), logging.ERROR, "append to %s-%d failed: %s", topic, out.index, exc)
+
+
+def _keyless(buf: bytearray, headers: list[rb.BatchHeader], partition: str) -> list[tuple[int, str]]:
+    """Kafka's record errors for the records of a compacted topic's batches without a key (the index is within
+    its batch, as Kafka's LogValidator counts). Decompresses and walks every record: CPU on the event loop, paid by
+    compacted topics only, as Kafka pays it on its request threads."""
+    errors: list[tuple[int, str]] = []
+    for h in headers:
+        try:
+            keyless = keyless_records(buf, h)
+        except Exception as e:  # cut varints, sizes that disagree, a codec that fails: the batch is corrupt
+            raise CorruptRecordError(f"the records of the batch at position {h.position} cannot be read: "
+                                     f"{type(e).__name__}: {e}") from e
+        errors += [(i, f"Compacted topic cannot accept message without key in topic partition {partition}")
+                   for i in keyless]
+    return errors
+
+
+def _rejected(errors: list[tuple[int, str]]) -> str:
+    """The partition's error message Kafka gives with record errors (LogValidator.processRecordErrors)."""
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+    return (f"One or more records have been rejected due to {len(errors)} record errors in total, and only "
+            f"showing the first three errors at most: [{shown}]")
 
 
 def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutcome]:
@@ -166,7 +195,8 @@ def _response(ctx: RequestContext, outcomes: list[_TopicOutcome]) -> Message:
                 base_offset=res.base_offset if ok and res else -1,
                 log_append_time_ms=res.log_append_time if ok and res else -1,
                 log_start_offset=res.log_start_offset if ok and res else -1,
-                record_errors=[],
+                record_errors=[P.BatchIndexAndErrorMessage(batch_index=i, batch_index_error_message=m)
+                               for i, m in o.record_errors] if o.error == ErrorCode.INVALID_RECORD else [],
                 error_message=o.message,
             ))
         responses.append(T(name=topic.name, partition_responses=presp))
