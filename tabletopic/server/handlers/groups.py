@@ -66,6 +66,14 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> Message:
 # ------------------------------------------------------------------------------------------ group membership
 
 
+def member_host(peer: str) -> str:
+    """A member's host as Kafka's DescribeGroups gives it: ``/`` and the client's address, without its port (the
+    connection's peer is ``address:port``)."""
+    address, sep, port = peer.rpartition(":")
+    address = address if sep and port.isdigit() else peer
+    return address if address.startswith("/") else "/" + address
+
+
 @handles(ApiKey.JoinGroup)
 async def join_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
@@ -74,7 +82,7 @@ async def join_group(ctx: RequestContext, req: Message) -> Message:
         member_id=req.member_id,
         group_instance_id=req.group_instance_id if v >= 5 else None,
         client_id=ctx.client_id or "",
-        client_host=ctx.client_host if ctx.client_host.startswith("/") else "/" + ctx.client_host,
+        client_host=member_host(ctx.client_host),
         session_timeout_ms=req.session_timeout_ms,
         rebalance_timeout_ms=req.rebalance_timeout_ms if v >= 1 else -1,
         protocol_type=req.protocol_type,
