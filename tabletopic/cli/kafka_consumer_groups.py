@@ -66,6 +66,8 @@ _JAVA_ERRORS = {
                                      "The coordinator is loading and hence can't process requests."),
     "REQUEST_TIMED_OUT": ("TimeoutException", "The request timed out."),
 }
+# librdkafka's short names of Kafka's error codes
+_LIBRDKAFKA_NAMES = {"UNKNOWN_TOPIC_OR_PART": "UNKNOWN_TOPIC_OR_PARTITION"}
 ACTIONS = ("list", "describe", "delete", "reset_offsets", "delete_offsets")
 # Kafka's option sets print in Java HashSet order (joptsimple's specs hash by their names): kept as Kafka prints them
 SCOPE_OPTS = ("all_groups", "group")
@@ -91,6 +93,7 @@ def opt(dest: str) -> str:
 
 def java_error(name: str | None, message: str | None = None) -> str:
     """``org.apache.kafka.common.errors.XException: message``: how Kafka's tool shows a failed future."""
+    name = _LIBRDKAFKA_NAMES.get(name or "", name)
     cls, text = _JAVA_ERRORS.get(name or "", ("", message or name or "unknown error"))
     if not cls:
         cls = "".join(w.capitalize() for w in (name or "Kafka").split("_")) + "Exception"
@@ -709,12 +712,15 @@ class ConsumerGroupsCommand:
         partitions = [tp for arg in topics if ":" in arg for tp in parse_topic_partitions(arg)]
         for topic, found in self.topic_partitions([t for t in topics if ":" not in t]).items():
             if isinstance(found, BaseException):
-                results[(topic, -1)] = error_name(found) or "UNKNOWN_TOPIC_OR_PARTITION"
+                name = error_name(found) or "UNKNOWN_TOPIC_OR_PARTITION"
+                results[(topic, -1)] = _LIBRDKAFKA_NAMES.get(name, name)
             else:
                 partitions += found
-        top, answers = offset_delete(self.conf, group, sorted(set(partitions)), self.args.timeout)
+        top, answers = offset_delete(self.conf, group, sorted(set(partitions)), self.args.timeout) if partitions \
+            else (None, {})
         results.update(answers)
         self.report_offset_delete(group, topics, top, results)
+        self.failed = self.failed or any(err is not None for err in results.values())
 
     def report_offset_delete(self, group: str, topics: Sequence[str], top: str | None,
                              results: dict[TP, str | None]) -> None:
