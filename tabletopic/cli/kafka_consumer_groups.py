@@ -10,8 +10,9 @@
     kafka-consumer-groups --bootstrap-server HOST:PORT --delete-offsets --group G --topic T[:P,P] ...
 
 Flags, checks, messages, columns and widths are Kafka's (``ConsumerGroupCommand``). Differences, on purpose: an
-error goes to stderr and makes the exit code 1 (Kafka prints "Error: ..." on stdout and exits 0); the layout is the
-one Kafka 3.9's line-break fix (KAFKA-17058's follow-up) gives, a line per row; ``--members --verbose`` names the
+error goes to stderr and makes the exit code 1 (Kafka prints "Error: ..." on stdout and exits 0); a line per row, as
+Kafka's fix after 3.9 (apache/kafka#17058) prints them (3.9 runs the rows of --reset-offsets together); the scope
+messages of --describe and --delete-offsets name the right options, as after 3.9; ``--members --verbose`` names the
 topic in ASSIGNMENT (``t(0,1)``, as the tool did before 3.7). Built on confluent-kafka's AdminClient, except
 OffsetDelete, which confluent-kafka does not offer: kafka-python's admin client sends it.
 """
