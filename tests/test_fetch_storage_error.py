@@ -25,7 +25,7 @@ def test_unreadable_segment_is_a_storage_error_of_its_partition(tmp_path: Path) 
     # a real read failure: the segment's descriptor is gone under the log (EBADF on pread)
     os.close(bad._segments[-1].fd)
     parts = [_FetchPartition(0, 0, 1 << 20, good, ErrorCode.NONE), _FetchPartition(1, 0, 1 << 20, bad, ErrorCode.NONE)]
-    total = _read_all([_FetchTopic("t", uuid.uuid4(), parts)], 1 << 20)
+    total = _read_all([_FetchTopic("t", uuid.uuid4(), parts)], 1 << 20, read_committed=False)
     assert parts[1].error == ErrorCode.KAFKA_STORAGE_ERROR and parts[1].data == b""
     assert parts[0].error == ErrorCode.NONE and len(parts[0].data) == total > 0
     good.close()

@@ -46,6 +46,7 @@ from tabletopic.log.recovery import RecoveredLog, recover
 from tabletopic.log.retention import segments_to_delete
 from tabletopic.log.segment import INT32_MAX, NO_TIMESTAMP, LogSegment, fdatasync
 from tabletopic.log.timestamps import BatchProbe, first_record_at_or_after
+from tabletopic.protocol.batch_body import Marker, control_batch
 from tabletopic.protocol.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -328,6 +329,38 @@ class PartitionLog:
         self.log_end_offset = next_offset
         self._hand_to_flusher(next_offset, seg)
         return AppendResult(base, next_offset - 1, now_ms if log_append_time else -1, self.log_start_offset)
+
+    def append_marker(self, producer_id: int, producer_epoch: int, marker: Marker, now_ms: int) -> AppendResult:
+        """Write an end-transaction marker for the producer (the transaction coordinator's write, never a client's)
+        and end its open transaction here: the last stable offset moves past it, and an aborted transaction is
+        kept for read_committed reads. Refused as Kafka refuses it (``ProducerStateManager.check_marker``): nothing
+        is written then. Durability is awaited as for :meth:`append`."""
+        self._check_writable()
+        base = self.log_end_offset
+        self._producers.check_marker(producer_id, producer_epoch, marker.coordinator_epoch, base)
+        records = control_batch(producer_id, producer_epoch, marker, now_ms)
+        headers = [parse_header(records)]
+        log_append_time = self.config.message_timestamp_type == "LogAppendTime"
+        placed, _ = _place(headers, base, now_ms if log_append_time else None)
+        self._capture_loop()
+        next_offset = assign_offsets(records, headers, base, self.leader_epoch)
+        seg = self._write(records, placed, now_ms, base)
+        self._producers.end_transaction(producer_id, producer_epoch, marker.coordinator_epoch, base, marker.commit)
+        self.log_end_offset = next_offset
+        self._hand_to_flusher(next_offset, seg)
+        return AppendResult(base, base, now_ms if log_append_time else -1, self.log_start_offset)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Where read_committed readers stop: the first offset of the oldest open transaction, or the high
+        watermark when that comes first (or none is open)."""
+        first = self._producers.first_unstable_offset()
+        return self.high_watermark if first is None else min(first, self.high_watermark)
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a read_committed read of ``[start, end)`` must
+        drop (Fetch's ``aborted_transactions``)."""
+        return [(a.producer_id, a.first_offset) for a in self._producers.aborted_between(start, end)]
 
     def _check_sizes(self, records: bytearray, headers: list[BatchHeader]) -> None:
         """Refuse an append with no batch, a batch over max.message.bytes or more bytes than a segment holds."""
@@ -915,6 +948,7 @@ class PartitionLog:
 
     def _set_log_start(self, offset: int) -> None:
         self.log_start_offset = offset
+        self._producers.drop_below(offset)
         with self._lock:
             self._lso_to_persist = offset
             self._generation += 1

@@ -40,6 +40,8 @@ from tabletopic.log.segment import (
     parse_file_name,
     remove_segment_files,
 )
+from tabletopic.protocol.batch_body import read_marker
+from tabletopic.protocol.records import BatchHeader, parse_header
 
 log = logging.getLogger(__name__)
 
@@ -242,5 +244,17 @@ class _Recovery:
         i = max(0, bisect.bisect_right([s.base_offset for s in self.segments], start) - 1)
         for seg in self.segments[i:]:
             for _, h in seg.iter_headers_from(start, seg.size):
-                result.producers.replay(h)
+                result.producers.replay(h, _marker(seg, h) if h.is_control else None)
                 result.replayed_batches += 1
+
+
+def _marker(seg: LogSegment, h: BatchHeader) -> tuple[bool, int] | None:
+    """(commit, coordinator epoch) of the end-transaction marker control batch ``h`` holds, if it is one."""
+    data = seg.read(h.position, h.size)
+    try:
+        marker = read_marker(data, parse_header(data))
+    except (ValueError, IndexError) as e:  # CRC-checked on the way in: only another control record type
+        log.warning("segment %d: the control batch at offset %d cannot be read: %s", seg.base_offset,
+                    h.base_offset, e)
+        return None
+    return None if marker is None else (marker.commit, marker.coordinator_epoch)

@@ -1,5 +1,6 @@
-"""What a record batch holds past its header: the records section decompressed (any of Kafka's codecs) and the
-walk over its records that the broker itself needs (:func:`keyless_records`, for compacted topics).
+"""What a record batch holds past its header: the records section decompressed (any of Kafka's codecs), the walk
+over its records that the broker itself needs (:func:`keyless_records`, for compacted topics), and transaction
+markers (:func:`control_batch` builds one, :func:`read_marker` reads one back: Kafka's control record format).
 
 Pure, no I/O. The table workers' column-wise decoding (``worker/decode.py``) decompresses with the same
 :func:`decompress_records`; the log cleaner will walk keys the same way.
@@ -7,12 +8,23 @@ Pure, no I/O. The table workers' column-wise decoding (``worker/decode.py``) dec
 
 from __future__ import annotations
 
+import struct
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import crc32c
 from aiokafka import codec as aiokafka_codec
 
-from tabletopic.protocol.records import HEADER_SIZE, BatchHeader
+from tabletopic.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    CONTROL_MASK,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    NO_SEQUENCE,
+    TRANSACTIONAL_MASK,
+    BatchHeader,
+)
 
 if TYPE_CHECKING:
     import zstandard
@@ -119,5 +131,73 @@ def keyless_records(buf: bytes | bytearray | memoryview, h: BatchHeader) -> list
     return keyless
 
 
-__all__ = ["CODEC_GZIP", "CODEC_LZ4", "CODEC_SNAPPY", "CODEC_ZSTD", "decompress_records", "keyless_records",
-           "zigzag_varint"]
+# a control record's key: version, type (Kafka's ControlRecordType: 0 abort, 1 commit); an end-transaction
+# marker's value: version, coordinator epoch (EndTransactionMarker)
+_CONTROL_KEY = struct.Struct(">hh")
+_MARKER_VALUE = struct.Struct(">hi")
+_BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+ABORT, COMMIT = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """An end-transaction marker: whether it commits, and the epoch of the coordinator that wrote it."""
+
+    commit: bool
+    coordinator_epoch: int
+
+
+def _varint_bytes(value: int) -> bytes:
+    zz = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while zz >= 0x80:
+        out.append((zz & 0x7F) | 0x80)
+        zz >>= 7
+    out.append(zz)
+    return bytes(out)
+
+
+def control_batch(producer_id: int, producer_epoch: int, marker: Marker, timestamp_ms: int) -> bytearray:
+    """One magic-2 control batch holding ``marker`` for the producer, as Kafka's coordinator writes it (offset 0:
+    the log assigns offsets on append; one record, no compression, no sequence)."""
+    key = _CONTROL_KEY.pack(0, COMMIT if marker.commit else ABORT)
+    value = _MARKER_VALUE.pack(0, marker.coordinator_epoch)
+    body = b"\x00" + _varint_bytes(0) + _varint_bytes(0)  # attributes, timestamp delta, offset delta
+    body += _varint_bytes(len(key)) + key + _varint_bytes(len(value)) + value + _varint_bytes(0)  # no headers
+    record = _varint_bytes(len(body)) + body
+    size = HEADER_SIZE + len(record)
+    buf = bytearray(size)
+    _BATCH_HEADER.pack_into(buf, 0, 0, size - LOG_OVERHEAD, -1, 2, 0, TRANSACTIONAL_MASK | CONTROL_MASK, 0,
+                            timestamp_ms, timestamp_ms, producer_id, producer_epoch, NO_SEQUENCE, 1)
+    buf[HEADER_SIZE:] = record
+    struct.pack_into(">I", buf, 17, crc32c.crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]))
+    return buf
+
+
+def read_marker(buf: bytes | bytearray | memoryview, h: BatchHeader) -> Marker | None:
+    """The end-transaction marker control batch ``h`` of ``buf`` holds; None for another control record type
+    (Kafka has others, e.g. the leader-change record) or an empty control batch. Raises ValueError/IndexError when
+    the record cannot be read."""
+    if not h.is_control or h.record_count < 1:
+        return None
+    body = memoryview(buf)[h.position + HEADER_SIZE : h.position + h.size]
+    data: bytes | memoryview = body if h.compression == 0 else decompress_records(h.compression, body)
+    _, pos = zigzag_varint(data, 0)  # record length
+    _, pos = zigzag_varint(data, pos + 1)  # timestamp delta, past the attributes byte
+    _, pos = zigzag_varint(data, pos)  # offset delta
+    key_length, pos = zigzag_varint(data, pos)
+    if key_length < _CONTROL_KEY.size:
+        raise ValueError(f"control record key of {key_length} bytes")
+    _, kind = _CONTROL_KEY.unpack_from(data, pos)
+    if kind not in (ABORT, COMMIT):
+        return None
+    pos += key_length
+    value_length, pos = zigzag_varint(data, pos)
+    if value_length < _MARKER_VALUE.size:
+        raise ValueError(f"end-transaction marker value of {value_length} bytes")
+    _, coordinator_epoch = _MARKER_VALUE.unpack_from(data, pos)
+    return Marker(kind == COMMIT, coordinator_epoch)
+
+
+__all__ = ["CODEC_GZIP", "CODEC_LZ4", "CODEC_SNAPPY", "CODEC_ZSTD", "Marker", "control_batch", "decompress_records",
+           "keyless_records", "read_marker", "zigzag_varint"]

@@ -29,10 +29,11 @@ def make_batch(
     seq: int = -1,
     value_size: int = 100,
     tag: int = 0,
+    transactional: bool = False,
 ) -> bytearray:
     """A magic-2 batch of ``n`` records with timestamps ``ts, ts + ts_step, ...`` (values identify the batch)."""
     b = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=0, producer_id=pid, producer_epoch=epoch,
+        magic=2, compression_type=0, is_transactional=int(transactional), producer_id=pid, producer_epoch=epoch,
         base_sequence=seq, batch_size=1 << 24,
     )
     payload = (b"%d:" % tag).ljust(value_size, b"x")

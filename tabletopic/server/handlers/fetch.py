@@ -20,13 +20,14 @@ from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
+READ_COMMITTED = 1  # isolation level (Fetch v4+, ListOffsets v2+)
 
 ZERO_UUID = uuid.UUID(int=0)
 EARLIEST, LATEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -2, -1, -3, -4, -5
 
 
 class _FetchPartition:
-    __slots__ = ("data", "error", "fetch_offset", "hw", "index", "log_start", "max_bytes", "plog")
+    __slots__ = ("aborted", "data", "error", "fetch_offset", "hw", "index", "log_start", "lso", "max_bytes", "plog")
 
     def __init__(self, index: int, fetch_offset: int, max_bytes: int, plog: PartitionLog | None,
                  error: ErrorCode) -> None:
@@ -39,7 +40,9 @@ class _FetchPartition:
         # the same fetch forever instead of acting on the partition's error code
         self.data: bytes | memoryview = b""
         self.hw = -1
+        self.lso = -1  # last stable offset
         self.log_start = -1
+        self.aborted: list[tuple[int, int]] = []  # read_committed: (producer id, first offset) of aborted txns
 
 
 @dataclass(slots=True)
@@ -53,8 +56,9 @@ class _FetchTopic:
 _read_errors = ConditionLog(log)
 
 
-def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
-    """Read every partition once; returns the number of record bytes gathered."""
+def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool) -> int:
+    """Read every partition once (read_committed: up to the last stable offset, with the aborted transactions
+    there); returns the number of record bytes gathered."""
     total = 0
     for topic in topics:
         for fp in topic.partitions:
@@ -62,13 +66,15 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
             if plog is None or fp.error != ErrorCode.NONE:
                 continue
             fp.hw = plog.high_watermark
+            fp.lso = plog.last_stable_offset
             fp.log_start = plog.log_start_offset
             budget = min(fp.max_bytes, max_bytes - total)
             if budget <= 0 and total > 0:
                 fp.data = b""
                 continue
             try:
-                res = plog.read(fp.fetch_offset, max(budget, 0), min_one_batch=(total == 0))
+                res = plog.read(fp.fetch_offset, max(budget, 0), max_offset=fp.lso if read_committed else None,
+                                min_one_batch=(total == 0))
             except KafkaApiError as exc:
                 # OFFSET_OUT_OF_RANGE keeps the high watermark and log start offset read above, as Kafka
                 # answers, so the client's auto.offset.reset has both ends at hand
@@ -84,6 +90,9 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int) -> int:
             fp.data = res.data
             fp.hw = res.high_watermark
             fp.log_start = res.log_start_offset
+            if read_committed and res.data:
+                # as Kafka: every aborted transaction the returned range may hold, up to the last stable offset
+                fp.aborted = plog.aborted_transactions(fp.fetch_offset, fp.lso)
             total += len(res.data)
     return total
 
@@ -121,8 +130,9 @@ async def _long_poll(ctx: RequestContext, req: Message, topics: list[_FetchTopic
     max_bytes = int(req.max_bytes) if ctx.api_version >= 3 else 0x7FFFFFFF
     min_bytes = max(int(req.min_bytes), 0)
     deadline = time.monotonic() + max(int(req.max_wait_ms), 0) / 1000
+    read_committed = ctx.api_version >= 4 and int(req.isolation_level) == READ_COMMITTED
     while True:
-        total = _read_all(topics, max_bytes)
+        total = _read_all(topics, max_bytes, read_committed)
         any_error = any(fp.error != ErrorCode.NONE for t in topics for fp in t.partitions)
         remaining = deadline - time.monotonic()
         if total >= min_bytes or any_error or remaining <= 0:
@@ -149,14 +159,17 @@ async def fetch(ctx: RequestContext, req: Message) -> Message:
     r = ctx.response_class
     T = r.FetchableTopicResponse
     P = T.PartitionData
+    A = P.AbortedTransaction
     responses = []
     for topic in topics:
         out = []
         for fp in topic.partitions:
             hw = fp.hw
             out.append(P(
-                partition_index=fp.index, error_code=int(fp.error), high_watermark=hw, last_stable_offset=hw,
-                log_start_offset=fp.log_start, aborted_transactions=None if fp.error else [],
+                partition_index=fp.index, error_code=int(fp.error), high_watermark=hw,
+                last_stable_offset=fp.lso if fp.lso >= 0 else hw, log_start_offset=fp.log_start,
+                aborted_transactions=None if fp.error else [A(producer_id=pid, first_offset=first)
+                                                            for pid, first in fp.aborted],
                 preferred_read_replica=-1, records=fp.data if fp.error == ErrorCode.NONE else b"",
             ))
         responses.append(T(topic=topic.name, topic_id=topic.topic_id, partitions=out))
@@ -185,6 +198,9 @@ async def list_offsets(ctx: RequestContext, req: Message) -> Message:
                 if p.current_leader_epoch > 0:
                     raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
                 off, ts = await _offset_for(plog, p.timestamp)
+                if p.timestamp in (LATEST, LATEST_TIERED) and ctx.api_version >= 2 \
+                        and int(req.isolation_level) == READ_COMMITTED:
+                    off = plog.last_stable_offset  # as Kafka: a read_committed consumer's end is the LSO
             except KafkaApiError as exc:
                 err = exc.code
             parts.append(P(partition_index=p.partition_index, error_code=int(err), timestamp=ts, offset=off,
