@@ -1,9 +1,10 @@
 """Durable committed offsets and group metadata: an append-only, CRC-checked log plus an in-memory view.
 
 :class:`OffsetStore`, one per data dir, keeps them in ``<data_dir>/__consumer_offsets/offsets.log`` (the format:
-:func:`encode_ops`): replayed at :meth:`OffsetStore.open`, which cuts off a torn tail, and rewritten to a new file
-atomically renamed over the old one when it grows well past the live set. Seam: :meth:`OffsetStore.submit`,
-:meth:`OffsetStore.offsets`, :meth:`OffsetStore.group_meta`, :meth:`OffsetStore.groups`.
+:func:`encode_payload`, in ``durable_log.FrameLog`` frames): replayed at :meth:`OffsetStore.open`, which cuts off a
+torn tail, and rewritten to a new file atomically renamed over the old one when it grows well past the live set.
+Seam: :meth:`OffsetStore.submit`, :meth:`OffsetStore.offsets`, :meth:`OffsetStore.group_meta`,
+:meth:`OffsetStore.groups`.
 
 Rules: one frame holds the ops of one request, so a request applies all or nothing; its ops reach the in-memory
 view, and its awaiter resumes, only once they are durable; one writer thread batches concurrent requests into one
@@ -18,14 +19,11 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from crc32c import crc32c
-
-from tabletopic.durable import atomic_write_bytes, fsync_dir, temp_path
+from tabletopic.durable_log import FrameLog, FrameLogError, Reader, put_bytes32, put_str16
 
 __all__ = [
     "CommittedOffset",
@@ -46,12 +44,9 @@ log = logging.getLogger(__name__)
 DIR_NAME = "__consumer_offsets"
 FILE_NAME = "offsets.log"
 _FORMAT_VERSION = 1
-_FRAME_HEADER = struct.Struct(">II")
 _PAYLOAD_HEADER = struct.Struct(">BI")
 _COMMIT_FIXED = struct.Struct(">iqiq")
-_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
-_MAX_FRAME = 256 * 1024 * 1024
 
 _COMMIT, _DELETE_OFFSET, _DELETE_GROUP, _GROUP_META = 1, 2, 3, 4
 
@@ -97,35 +92,16 @@ class GroupMeta:
 StoreOp = OffsetCommit | DeleteOffset | DeleteGroup | GroupMeta
 
 
-class OffsetStoreError(Exception):
+class OffsetStoreError(FrameLogError):
     """The offsets log could not be written; the ops of the failed request were not applied."""
 
 
 # --------------------------------------------------------------------------------------------- encoding
 
 
-def put_str16(out: bytearray, s: str | None) -> None:
-    """Append a string as int16 length + UTF-8 (None as length -1)."""
-    if s is None:
-        out += _I16.pack(-1)
-        return
-    b = s.encode()
-    if len(b) > 0x7FFF:
-        raise ValueError("string longer than 32767 bytes")
-    out += _I16.pack(len(b))
-    out += b
+def encode_payload(ops: Iterable[StoreOp]) -> bytes:
+    """Encode ``ops`` as one frame's payload (frames: ``durable_log.py``), integers big-endian::
 
-
-def put_bytes32(out: bytearray, b: bytes) -> None:
-    """Append bytes as int32 length + data."""
-    out += _I32.pack(len(b))
-    out += b
-
-
-def encode_ops(ops: Iterable[StoreOp]) -> bytes:
-    """Encode ``ops`` as one frame (header + payload). The file is a sequence of frames, integers big-endian::
-
-        frame   := length:uint32  crc:uint32 (CRC32C of payload)  payload
         payload := version:uint8 (=1)  count:uint32  op{count}
         op      := kind:uint8  body
           COMMIT        (1): group:str16 topic:str16 partition:int32 offset:int64 leader_epoch:int32
@@ -158,42 +134,7 @@ def encode_ops(ops: Iterable[StoreOp]) -> bytes:
             body.append(_GROUP_META)
             put_str16(body, op.group)
             put_bytes32(body, op.blob)
-    payload = _PAYLOAD_HEADER.pack(_FORMAT_VERSION, count) + bytes(body)
-    return _FRAME_HEADER.pack(len(payload), crc32c(payload)) + payload
-
-
-class Reader:
-    """Sequential reader over an encoded buffer; raises ``ValueError`` when it runs short."""
-
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: memoryview) -> None:
-        self.buf = buf
-        self.pos = 0
-
-    def take(self, n: int) -> memoryview:
-        if n < 0 or self.pos + n > len(self.buf):
-            raise ValueError("truncated op")
-        v = self.buf[self.pos : self.pos + n]
-        self.pos += n
-        return v
-
-    def unpack(self, st: struct.Struct) -> tuple[int, ...]:
-        return st.unpack(self.take(st.size))
-
-    def str16(self) -> str:
-        (n,) = self.unpack(_I16)
-        if n < 0:
-            raise ValueError("unexpected null string")
-        return bytes(self.take(n)).decode()
-
-    def str16n(self) -> str | None:
-        (n,) = self.unpack(_I16)
-        return None if n < 0 else bytes(self.take(n)).decode()
-
-    def bytes32(self) -> bytes:
-        (n,) = self.unpack(_I32)
-        return bytes(self.take(n))
+    return _PAYLOAD_HEADER.pack(_FORMAT_VERSION, count) + bytes(body)
 
 
 def decode_payload(payload: memoryview) -> list[StoreOp]:
@@ -221,42 +162,11 @@ def decode_payload(payload: memoryview) -> list[StoreOp]:
             ops.append(GroupMeta(group, r.bytes32()))
         else:
             raise ValueError(f"unknown op kind {kind}")
-    if r.pos != len(payload):
-        raise ValueError("trailing bytes in offsets record")
+    r.done()
     return ops
 
 
-def iter_frames(data: bytes) -> Iterator[tuple[int, list[StoreOp]]]:
-    """Yield ``(end_position, ops)`` for each valid frame; stop at the first torn or corrupt one."""
-    view = memoryview(data)
-    pos = 0
-    while pos + _FRAME_HEADER.size <= len(view):
-        length, crc = _FRAME_HEADER.unpack_from(view, pos)
-        start = pos + _FRAME_HEADER.size
-        end = start + length
-        if length > _MAX_FRAME or end > len(view):
-            return
-        payload = view[start:end]
-        if crc32c(payload) != crc:
-            return
-        try:
-            ops = decode_payload(payload)
-        except (ValueError, UnicodeDecodeError, struct.error):
-            return
-        yield end, ops
-        pos = end
-
-
 # --------------------------------------------------------------------------------------------- the store
-
-
-
-
-@dataclass(slots=True)
-class _Pending:
-    frame: bytes
-    ops: list[StoreOp]
-    future: asyncio.Future[None]
 
 
 class OffsetStore:
@@ -269,16 +179,10 @@ class OffsetStore:
     def __init__(self, data_dir: str | os.PathLike[str], *, compact_min_bytes: int = 16 * 1024 * 1024) -> None:
         self.dir = Path(data_dir) / DIR_NAME
         self.path = self.dir / FILE_NAME
-        self._compact_min_bytes = compact_min_bytes
         self._offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
         self._meta: dict[str, bytes] = {}
-        self._fd: int | None = None
-        self._size = 0
-        self._live_size_at_compaction = 0
-        self._pending: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._closed = False
+        self._log = FrameLog(self.path, snapshot=self._snapshot, compact_min_bytes=compact_min_bytes,
+                             error=OffsetStoreError)
 
     # ---- lifecycle
 
@@ -288,54 +192,18 @@ class OffsetStore:
         Blocking: call before serving, or through a thread.
         """
         t0 = time.monotonic()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        # an interrupted compaction leaves its temp file (".compact" is the name older versions used)
-        for leftover in (temp_path(self.path), self.dir / (FILE_NAME + ".compact")):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
-        data = self.path.read_bytes() if self.path.exists() else b""
-        good = 0
-        frames = 0
-        for end, ops in iter_frames(data):
-            self._apply(ops)
-            good = end
-            frames += 1
-        created = not self.path.exists()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if created:  # make the new directory entries durable too
-            fsync_dir(self.dir)
-            fsync_dir(self.dir.parent)
-        if good < len(data):
-            log.warning(
-                "offsets log %s: ignoring %d bytes of torn or corrupt tail after %d valid frames",
-                self.path, len(data) - good, frames,
-            )
-            os.ftruncate(self._fd, good)
-            os.fsync(self._fd)
-        self._size = good
-        snapshot = self._snapshot_frame()
-        self._live_size_at_compaction = len(snapshot)
-        if self._size > 2 * len(snapshot) + 1024 * 1024:
-            self._rewrite(snapshot)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="offsets-log")
+        with contextlib.suppress(FileNotFoundError):  # the name older versions staged compactions under
+            os.unlink(self.dir / (FILE_NAME + ".compact"))
+        self._log.open(lambda payload: self._apply(decode_payload(payload)))
         log.info(
             "offsets log %s loaded: %d groups, %d committed partitions, %d bytes, in %.1f ms",
             self.path, len(self._offsets.keys() | self._meta.keys()),
-            sum(len(v) for v in self._offsets.values()), self._size, (time.monotonic() - t0) * 1000,
+            sum(len(v) for v in self._offsets.values()), self._log.size, (time.monotonic() - t0) * 1000,
         )
 
     async def close(self) -> None:
         """Wait for in-flight writes, then close the file."""
-        self._closed = True
-        if self._flusher is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._flusher)
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        await self._log.close()
 
     # ---- reads
 
@@ -355,17 +223,11 @@ class OffsetStore:
     def submit(self, ops: list[StoreOp]) -> asyncio.Future[None]:
         """Queue ``ops`` (one atomic record) for writing, in call order; the future completes once they are
         durable and applied, or fails with :class:`OffsetStoreError`. Must be called on the loop."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._closed or self._fd is None:
-            fut.set_exception(OffsetStoreError("offsets store is closed"))
-            return fut
         if not ops:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return fut
-        self._pending.append(_Pending(encode_ops(ops), ops, fut))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush_loop(), name="offsets-log-flush")
-        return fut
+        return self._log.submit(encode_payload(ops), lambda: self._apply(ops))
 
     async def write(self, ops: list[StoreOp]) -> None:
         """Durably append ``ops`` (one atomic record) and apply them; raises :class:`OffsetStoreError`.
@@ -373,61 +235,6 @@ class OffsetStore:
         Cancelling the caller does not cancel the write.
         """
         await asyncio.shield(self.submit(ops))
-
-    async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._pending:
-            batch, self._pending = self._pending, []
-            data = b"".join(p.frame for p in batch)
-            try:
-                await loop.run_in_executor(self._executor, self._append_sync, data)
-            except OSError as exc:
-                log.error("offsets log %s: write of %d bytes failed: %s", self.path, len(data), exc)
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(OffsetStoreError(str(exc)))
-                continue
-            for p in batch:
-                self._apply(p.ops)
-                if not p.future.done():
-                    p.future.set_result(None)
-            await self._maybe_compact(loop)
-
-    def _append_sync(self, data: bytes) -> None:
-        fd = self._fd
-        assert fd is not None
-        start = self._size
-        try:
-            os.lseek(fd, start, os.SEEK_SET)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fdatasync(fd)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)
-            raise
-        self._size = start + len(data)
-
-    async def _maybe_compact(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._size < max(self._compact_min_bytes, 4 * self._live_size_at_compaction):
-            return
-        snapshot = self._snapshot_frame()
-        self._live_size_at_compaction = len(snapshot)
-        if len(snapshot) * 2 > self._size:
-            return
-        t0 = time.monotonic()
-        before = self._size
-        try:
-            await loop.run_in_executor(self._executor, self._rewrite, snapshot)
-        except OSError as exc:
-            log.error("offsets log %s: compaction failed: %s", self.path, exc)
-            return
-        log.info(
-            "offsets log %s compacted from %d to %d bytes in %.1f ms",
-            self.path, before, self._size, (time.monotonic() - t0) * 1000,
-        )
 
     # ---- internals
 
@@ -447,16 +254,9 @@ class OffsetStore:
             else:
                 self._meta[op.group] = op.blob
 
-    def _snapshot_frame(self) -> bytes:
+    def _snapshot(self) -> list[bytes]:
         ops: list[StoreOp] = [GroupMeta(g, b) for g, b in self._meta.items()]
         for g, parts in self._offsets.items():
             ops.extend(OffsetCommit(g, t, p, v) for (t, p), v in parts.items())
         chunk = 10_000
-        return b"".join(encode_ops(ops[i : i + chunk]) for i in range(0, len(ops), chunk))
-
-    def _rewrite(self, snapshot: bytes) -> None:
-        atomic_write_bytes(self.path, snapshot)
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd = os.open(self.path, os.O_RDWR)
-        self._size = len(snapshot)
+        return [encode_payload(ops[i : i + chunk]) for i in range(0, len(ops), chunk)]
