@@ -201,10 +201,16 @@ class LogReader(HighWatermarkSource, Protocol):
 
     @property
     def source_high_watermark(self) -> int:
-        """The partition's high watermark where its records come from: ``high_watermark`` itself for a log the
-        records are written to (the broker's); for a copy fetched from another cluster (attach mode), that
-        cluster's as last fetched, ahead of ``high_watermark`` while the copy catches up. A round covers the records
-        below it, reading each once ``high_watermark`` passes it (``add_waiter`` says when)."""
+        """Where a round reads up to, as a read_committed consumer of the partition would: the broker's log's last
+        stable offset (an open transaction holds it back); for a copy fetched from another cluster (attach mode),
+        that cluster's high watermark as last fetched, ahead of ``high_watermark`` while the copy catches up. A
+        round covers the records below it, reading each once ``high_watermark`` passes it (``add_waiter`` says
+        when)."""
+        ...
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions whose records in ``[start, end)`` a
+        read_committed reader drops (the workers: they never reach the table)."""
         ...
 
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None

@@ -29,6 +29,9 @@ from tabletopic.attach.fetcher import whole_batches
 from tabletopic.attach.spool import RemotePartitionLog
 from tabletopic.fileio import local_path
 from tabletopic.log import PartitionLog
+from tabletopic.protocol.batch_body import Marker
+from tests.helpers.log_crash_writer import append as crash_append
+from tests.helpers.log_crash_writer import make_batch as crash_batch
 from tests.helpers.topic_view import FunctionTables, FunctionTopicView
 from tests.test_worker_support import (
     append,
@@ -506,3 +509,39 @@ def test_a_sealed_pool_call_takes_its_arguments_as_they_were(pool: ProcessPoolEx
     fields["name"] = 2
     assert pool.submit(call).result() == 1
     assert call() == 1
+
+
+def test_a_round_reads_committed_records_only(tmp_path: Path, pool: ProcessPoolExecutor) -> None:
+    # Table topics read as read_committed consumers: an aborted transaction's records never reach the table, an
+    # open transaction holds the round at its first offset, committed and plain records go in exactly once.
+    async def body(env: Env) -> None:
+        plog = env.log()
+        seqs = {1: 0, 2: 0}
+
+        def send(pid: int, n: int = 3) -> None:
+            crash_append(plog, crash_batch(n, pid=pid, epoch=0, seq=seqs[pid], tag=pid, transactional=True))
+            seqs[pid] += n
+
+        crash_append(plog, crash_batch(2, tag=9))  # 0, 1: plain
+        send(1)  # 2..4: aborted below
+        send(2)  # 5..7: committed below
+        send(1)  # 8..10: aborted
+        plog.append_marker(1, 0, Marker(False, 0), 0)  # 11
+        plog.append_marker(2, 0, Marker(True, 0), 0)  # 12
+        send(2)  # 13..15: open
+        crash_append(plog, crash_batch(2, tag=9))  # 16, 17: plain, after the open transaction
+        plog.flush()
+        assert plog.last_stable_offset == 13 and plog.high_watermark == 18
+        await env.start()
+        r = await env.ask(0)
+        assert (r.code, r.next_offset) == (CommitCode.NONE, 13)
+        env.commit(r)
+        assert env.table_offsets() == [0, 1, 5, 6, 7]
+        plog.append_marker(2, 0, Marker(True, 0), 0)  # 18: the open transaction commits
+        plog.flush()
+        r = await env.ask(13)
+        assert (r.code, r.next_offset) == (CommitCode.NONE, 19)
+        env.commit(r)
+        assert env.table_offsets() == [0, 1, 5, 6, 7, 13, 14, 15, 16, 17]
+
+    run(tmp_path, pool, body)

@@ -119,7 +119,7 @@ def convert_records(
        key or whose ``cdc.field`` is not text, :mod:`worker.changes`, whose op and order columns the rows then
        carry).
     """
-    d = decode(data, start_offset)
+    d = decode(data, start_offset, plan.aborted)
     details: dict[int, str] = {}
     columns, timestamps, bad, dropped, stop = _record_columns(d, plan, partition, details)
     explained = {d.offsets[i]: text for i, text in details.items()}  # by offset: rows are cut and renumbered below

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -188,9 +189,35 @@ def _tolerant_records(data: bytes, h: BatchHeader) -> tuple[list[_Record], int]:
     return records, repaired
 
 
-def decode(data: bytes, start_offset: int) -> Decoded:
-    """The records at ``start_offset`` and after in ``data`` (whole batches, any codec; control batches skipped)."""
+class _Aborted:
+    """Which batches belong to aborted transactions, as a read_committed consumer decides (Kafka's fetcher):
+    a producer with an aborted transaction starting at or before a batch is aborted until its abort marker."""
+
+    def __init__(self, aborted: Sequence[tuple[int, int]]) -> None:
+        self._queue = sorted((first, pid) for pid, first in aborted)
+        self._next = 0  # the first transaction of the queue not yet started
+        self._producers: set[int] = set()
+
+    def skips(self, batch: Any) -> bool:
+        """True for a transactional data batch of an aborted transaction (control batches: False)."""
+        pid = batch.producer_id
+        if pid < 0 or (self._next >= len(self._queue) and not self._producers):
+            return False
+        last = batch.next_offset - 1
+        while self._next < len(self._queue) and self._queue[self._next][0] <= last:
+            self._producers.add(self._queue[self._next][1])
+            self._next += 1
+        if batch.is_control_batch:
+            self._producers.discard(pid)  # its end marker: an aborted transaction ends with its abort marker
+            return False
+        return bool(batch.is_transactional) and pid in self._producers
+
+
+def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = ()) -> Decoded:
+    """The records at ``start_offset`` and after in ``data`` (whole batches, any codec; control batches skipped;
+    read_committed: the batches of the ``aborted`` transactions, (producer id, first offset), skipped too)."""
     out = Decoded(next_offset=start_offset)
+    dropping = _Aborted(aborted)
     data = _decompress_foreign(data)
     offsets, timestamps, keys, values, headers = out.offsets, out.timestamps, out.keys, out.values, out.headers
     records = MemoryRecords(data)
@@ -210,7 +237,7 @@ def decode(data: bytes, start_offset: int) -> Decoded:
             nxt = batch.next_offset
             if nxt <= start_offset:
                 continue
-            if batch.is_control_batch:
+            if dropping.skips(batch) or batch.is_control_batch:
                 out.next_offset = nxt
                 continue
             try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from concurrent.futures import Executor
@@ -303,7 +304,7 @@ class PartitionWorker:
             target = self._target(req)
             # by_latest_schema: the subject's latest as it is now, after the high watermark was taken, so every
             # record below it was written with this schema or an older one
-            plan = await self._plan(target, self._config_provider(), deadline, fresh=True)
+            plan = await self._plan(target, self._config_provider(), deadline, start=mine.offset, fresh=True)
         except RegistryUnavailableError as e:
             self._conditions.log("registry", logging.WARNING, "%s: commit %s: waiting for the schema registry: %s",
                                  self.name, req.commit_id, e, state=str(e))
@@ -346,12 +347,14 @@ class PartitionWorker:
         await self._discard(chunks, f"reset to {x}")
         self._position = self._written_to = x
 
-    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float, *, fresh: bool = False
-                    ) -> ConversionPlan:
+    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float, *, start: int,
+                    fresh: bool = False) -> ConversionPlan:
         """The round's plan: the schemas fetched so far, and for ``by_latest_schema`` the subjects' latest, asked
         of the registry now when ``fresh`` (a round), else as last fetched (pre-writes: the round discards their
-        chunks if the latest changed since). RegistryUnavailableError when the registry cannot give it before
-        ``deadline``."""
+        chunks if the latest changed since); the aborted transactions from ``start`` to where the round may read
+        (an aborted transaction's marker always precedes the last stable offset that passes it, so the list is
+        complete for every chunk read under this plan). RegistryUnavailableError when the registry cannot give it
+        before ``deadline``."""
         source = self.schema_source
         latest: dict[RecordPart, RegistrySchema | None] = {}
         for part, subject in latest_subjects(self.topic, cfg).items():
@@ -360,8 +363,10 @@ class PartitionWorker:
             latest[part] = await source.latest(subject, deadline, max_age_s=0.0 if fresh else float("inf"))
             if latest[part] is None:
                 raise RegistryUnavailableError(f"subject {subject} has no schema yet")
-        return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest,
+        plan = ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest,
                                     change=self._change_mode)
+        aborted = self.plog.aborted_transactions(start, self.plog.source_high_watermark)
+        return dataclasses.replace(plan, aborted=tuple(aborted)) if aborted else plan
 
     async def _fetch_schemas(self, ids: frozenset[int], deadline: float) -> None:
         if self.schema_source is None:
@@ -414,7 +419,7 @@ class PartitionWorker:
                         await self._fetch_schemas(result.stats.missing_schemas, deadline)
                     except RegistryUnavailableError as e:
                         return _Flushed(taken, waiting=str(e))
-                    plan = await self._plan(target, self._config_provider(), deadline)
+                    plan = await self._plan(target, self._config_provider(), deadline, start=self._written_to)
         except asyncio.CancelledError:
             self._chunks = [*taken, *self._chunks]  # stop() discards them
             raise
@@ -585,6 +590,11 @@ class PartitionWorker:
             await self._wait_for_data(hw, min(want, MIN_CHUNK_BYTES * 4), data_by)
         return await self._submit(hw, target, plan, want)
 
+    def _readable_end(self) -> int:
+        """Where the records readable now and for a table end: the log's (or spool's) high watermark, the last
+        stable offset when that comes first."""
+        return min(self.plog.high_watermark, self.plog.source_high_watermark)
+
     def _arriving(self, hw: int, want: int) -> bool:
         """Records below ``hw`` are still on their way (a remote copy) and fewer than ``want`` bytes are readable:
         a chunk now would be a small one."""
@@ -672,7 +682,7 @@ class PartitionWorker:
         """Log bytes between what was written ahead and the high watermark (estimated from offsets)."""
         if self._written_to is None:
             return 0
-        pending = self.plog.high_watermark - self._written_to
+        pending = self._readable_end() - self._written_to
         if pending <= 0:
             return 0
         bpr = self._bytes_per_record
@@ -723,14 +733,14 @@ class PartitionWorker:
                     cfg = self._config_provider()
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
                         self._table_provider(), writer=MERGE if self._change_mode is not None else APPEND)
-                    plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0)
+                    plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0, start=self._written_to)
                 except RegistryUnavailableError:
                     break
                 except Exception as e:
                     self._conditions.log("prewrite-failed", logging.ERROR, "%s: no table to pre-write into: %s: %s",
                                          self.name, type(e).__name__, e, state=(type(e), str(e)))
                     break
-                if not await self._submit(self.plog.high_watermark, target, plan, self._chunk_bytes()):
+                if not await self._submit(self._readable_end(), target, plan, self._chunk_bytes()):
                     break
                 n += 1
                 self.prewrite_chunks += 1

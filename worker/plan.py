@@ -63,6 +63,9 @@ class ConversionPlan:
     # then: on any other table those are ordinary column names (a flattened value's fields ``key``, ``value``,
     # ``timestamp`` among them), filled from the value like any other field.
     legacy: bool = False
+    # read_committed: (producer id, first offset) of the aborted transactions in the range the chunks read, whose
+    # records never reach the table (set by the worker from its log; empty where there are none)
+    aborted: tuple[tuple[int, int], ...] = ()
 
     @property
     def row_schema(self) -> pa.Schema:

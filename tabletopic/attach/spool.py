@@ -170,6 +170,10 @@ class RemotePartitionLog:
             return self._end
         return max(self._end, self.remote_high_watermark)
 
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """None: attach mode fetches read_uncommitted today (docs/attach.md, limits)."""
+        return []
+
     @property
     def start_offset(self) -> int:
         """The first offset the spool can answer reads at (earlier ones restart it)."""

@@ -760,8 +760,9 @@ class PartitionLog:
 
     @property
     def source_high_watermark(self) -> int:
-        """The table workers' :class:`~coordinator.contract.LogReader` view: the records come from this log."""
-        return self.high_watermark
+        """The table workers' :class:`~coordinator.contract.LogReader` view: they read as read_committed
+        consumers, up to the last stable offset."""
+        return self.last_stable_offset
 
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
                     ) -> tuple[list[tuple[str, int, int]], int]:
