@@ -30,11 +30,15 @@ from crc32c import crc32c
 
 from tabletopic.durable import atomic_write_bytes, fsync_dir, temp_path
 
-__all__ = ["FrameLog", "FrameLogError", "Reader", "encode_frame", "iter_payloads", "put_bytes32", "put_str16"]
+__all__ = [
+    "FrameLog", "FrameLogError", "Reader", "encode_frame", "iter_payloads", "open_payload", "payload_header",
+    "put_bytes32", "put_str16",
+]
 
 log = logging.getLogger(__name__)
 
 _FRAME_HEADER = struct.Struct(">II")
+_PAYLOAD_HEADER = struct.Struct(">BI")
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _MAX_FRAME = 256 * 1024 * 1024
@@ -110,6 +114,20 @@ class Reader:
             raise ValueError("trailing bytes in record")
 
 
+def payload_header(version: int, count: int) -> bytes:
+    """The owners' common payload start: ``version:uint8 count:uint32`` (count = the entries that follow)."""
+    return _PAYLOAD_HEADER.pack(version, count)
+
+
+def open_payload(payload: memoryview, version: int) -> tuple[Reader, int]:
+    """A :class:`Reader` past :func:`payload_header`, and its count; ``ValueError`` for another version."""
+    r = Reader(payload)
+    got, count = r.unpack(_PAYLOAD_HEADER)
+    if got != version:
+        raise ValueError(f"unknown record version {got} in {payload.nbytes}-byte payload")
+    return r, count
+
+
 def encode_frame(payload: bytes) -> bytes:
     """``payload`` as one frame: length, CRC32C, payload."""
     return _FRAME_HEADER.pack(len(payload), crc32c(payload)) + payload
@@ -163,14 +181,15 @@ class FrameLog:
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
 
-    def open(self, load: Callable[[memoryview], None]) -> int:
+    def open(self, load: Callable[[memoryview], None], describe: Callable[[], str]) -> None:
         """Replay the file through ``load`` (one call per frame's payload), cut off a torn or corrupt tail, compact
-        when the file is much larger than the live set; returns the number of frames replayed.
+        when the file is much larger than the live set; logs what was loaded (``describe()``), size and time.
 
         ``load`` must decode the whole payload before applying any of it and raise ``ValueError`` (or another of
         :data:`MALFORMED`) on a malformed one: replay stops there, as at a torn frame. Blocking: call before serving,
         or through a thread.
         """
+        t0 = time.monotonic()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):  # an interrupted compaction leaves its temp file
             os.unlink(temp_path(self.path))
@@ -199,7 +218,8 @@ class FrameLog:
         if self.size > 2 * len(snapshot) + 1024 * 1024:
             self._rewrite(snapshot)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"log-{self.path.stem}")
-        return frames
+        log.info("%s loaded: %s, %d bytes, in %.1f ms", self.path, describe(), self.size,
+                 (time.monotonic() - t0) * 1000)
 
     async def close(self) -> None:
         """Wait for in-flight writes, then close the file."""

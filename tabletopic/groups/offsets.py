@@ -18,12 +18,19 @@ import contextlib
 import logging
 import os
 import struct
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tabletopic.durable_log import FrameLog, FrameLogError, Reader, put_bytes32, put_str16
+from tabletopic.durable_log import (
+    FrameLog,
+    FrameLogError,
+    Reader,
+    open_payload,
+    payload_header,
+    put_bytes32,
+    put_str16,
+)
 
 __all__ = [
     "CommittedOffset",
@@ -44,7 +51,6 @@ log = logging.getLogger(__name__)
 DIR_NAME = "__consumer_offsets"
 FILE_NAME = "offsets.log"
 _FORMAT_VERSION = 1
-_PAYLOAD_HEADER = struct.Struct(">BI")
 _COMMIT_FIXED = struct.Struct(">iqiq")
 _I32 = struct.Struct(">i")
 
@@ -134,15 +140,12 @@ def encode_payload(ops: Iterable[StoreOp]) -> bytes:
             body.append(_GROUP_META)
             put_str16(body, op.group)
             put_bytes32(body, op.blob)
-    return _PAYLOAD_HEADER.pack(_FORMAT_VERSION, count) + bytes(body)
+    return payload_header(_FORMAT_VERSION, count) + bytes(body)
 
 
 def decode_payload(payload: memoryview) -> list[StoreOp]:
     """Decode one frame's payload (CRC already checked). Raises ``ValueError`` on malformed content."""
-    r = Reader(payload)
-    version, count = r.unpack(_PAYLOAD_HEADER)
-    if version != _FORMAT_VERSION:
-        raise ValueError(f"unknown offsets record version {version}")
+    r, count = open_payload(payload, _FORMAT_VERSION)
     ops: list[StoreOp] = []
     for _ in range(count):
         (kind,) = r.take(1)
@@ -191,15 +194,11 @@ class OffsetStore:
 
         Blocking: call before serving, or through a thread.
         """
-        t0 = time.monotonic()
         with contextlib.suppress(FileNotFoundError):  # the name older versions staged compactions under
             os.unlink(self.dir / (FILE_NAME + ".compact"))
-        self._log.open(lambda payload: self._apply(decode_payload(payload)))
-        log.info(
-            "offsets log %s loaded: %d groups, %d committed partitions, %d bytes, in %.1f ms",
-            self.path, len(self._offsets.keys() | self._meta.keys()),
-            sum(len(v) for v in self._offsets.values()), self._log.size, (time.monotonic() - t0) * 1000,
-        )
+        self._log.open(lambda payload: self._apply(decode_payload(payload)), lambda: (
+            f"{len(self._offsets.keys() | self._meta.keys())} groups, "
+            f"{sum(len(v) for v in self._offsets.values())} committed partitions"))
 
     async def close(self) -> None:
         """Wait for in-flight writes, then close the file."""
