@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.helpers.attach import AttachProcess, SharedLake, retire_table_topic
+from tests.helpers.attach import AttachProcess, SharedLake, retire_table_topic, wait_for
 from tests.helpers.procs import BrokerProcess
 from tests.test_table_topics import _arrow_rows, end_offsets, log_rows, normalize_log
 
@@ -152,18 +152,19 @@ def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path
         p.start()
     try:
         with Stream(broker.bootstrap, topic) as s:
-            time.sleep(4)
+            wait_for("a coordinator", lambda: any(coordinates(p, topic) for p in procs[:3]), 30)
+            time.sleep(1)
             coordinator = next(p for p in procs[:3] if coordinates(p, topic))
             coordinator.kill()  # the coordinator's instance crashes: another takes partition 0 over
-            time.sleep(5)
-            procs[3].start()  # an instance joins: cooperative-sticky moves only some partitions to it
             time.sleep(4)
+            procs[3].start()  # an instance joins: cooperative-sticky moves only some partitions to it
+            procs[3].wait_log("assigned attach-three", 30)
             paused = next(p for p in procs if p.running and p is not coordinator)
             paused.pause()  # past its session time-out (6 s): its partitions move, it is a zombie when it resumes
-            time.sleep(9)
+            time.sleep(8)
             paused.resume()
             paused.wait_log("lost attach-three", 15)  # librdkafka tells it it was out of the group: it steps back
-            time.sleep(2)
+            time.sleep(1)
         assert s.acked > 0
         assert_table_equals_log(broker, lake, topic, 12)
     finally:

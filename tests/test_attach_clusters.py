@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +49,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tabletopic.attach.settings import SETTINGS_TOPIC
-from tests.helpers.attach import AttachProcess, SharedLake
+from tests.helpers.attach import AttachProcess, SharedLake, wait_for
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.tansu import TansuProcess
 from tests.test_attach import Stream, attach_config, coordinates, create_table_topic, table_rows
@@ -109,13 +109,6 @@ def assert_table_equals_log(bootstrap: str, lake: SharedLake, topic: str, partit
     assert sorted(rows) == log
 
 
-def wait_for(what: str, condition: Callable[[], object], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.2)
-
-
 @contextmanager
 def instances(bootstrap: str, tmp_path: Path, topic: str, count: int, start: int | None = None
               ) -> Iterator[tuple[SharedLake, list[AttachProcess]]]:
@@ -152,9 +145,9 @@ def test_three_instances_against_tansu(tansu: TansuProcess, tmp_path: Path) -> N
                 time.sleep(1)
                 paused = next(p for p in procs if p.running and not coordinates(p, topic))
                 paused.pause()  # past its session time-out (6 s); see the module doc for what Tansu does then
-                time.sleep(12)
+                time.sleep(9)
                 paused.resume()
-                time.sleep(6)
+                time.sleep(3)
             assert s.acked > 0
             assert_table_equals_log(tansu.bootstrap, lake, topic, 12)
             assert all(p.running for p in procs if p is not coordinator)
@@ -239,7 +232,7 @@ def test_cluster_briefly_unreachable(fresh_broker: BrokerProcess, tmp_path: Path
             b.kill()
             time.sleep(6)  # past the instances' session time-out (6 s)
             b.start()
-            time.sleep(6)
+            time.sleep(4)
         assert s.acked > 0
         assert_table_equals_log(b.bootstrap, lake, topic, 4)
         assert all(p.running for p in procs), [p.name for p in procs if not p.running]

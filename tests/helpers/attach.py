@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from pyiceberg.catalog.sql import SqlCatalog
@@ -137,3 +138,11 @@ class AttachProcess:
                 return
             time.sleep(0.2)
         raise AssertionError(f"{self.name}: {needle!r} not in its log after {timeout}s")
+
+
+def wait_for(what: str, condition: Callable[[], object], timeout: float = 30.0) -> None:
+    """Poll ``condition`` every 0.2 s until it is true; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
