@@ -407,6 +407,14 @@ _broker(
     Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
     Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
             at_least(1)),
+    Setting("transaction.max.timeout.ms", Type.INT, 900000,
+            "Largest transaction.timeout.ms a transactional producer may ask for.", at_least(1)),
+    Setting("transactional.id.expiration.ms", Type.INT, 604800000,
+            "A transactional id with no transaction for this long is forgotten.", at_least(1)),
+    Setting("transaction.abort.timed.out.transaction.cleanup.interval.ms", Type.INT, 10000,
+            "How often transactions past their timeout are looked for and aborted.", at_least(1)),
+    Setting("transaction.remove.expired.transaction.cleanup.interval.ms", Type.INT, 3600000,
+            "How often expired transactional ids are removed.", at_least(1)),
     Setting("shutdown.timeout.ms", Type.LONG, 30000, "Graceful shutdown waits this long for in-flight work.",
             at_least(0), origin=Origin.TABLETOPIC),
     # ---- Table Topic (AutoMQ's names). Every automq.table.topic.catalog.<key> not declared here is passed
@@ -937,6 +945,11 @@ class BrokerConfig:
     offset_metadata_max_bytes = _setting("offset.metadata.max.bytes", int)
     offsets_retention_minutes = _setting("offsets.retention.minutes", int)
     shutdown_timeout_ms = _setting("shutdown.timeout.ms", int)
+    transaction_max_timeout_ms = _setting("transaction.max.timeout.ms", int)
+    transactional_id_expiration_ms = _setting("transactional.id.expiration.ms", int)
+    transaction_abort_interval_ms = _setting("transaction.abort.timed.out.transaction.cleanup.interval.ms", int)
+    transaction_remove_expired_interval_ms = _setting("transaction.remove.expired.transaction.cleanup.interval.ms",
+                                                      int)
     # table topics
     catalog_type = _optional_setting("automq.table.topic.catalog.type", str)
     """None means the table topic feature is off on this broker."""

@@ -26,6 +26,9 @@ from tabletopic.server import handlers
 from tabletopic.server.handlers.configs import TopicConfigCheck
 from tabletopic.server.network import KafkaServer
 from tabletopic.topics import TopicManager
+from tabletopic.transactions.coordinator import TransactionConfig, TransactionCoordinator
+from tabletopic.transactions.markers import LogMarkerWriter
+from tabletopic.transactions.store import TransactionStateStore
 
 if TYPE_CHECKING:
     from tabletopic.registry.server import RegistryServer
@@ -67,6 +70,14 @@ class Broker:
             data_dir,
             self.topics.partition_count,
         )
+        self.transaction_store = TransactionStateStore(data_dir)
+        self.transactions = TransactionCoordinator(
+            self.transaction_store, self.producer_ids, LogMarkerWriter(self.logs.get),
+            TransactionConfig(max_timeout_ms=config.transaction_max_timeout_ms,
+                              id_expiration_ms=config.transactional_id_expiration_ms,
+                              abort_interval_ms=config.transaction_abort_interval_ms,
+                              remove_expired_interval_ms=config.transaction_remove_expired_interval_ms),
+        )
         self.server = KafkaServer(self)
         self.metrics = TableTopicMetrics()
         self.metrics_server: MetricsServer | None = None
@@ -86,6 +97,8 @@ class Broker:
         self.topics.load()
         self.producer_ids.load()
         await self.groups.start()
+        await asyncio.to_thread(self.transaction_store.open)
+        await self.transactions.start()  # after the logs: transactions a crash left half-ended get their markers
         if self.config.schema_registry_listeners:
             from tabletopic.registry.server import RegistryServer  # aiohttp loads only when the registry is on
 
@@ -123,6 +136,8 @@ class Broker:
             log.info("table topics stopped after %.0f ms", (time.monotonic() - t0) * 1000)
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        await self.transactions.stop()
+        await self.transaction_store.close()
         await self.groups.close()
         await self.logs.close()
         self._data_lock.release()  # last: nothing below log.dirs is written after this

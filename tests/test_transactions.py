@@ -1,175 +1,197 @@
-"""Transactional producers are refused at once with a clear, fatal error until transactions are built.
+"""Kafka transactions end to end with librdkafka (confluent-kafka): commit and abort as read_committed and
+read_uncommitted consumers see them, fencing of a second producer with the same transactional id, the coordinator
+completing and timing out transactions across a kill -9 of the broker, Kafka's refusals on the wire, and a table
+topic fed by committed and aborted transactions holding exactly the committed records.
 
-Before, FindCoordinator for a transactional id answered COORDINATOR_NOT_AVAILABLE, which every client retries
-until its own time-out (a generic time-out error after 15-60 s) with nothing in the broker log. The choice of
-error codes is explained in ``tabletopic/server/handlers/transactions.py``.
+The coordinator's state machine is tests/test_transactions_coordinator.py's subject, the partition side
+tests/test_log_transactions.py's. Offsets in transactions (AddOffsetsToTxn, TxnOffsetCommit) are not built yet.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey
-from tabletopic.server.handlers.transactions import RefusalLog
 from tests.helpers import java_client as jc
+from tests.helpers.log_crash_writer import make_batch
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.wire import RawClient
-from tests.test_clients import consume_confluent, create_topic, produce_confluent
+from tests.test_clients import create_topic
+from tests.test_table_topics import create, wait_for_table
 
-NOT_SUPPORTED = "transactions are not supported by tabletopic yet"
-TRANSACTIONAL_APIS = (ApiKey.AddPartitionsToTxn, ApiKey.AddOffsetsToTxn, ApiKey.EndTxn, ApiKey.WriteTxnMarkers,
-                      ApiKey.TxnOffsetCommit, ApiKey.DescribeTransactions, ApiKey.ListTransactions)
-# the clients' own time-outs: reaching them means the error was retried, not reported
-CLIENT_TIMEOUT_S = 30
-FAST_S = 10  # generous: the clients fail within about a second (JVM start-up aside)
+pytestmark = pytest.mark.timeout(180)
 
 
-def _tid(prefix: str) -> str:
+def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _assert_refusal_logged(b: BrokerProcess, transactional_id: str) -> None:
-    lines = [ln for ln in b.log_text().splitlines() if repr(transactional_id) in ln]
-    assert any("WARNING" in ln and NOT_SUPPORTED in ln for ln in lines), lines
+def _producer(b: BrokerProcess, tid: str, **conf: Any) -> Producer:
+    p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": tid, "linger.ms": 5, **conf})
+    p.init_transactions(30)
+    return p
 
 
-def test_transactional_requests_are_refused_on_the_wire(broker: BrokerProcess) -> None:
-    find_tid, find_tid2, init_tid = _tid("wire-find"), _tid("wire-find2"), _tid("wire-init")
-    with RawClient(broker.bootstrap) as c:
-        versions = c.request(ApiKey.ApiVersions, 3, client_software_name="raw-test",
-                             client_software_version="1")
-        advertised = {k.api_key for k in versions.api_keys}
-        assert ApiKey.InitProducerId in advertised and ApiKey.FindCoordinator in advertised
-        assert not advertised & set(TRANSACTIONAL_APIS)
-
-        lo, hi = codec.SUPPORTED_VERSIONS[ApiKey.FindCoordinator]
-        for v in range(max(lo, 1), hi + 1):  # key types exist from v1
-            if v < 4:
-                r = c.request(ApiKey.FindCoordinator, v, key=find_tid, key_type=1)
-                results = [(r.error_code, r.error_message, r.node_id)]
-            else:
-                r = c.request(ApiKey.FindCoordinator, v, key_type=1, coordinator_keys=[find_tid, find_tid2])
-                assert [x.key for x in r.coordinators] == [find_tid, find_tid2]
-                results = [(x.error_code, x.error_message, x.node_id) for x in r.coordinators]
-            for code, message, node in results:
-                assert code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and node == -1, f"FindCoordinator v{v}"
-                assert NOT_SUPPORTED in message, f"FindCoordinator v{v}"
-            group = (c.request(ApiKey.FindCoordinator, v, key="g", key_type=0) if v < 4 else
-                     c.request(ApiKey.FindCoordinator, v, key_type=0, coordinator_keys=["g"]).coordinators[0])
-            assert group.error_code == 0 and group.node_id == 1, f"FindCoordinator v{v}, group"
-
-        lo, hi = codec.SUPPORTED_VERSIONS[ApiKey.InitProducerId]
-        for v in range(lo, hi + 1):
-            r = c.request(ApiKey.InitProducerId, v, transactional_id=init_tid, transaction_timeout_ms=60000,
-                          producer_id=-1, producer_epoch=-1)
-            assert (r.error_code, r.producer_id) == (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1), v
-            r = c.request(ApiKey.InitProducerId, v, transactional_id=None, transaction_timeout_ms=60000,
-                          producer_id=-1, producer_epoch=-1)
-            assert r.error_code == 0 and r.producer_id >= 0, f"InitProducerId v{v} without a transactional id"
-    for tid in (find_tid, find_tid2, init_tid):
-        _assert_refusal_logged(broker, tid)
-    # once per transactional id, not once per request
-    assert sum(repr(find_tid) in ln and "WARNING" in ln for ln in broker.log_text().splitlines()) == 1
+def _transaction(p: Producer, topic: str, values: list[bytes], *, commit: bool) -> None:
+    p.begin_transaction()
+    for i, v in enumerate(values):
+        p.produce(topic, v, b"k%d" % i)
+    p.flush(30)  # on the broker before the end: librdkafka drops unsent records of an aborted transaction
+    if commit:
+        p.commit_transaction(30)
+    else:
+        p.abort_transaction(30)
 
 
-def test_confluent_init_transactions_fails_fast_and_idempotence_keeps_working(broker: BrokerProcess) -> None:
-    tid = _tid("ck-tx")
-    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": tid})
-    t0 = time.monotonic()
-    with pytest.raises(KafkaException) as ei:
-        p.init_transactions(CLIENT_TIMEOUT_S)
-    elapsed = time.monotonic() - t0
-    del p  # a producer in fatal state: release its connections now
-    err = ei.value.args[0]
-    assert err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED and err.fatal() and not err.retriable(), err
-    assert NOT_SUPPORTED in err.str()
-    assert elapsed < FAST_S, elapsed
-    _assert_refusal_logged(broker, tid)
-
-    topic = _tid("ck-idem")
-    create_topic(broker, topic, 1)
-    acked = produce_confluent(broker, topic, [b"a", b"b", b"c"], **{"enable.idempotence": True})
-    assert [o for _, o in acked] == [0, 1, 2]
-    assert [v for _, _, v in consume_confluent(broker, topic, 3)] == [b"a", b"b", b"c"]
-
-
-def test_kafka_python_init_transactions_fails_fast(broker: BrokerProcess) -> None:
-    from kafka import KafkaProducer
-    from kafka.errors import KafkaError as KpError
-    from kafka.errors import KafkaTimeoutError
-
-    tid = _tid("kp-tx")
-    p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=tid,
-                      max_block_ms=CLIENT_TIMEOUT_S * 1000)
+def _values(b: BrokerProcess, topic: str, isolation: str, expect: int, settle_s: float = 1.0) -> list[bytes]:
+    """Every value a consumer with ``isolation`` reads from the start: until ``expect`` arrived, then
+    ``settle_s`` more (whatever else would arrive then is an error)."""
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": _name("g"), "auto.offset.reset": "earliest",
+                  "isolation.level": isolation, "enable.auto.commit": False})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    deadline, settled = time.monotonic() + 60, None
     try:
-        t0 = time.monotonic()
-        with pytest.raises(KpError) as ei:
-            p.init_transactions()
-        elapsed = time.monotonic() - t0
+        while time.monotonic() < (settled or deadline):
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+            if settled is None and len(got) >= expect:
+                settled = time.monotonic() + settle_s
     finally:
-        p.close(timeout=5)
-    assert not isinstance(ei.value, KafkaTimeoutError), ei.value
-    assert "ClusterAuthorizationFailed" in str(ei.value)
-    assert elapsed < FAST_S, elapsed
-    _assert_refusal_logged(broker, tid)
+        c.close()
+    return sorted(got)
 
 
-def test_aiokafka_transactional_producer_fails_fast(broker: BrokerProcess) -> None:
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import KafkaError as AioError
+def _batch(prefix: bytes, n: int) -> list[bytes]:
+    return [b"%s-%d" % (prefix, i) for i in range(n)]
 
-    tid = _tid("aio-tx")
 
-    async def start() -> tuple[Exception | None, float]:
-        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=tid)
-        t0 = time.monotonic()
-        try:
-            await asyncio.wait_for(p.start(), CLIENT_TIMEOUT_S)
-        except Exception as exc:  # the test inspects whatever the client raised
-            return exc, time.monotonic() - t0
-        finally:
-            await p.stop()
-        return None, time.monotonic() - t0
+def test_commit_and_abort_as_consumers_see_them(broker: BrokerProcess) -> None:
+    topic, tid = _name("txn"), _name("tid")
+    create_topic(broker, topic, 3)
+    p = _producer(broker, tid)
+    _transaction(p, topic, _batch(b"c1", 30), commit=True)
+    _transaction(p, topic, _batch(b"ab", 20), commit=False)
+    _transaction(p, topic, _batch(b"c2", 25), commit=True)
+    committed = sorted(_batch(b"c1", 30) + _batch(b"c2", 25))
+    assert _values(broker, topic, "read_committed", 55) == committed
+    assert _values(broker, topic, "read_uncommitted", 75) == sorted(committed + _batch(b"ab", 20))
+    with RawClient(broker.bootstrap) as c:
+        (state,) = c.request(ApiKey.DescribeTransactions, 0, transactional_ids=[tid]).transaction_states
+        assert (state.error_code, state.transaction_state, state.topics) == (0, "CompleteCommit", [])
+        listed = c.request(ApiKey.ListTransactions, 1, state_filters=[], producer_id_filters=[state.producer_id],
+                           duration_filter=-1)
+        assert [(t.transactional_id, t.transaction_state) for t in listed.transaction_states] == \
+            [(tid, "CompleteCommit")]
 
-    exc, elapsed = asyncio.run(start())
-    assert isinstance(exc, AioError) and "ClusterAuthorizationFailed" in repr(exc), repr(exc)
-    assert elapsed < FAST_S, elapsed
-    _assert_refusal_logged(broker, tid)
+
+def test_a_second_producer_with_the_same_id_fences_the_first(broker: BrokerProcess) -> None:
+    topic, tid = _name("fence"), _name("tid")
+    create_topic(broker, topic, 1)
+    zombie = _producer(broker, tid)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"zombie")
+    zombie.flush(30)
+    successor = _producer(broker, tid)  # its InitProducerId aborts the zombie's transaction and bumps the epoch
+    _transaction(successor, topic, [b"successor"], commit=True)
+    with pytest.raises(KafkaException) as e:
+        zombie.commit_transaction(30)
+    assert e.value.args[0].fatal() and e.value.args[0].code() == KafkaError._FENCED
+    assert _values(broker, topic, "read_committed", 1) == [b"successor"]
+    assert _values(broker, topic, "read_uncommitted", 2) == [b"successor", b"zombie"]
+
+
+def test_kafkas_refusals_on_the_wire(broker: BrokerProcess) -> None:
+    topic, tid = _name("refuse"), _name("tid")
+    create_topic(broker, topic, 1)
+    with RawClient(broker.bootstrap) as c:
+        r = c.request(ApiKey.InitProducerId, 4, transactional_id=tid, transaction_timeout_ms=60_000,
+                      producer_id=-1, producer_epoch=-1)
+        pid, epoch = r.producer_id, r.producer_epoch
+        assert r.error_code == 0 and pid >= 0
+        # a transactional batch to a partition the transaction did not add (KIP-890 part 1), and one without the
+        # producer's transactional id in the request: refused, nothing written
+        batch = bytes(make_batch(2, pid=pid, epoch=epoch, seq=0, transactional=True))
+        assert _produce_raw(c, topic, batch, tid) == ErrorCode.INVALID_TXN_STATE
+        assert _produce_raw(c, topic, batch, None) == ErrorCode.INVALID_RECORD
+        R = codec.request_class(ApiKey.AddPartitionsToTxn)[3]
+        r = c.request(ApiKey.AddPartitionsToTxn, 3, v3_and_below_transactional_id=tid,
+                      v3_and_below_producer_id=pid, v3_and_below_producer_epoch=epoch,
+                      v3_and_below_topics=[R.AddPartitionsToTxnTopic(name=topic, partitions=[0]),
+                                           R.AddPartitionsToTxnTopic(name="no-such-topic", partitions=[0])])
+        errors = {(t.name, p.partition_index): p.partition_error_code
+                  for t in r.results_by_topic_v3_and_below for p in t.results_by_partition}
+        assert errors == {(topic, 0): 55, ("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        # EndTxn with another epoch: fenced; without a transaction: INVALID_TXN_STATE; unknown id: the mapping
+        assert c.request(ApiKey.EndTxn, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1,
+                         committed=True).error_code == ErrorCode.PRODUCER_FENCED
+        assert c.request(ApiKey.EndTxn, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                         committed=True).error_code == ErrorCode.INVALID_TXN_STATE
+        assert c.request(ApiKey.EndTxn, 3, transactional_id=_name("unknown"), producer_id=pid,
+                         producer_epoch=epoch, committed=True).error_code == ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        (state,) = c.request(ApiKey.DescribeTransactions, 0, transactional_ids=[_name("unknown")]).transaction_states
+        assert state.error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+
+
+def _produce_raw(c: RawClient, topic: str, records: bytes, transactional_id: str | None) -> int:
+    T = codec.request_class(ApiKey.Produce)[9].TopicProduceData
+    resp = c.request(ApiKey.Produce, 9, transactional_id=transactional_id, acks=-1, timeout_ms=10_000, topic_data=[
+        T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=records)])])
+    return int(resp.responses[0].partition_responses[0].error_code)
+
+
+def test_a_crash_mid_transaction_ends_in_an_abort_and_loses_no_commit(fresh_broker: BrokerProcess) -> None:
+    b, topic, tid = fresh_broker, _name("crash"), _name("tid")
+    create_topic(b, topic, 2)
+    p = _producer(b, tid, **{"transaction.timeout.ms": 3000})
+    _transaction(p, topic, _batch(b"before", 10), commit=True)
+    p.begin_transaction()
+    for v in _batch(b"open", 10):
+        p.produce(topic, v)
+    p.flush(30)
+    b.kill()  # kill -9 with the transaction open: its records are in the log, no marker
+    b.start()
+    # the restarted coordinator aborts it once its timeout passes: read_committed consumers move past it
+    later = _producer(b, _name("tid2"))
+    _transaction(later, topic, _batch(b"after", 5), commit=True)
+    assert _values(b, topic, "read_committed", 15) == sorted(_batch(b"before", 10) + _batch(b"after", 5))
+    with RawClient(b.bootstrap) as c:
+        (state,) = c.request(ApiKey.DescribeTransactions, 0, transactional_ids=[tid]).transaction_states
+    assert state.transaction_state == "CompleteAbort"
+
+
+def test_a_table_topic_holds_exactly_the_committed_records(broker: BrokerProcess) -> None:
+    topic = _name("txntable")
+    create(broker, topic, 2, enable="true", commit_interval_ms="500")
+    p = _producer(broker, _name("tid"))
+    _transaction(p, topic, _batch(b"c1", 40), commit=True)
+    _transaction(p, topic, _batch(b"ab", 30), commit=False)
+    _transaction(p, topic, _batch(b"c2", 20), commit=True)
+    rows = wait_for_table(broker, topic, 60)
+    assert sorted(r[3] for r in rows) == sorted(_batch(b"c1", 40) + _batch(b"c2", 20))
+    assert len({(r[0], r[1]) for r in rows}) == 60
 
 
 @pytest.mark.java
-def test_java_init_transactions_fails_fast_and_idempotence_keeps_working(broker: BrokerProcess) -> None:
-    # `make test` installs the JDK when missing, so a missing javac is a set-up defect, not a reason to skip
+def test_the_java_transactional_producer_and_read_committed_consumer(broker: BrokerProcess) -> None:
     assert jc.available(), jc.unavailable_reason()
     jc.build()
-    topic, tid = _tid("j-tx"), _tid("j-tx")
-    jc.admin_create(broker.bootstrap, topic, partitions=1, replication_factor=1)
-    s = jc.produce(broker.bootstrap, topic, count=1, transactional_id=tid,
-                   props={"max.block.ms": str(CLIENT_TIMEOUT_S * 1000)})
-    assert s["acked"] == 0 and s.get("error"), s
-    # the broker's message reaches the application (a TimeoutException here would mean it retried)
-    assert s["error"]["error_class"] == "KafkaException", s["error"]
-    assert NOT_SUPPORTED in s["error"]["error"], s["error"]
-    _assert_refusal_logged(broker, tid)
-
-    s = jc.produce(broker.bootstrap, topic, count=100, idempotent=True)
-    assert s["acked"] == 100 and s["errors"] == 0, s
-
-
-def test_refusal_log_warns_once_per_id_and_caps_the_rate() -> None:
-    now = [0.0]
-    rl = RefusalLog(max_ids=3, max_per_minute=2, clock=lambda: now[0])
-    assert rl.refused("FindCoordinator", "a", None, "p")
-    assert not rl.refused("InitProducerId", "a", None, "p")  # same id: once
-    assert rl.refused("FindCoordinator", "b", None, "p")
-    assert not rl.refused("FindCoordinator", "c", None, "p")  # third new id within the minute: capped
-    now[0] = 61.0
-    assert rl.refused("FindCoordinator", "d", None, "p")
-    assert rl.refused("FindCoordinator", "a", None, "p")  # forgotten: only the last 3 ids are remembered
+    topic = _name("jtxn")
+    create_topic(broker, topic, 2)
+    s = jc.produce(broker.bootstrap, topic, count=90, transactional_id=_name("jtid"), txn_count=3, txn_pattern="cac",
+                   value_format="v-%d", key_format="k-%d")
+    assert [(t["action"], t["ok"]) for t in s["transactions"]] == [("commit", True), ("abort", True),
+                                                                   ("commit", True)], s
+    committed = jc.consume(broker.bootstrap, topic, count=60, isolation="read_committed", timeout_ms=30_000,
+                           idle_timeout_ms=3_000)
+    everything = jc.consume(broker.bootstrap, topic, count=90, isolation="read_uncommitted", timeout_ms=30_000,
+                            idle_timeout_ms=3_000)
+    assert committed.summary["count"] == 60 and everything.summary["count"] == 90

@@ -48,7 +48,7 @@ kafka-python ships no type information, so to mypy this is ``Any``: the one plac
 
 
 class ApiKey(IntEnum):
-    """Kafka API keys this broker serves, plus the transactional ones it deliberately does not advertise."""
+    """Kafka API keys this broker serves, plus ones it deliberately does not advertise (yet)."""
 
     Produce = 0
     Fetch = 1
@@ -122,6 +122,12 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.IncrementalAlterConfigs: (0, 1),
     ApiKey.OffsetDelete: (0, 0),
     ApiKey.DescribeCluster: (0, 1),
+    # transactions (transaction version 1: EndTxn without the KIP-890 epoch bump); AddOffsetsToTxn and
+    # TxnOffsetCommit stay out until offsets in transactions are built
+    ApiKey.AddPartitionsToTxn: (0, 3),
+    ApiKey.EndTxn: (0, 3),
+    ApiKey.DescribeTransactions: (0, 0),
+    ApiKey.ListTransactions: (0, 1),
     # advertised so that a consumer with group.protocol=consumer (KIP-848) asks, and is refused with a reason
     # (server/handlers/groups.py); not advertised, librdkafka retries the coordinator without a word
     ApiKey.ConsumerGroupHeartbeat: (0, 1),

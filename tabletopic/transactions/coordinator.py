@@ -328,6 +328,23 @@ class TransactionCoordinator:
             return ErrorCode.NONE  # already in the transaction: nothing to write
         return await self._append(meta, meta.prepare_add_partitions(partitions, self._clock()))
 
+    def verify(self, transactional_id: str, producer_id: int, producer_epoch: int) -> tuple[ErrorCode,
+                                                                                             frozenset[TopicPartition]]:
+        """What a transactional produce may write to (Kafka's ``handleVerifyPartitionsInTransaction``, KIP-890 part
+        1): an error for the producer (INVALID_PRODUCER_ID_MAPPING, PRODUCER_FENCED, CONCURRENT_TRANSACTIONS while
+        it ends), else the partitions its ongoing transaction added. In memory, so the produce path stays
+        synchronous."""
+        meta = self._txns.get(transactional_id) if self._active else None
+        if meta is None or meta.current.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING, frozenset()
+        if meta.current.producer_epoch != producer_epoch:
+            return ErrorCode.PRODUCER_FENCED, frozenset()
+        if meta.current.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS, frozenset()
+        if meta.current.state is not TxnState.ONGOING:
+            return ErrorCode.NONE, frozenset()
+        return ErrorCode.NONE, frozenset(meta.partitions)
+
     # ---- EndTxn
 
     async def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool) -> ErrorCode:

@@ -117,10 +117,7 @@ async def describe_cluster(ctx: RequestContext, req: Message) -> Message:
 @handles(ApiKey.InitProducerId)
 async def init_producer_id(ctx: RequestContext, req: Message) -> Message:
     if req.transactional_id is not None:
-        # fatal at once in every client (see the transactions module); this API has no error-message field
-        transactions.refuse(ctx, "InitProducerId", req.transactional_id)
-        return ctx.response(throttle_time_ms=0, error_code=int(transactions.INIT_PRODUCER_ID_ERROR),
-                            producer_id=-1, producer_epoch=-1)
+        return await transactions.init_transactional(ctx, req)
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)
     if pid is not None and pid >= 0 and epoch is not None and epoch >= 0:

@@ -13,7 +13,6 @@ from typing import NamedTuple
 from tabletopic.errors import ErrorCode
 from tabletopic.groups import CommitRequestOffset, GroupCoordinator, TopicPartition
 from tabletopic.protocol.codec import ApiKey, Message
-from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
 
 E = ErrorCode
@@ -52,9 +51,8 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> Message:
     def lookup(key: str) -> _Coordinator:
         if key_type == _COORDINATOR_GROUP:
             return _Coordinator(E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port)
-        if key_type == _COORDINATOR_TRANSACTION:
-            # fatal at once in every client, see the transactions module
-            return _Coordinator(transactions.FIND_COORDINATOR_ERROR, transactions.refuse(ctx, "FindCoordinator", key))
+        if key_type == _COORDINATOR_TRANSACTION:  # one broker: it coordinates every transactional id too
+            return _Coordinator(E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port)
         return _Coordinator(E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
 
     if ctx.api_version < 4:

@@ -22,6 +22,7 @@ from tabletopic.logs import ConditionLog
 from tabletopic.protocol import records as rb
 from tabletopic.protocol.batch_body import keyless_records
 from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey, Message
+from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -54,21 +55,43 @@ def _refusal(ctx: RequestContext, req: Message, acks: int) -> tuple[ErrorCode, s
         return ErrorCode.UNSUPPORTED_VERSION, None
     if acks not in (-1, 0, 1):
         return ErrorCode.INVALID_REQUIRED_ACKS, None
-    if req.transactional_id is not None:
-        return ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, "transactions are not supported by this broker yet"
     return ErrorCode.NONE, None
 
 
-def _append(ctx: RequestContext, out: _PartitionOutcome, topic: str, plog: PartitionLog, *,
-            records: bytes | None, now_ms: int) -> None:
-    """Validate one partition's batches (header + CRC32C) and append them; failures go into ``out``."""
+def _check_transactional(ctx: RequestContext, headers: list[rb.BatchHeader], transactional_id: str | None,
+                         plog: PartitionLog) -> None:
+    """Clients never write control batches; transactional batches come with the producer's transactional id, all
+    of the request's batches then are, and the partition is in its ongoing transaction (KIP-890 part 1)."""
+    if any(h.is_control for h in headers):
+        raise KafkaApiError(ErrorCode.INVALID_RECORD, "control batches are written by the transaction coordinator "
+                                                      "only")
+    transactional = [h for h in headers if h.is_transactional]
+    if transactional_id is None:
+        if transactional:
+            raise KafkaApiError(ErrorCode.INVALID_RECORD, "a transactional record batch needs the producer's "
+                                                          "transactional id in the produce request")
+        return
+    if len(transactional) != len(headers) or len({(h.producer_id, h.producer_epoch) for h in headers}) != 1:
+        raise KafkaApiError(ErrorCode.INVALID_RECORD, "a produce request with a transactional id carries "
+                                                      "transactional batches of one producer only")
+    h = headers[0]
+    error, message = transactions.verify_produce(ctx, transactional_id, h.producer_id, h.producer_epoch,
+                                                 (plog.topic, plog.partition))
+    if error != ErrorCode.NONE:
+        raise KafkaApiError(error, message)
+
+
+def _append(ctx: RequestContext, out: _PartitionOutcome, plog: PartitionLog, *, records: bytes | None,
+            now_ms: int, transactional_id: str | None) -> None:
+    """Validate one partition's batches (header + CRC32C, transactions) and append them; failures go into
+    ``out``."""
+    topic = plog.topic
     try:
         if records is None:
             raise KafkaApiError(ErrorCode.INVALID_RECORD, "Produce request contained no record batch")
         buf = bytearray(records)
         headers = rb.validate_produce_records(buf)
-        if any(h.is_transactional or h.is_control for h in headers):
-            raise KafkaApiError(ErrorCode.INVALID_RECORD, "transactional and control batches are not supported yet")
+        _check_transactional(ctx, headers, transactional_id, plog)
         if plog.config.compacted:
             out.record_errors = _keyless(buf, headers, plog.name)
             if out.record_errors:
@@ -130,7 +153,7 @@ def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutc
             if plog is None:
                 out.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
-                _append(ctx, out, name, plog, records=pdata.records, now_ms=now_ms)
+                _append(ctx, out, plog, records=pdata.records, now_ms=now_ms, transactional_id=req.transactional_id)
         outcomes.append(_TopicOutcome(name, parts))
     return outcomes
 

@@ -1,71 +1,107 @@
-"""Transactions are not supported yet: the one place that refuses them, and how.
-
-A transactional producer's FindCoordinator (key type 1) and InitProducerId with a transactional id are refused at
-once with :data:`FIND_COORDINATOR_ERROR` / :data:`INIT_PRODUCER_ID_ERROR` and :data:`MESSAGE`, codes every client
-treats as fatal, so ``init_transactions()`` fails in about a second with a reason instead of retrying until its own
-time-out (why these codes: docs/design-notes.md, "Transactional producers refused with authorization codes").
-:func:`refuse` logs a WARNING once per transactional id (:class:`RefusalLog`). Producers without a transactional id
-(idempotent or not) are unaffected.
-
-Rule: the transactional APIs (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, WriteTxnMarkers, TxnOffsetCommit,
-DescribeTransactions, ListTransactions) stay out of ApiVersions until they are built, so no client sends them.
+"""Handlers of the transaction APIs: InitProducerId with a transactional id (``core.init_producer_id`` hands it
+over), AddPartitionsToTxn (client versions 0-3), EndTxn, DescribeTransactions, ListTransactions, and the check a
+transactional produce passes (:func:`verify_produce`). They translate between the wire and
+:class:`~tabletopic.transactions.coordinator.TransactionCoordinator` (``ctx.broker.transactions``), which holds the
+logic. AddOffsetsToTxn and TxnOffsetCommit (offsets in a transaction) are not built yet: they stay out of
+ApiVersions, so ``send_offsets_to_transaction`` fails in the client instead of committing nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
-from collections.abc import Callable
 
 from tabletopic.errors import ErrorCode
-from tabletopic.server.handlers.base import RequestContext
+from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.server.handlers.base import RequestContext, handles
+from tabletopic.transactions.coordinator import ProducerIdAndEpoch, TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
-FIND_COORDINATOR_ERROR = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-INIT_PRODUCER_ID_ERROR = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-
-MESSAGE = ("transactions are not supported by tabletopic yet: remove transactional.id (an idempotent producer "
-           "without it works)")
+OPERATION_NOT_ATTEMPTED = 55  # Kafka's code for the partitions of a request refused because of others
 
 
-class RefusalLog:
-    """Logs each refused transactional id once at WARNING (the last ``max_ids`` are remembered), at most
-    ``max_per_minute`` such lines a minute overall; everything else at DEBUG. Event-loop use only."""
-
-    def __init__(self, max_ids: int = 1024, max_per_minute: int = 20,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_ids = max_ids
-        self.max_per_minute = max_per_minute
-        self._clock = clock
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._window_start = float("-inf")
-        self._in_window = 0
-
-    def refused(self, api: str, transactional_id: str, client_id: str | None, peer: str) -> bool:
-        """Record one refusal; returns whether it was logged at WARNING."""
-        new = transactional_id not in self._seen
-        self._seen[transactional_id] = None
-        self._seen.move_to_end(transactional_id)
-        if len(self._seen) > self.max_ids:
-            self._seen.popitem(last=False)
-        now = self._clock()
-        if now - self._window_start >= 60.0:
-            self._window_start, self._in_window = now, 0
-        warn = new and self._in_window < self.max_per_minute
-        if warn:
-            self._in_window += 1
-        log.log(logging.WARNING if warn else logging.DEBUG,
-                "refused %s for transactional id %r (client %s at %s): transactions are not supported by "
-                "tabletopic yet", api, transactional_id, client_id, peer)
-        return warn
+def _coordinator(ctx: RequestContext) -> TransactionCoordinator:
+    coordinator: TransactionCoordinator = ctx.broker.transactions
+    return coordinator
 
 
-_refusals = RefusalLog()
+async def init_transactional(ctx: RequestContext, req: Message) -> Message:
+    """InitProducerId with a transactional id: the coordinator's producer id and epoch (KIP-360: the producer
+    it continues, when the request names one; only one of id and epoch given is INVALID_REQUEST, as Kafka)."""
+    pid = getattr(req, "producer_id", -1)
+    epoch = getattr(req, "producer_epoch", -1)
+    if (pid == -1) != (epoch == -1):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.INVALID_REQUEST), producer_id=-1,
+                            producer_epoch=-1)
+    expected = None if pid == -1 else ProducerIdAndEpoch(pid, epoch)
+    result = await _coordinator(ctx).init_producer_id(req.transactional_id, int(req.transaction_timeout_ms), expected)
+    return ctx.response(throttle_time_ms=0, error_code=int(result.error), producer_id=result.producer_id,
+                        producer_epoch=result.producer_epoch)
 
 
-def refuse(ctx: RequestContext, api: str, transactional_id: str) -> str:
-    """Log the refusal (rate-limited) and return the error message for the response."""
-    _refusals.refused(api, transactional_id, ctx.client_id, ctx.client_host)
-    return MESSAGE
+@handles(ApiKey.AddPartitionsToTxn)
+async def add_partitions_to_txn(ctx: RequestContext, req: Message) -> Message:
+    """Client versions 0-3 only (4+ is the brokers' batched form, not advertised). Partitions that do not exist
+    get UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED, as Kafka answers."""
+    requested = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
+    missing = {tp for tp in requested if ctx.broker.logs.get(*tp) is None}
+    errors: dict[tuple[str, int], int]
+    if missing:
+        errors = {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in missing else OPERATION_NOT_ATTEMPTED
+                  for tp in requested}
+    else:
+        errors = dict(await _coordinator(ctx).add_partitions(req.v3_and_below_transactional_id,
+                                                         int(req.v3_and_below_producer_id),
+                                                         int(req.v3_and_below_producer_epoch), requested))
+    T = ctx.response_class.AddPartitionsToTxnTopicResult
+    P = T.AddPartitionsToTxnPartitionResult
+    by_topic: dict[str, list[Message]] = {}
+    for (topic, partition), error in errors.items():
+        by_topic.setdefault(topic, []).append(P(partition_index=partition, partition_error_code=int(error)))
+    return ctx.response(throttle_time_ms=0, results_by_topic_v3_and_below=[
+        T(name=topic, results_by_partition=results) for topic, results in by_topic.items()])
+
+
+@handles(ApiKey.EndTxn)
+async def end_txn(ctx: RequestContext, req: Message) -> Message:
+    error = await _coordinator(ctx).end_txn(req.transactional_id, int(req.producer_id), int(req.producer_epoch),
+                                            bool(req.committed))
+    return ctx.response(throttle_time_ms=0, error_code=int(error))
+
+
+@handles(ApiKey.DescribeTransactions)
+async def describe_transactions(ctx: RequestContext, req: Message) -> Message:
+    S = ctx.response_class.TransactionState
+    states = []
+    for tid in req.transactional_ids:
+        d = _coordinator(ctx).describe(tid)
+        states.append(S(error_code=int(d.error), transactional_id=tid, transaction_state=d.state,
+                        transaction_timeout_ms=d.timeout_ms, transaction_start_time_ms=d.start_time_ms,
+                        producer_id=d.producer_id, producer_epoch=d.producer_epoch,
+                        topics=[S.TopicData(topic=t, partitions=ps) for t, ps in d.topics.items()]))
+    return ctx.response(throttle_time_ms=0, transaction_states=states)
+
+
+@handles(ApiKey.ListTransactions)
+async def list_transactions(ctx: RequestContext, req: Message) -> Message:
+    duration = int(getattr(req, "duration_filter", -1)) if ctx.api_version >= 1 else -1
+    listing = _coordinator(ctx).list_transactions(list(req.state_filters), list(req.producer_id_filters), duration)
+    S = ctx.response_class.TransactionState
+    return ctx.response(throttle_time_ms=0, error_code=int(listing.error),
+                        unknown_state_filters=listing.unknown_state_filters,
+                        transaction_states=[S(transactional_id=t.transactional_id, producer_id=t.producer_id,
+                                              transaction_state=t.state) for t in listing.transactions])
+
+
+def verify_produce(ctx: RequestContext, transactional_id: str, producer_id: int, producer_epoch: int,
+                   partition: tuple[str, int]) -> tuple[ErrorCode, str | None]:
+    """May this transactional producer write to ``partition`` now? NONE, or Kafka's error: the producer's
+    (fenced, unknown mapping, ending) or INVALID_TXN_STATE for a partition its transaction did not add (KIP-890
+    part 1: a produce that would start a hanging transaction)."""
+    error, added = _coordinator(ctx).verify(transactional_id, producer_id, producer_epoch)
+    if error != ErrorCode.NONE:
+        return error, None
+    if partition not in added:
+        return ErrorCode.INVALID_TXN_STATE, (f"partition {partition[0]}-{partition[1]} is not part of the ongoing "
+                                              f"transaction of transactional id {transactional_id}")
+    return ErrorCode.NONE, None
