@@ -81,6 +81,7 @@ class ApiKey(IntEnum):
     IncrementalAlterConfigs = 44
     OffsetDelete = 47
     DescribeCluster = 60
+    DescribeProducers = 61
     DescribeTransactions = 65
     ListTransactions = 66
     ConsumerGroupHeartbeat = 68
@@ -128,6 +129,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.EndTxn: (0, 3),
     ApiKey.DescribeTransactions: (0, 0),
     ApiKey.ListTransactions: (0, 1),
+    # the leader's side of transactions: markers (from the admin's abort of a hanging transaction) and the
+    # partitions' producer state (kafka-transactions describe-producers, abort --start-offset)
+    ApiKey.WriteTxnMarkers: (0, 1),
+    ApiKey.DescribeProducers: (0, 0),
     # advertised so that a consumer with group.protocol=consumer (KIP-848) asks, and is refused with a reason
     # (server/handlers/groups.py); not advertised, librdkafka retries the coordinator without a word
     ApiKey.ConsumerGroupHeartbeat: (0, 1),

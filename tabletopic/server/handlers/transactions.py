@@ -105,3 +105,54 @@ def verify_produce(ctx: RequestContext, transactional_id: str, producer_id: int,
         return ErrorCode.INVALID_TXN_STATE, (f"partition {partition[0]}-{partition[1]} is not part of the ongoing "
                                               f"transaction of transactional id {transactional_id}")
     return ErrorCode.NONE, None
+
+
+@handles(ApiKey.WriteTxnMarkers)
+async def write_txn_markers(ctx: RequestContext, req: Message) -> Message:
+    """Markers into this broker's partitions, as Kafka's leader writes them for the coordinator and for the admin
+    abort of a hanging transaction (``kafka-transactions abort``: TransactionResult false). Each marker is answered
+    once durable; per partition UNKNOWN_TOPIC_OR_PARTITION, or the append's refusal (INVALID_PRODUCER_EPOCH,
+    TRANSACTION_COORDINATOR_FENCED, KAFKA_STORAGE_ERROR), as Kafka answers."""
+    from tabletopic.transactions.markers import LogMarkerWriter  # imported here: this module's imports stay as wired
+
+    writer = LogMarkerWriter(ctx.broker.logs.get)
+    R = ctx.response_class.WritableTxnMarkerResult
+    T = R.WritableTxnMarkerTopicResult
+    P = T.WritableTxnMarkerPartitionResult
+    results = []
+    for m in req.markers:
+        partitions = [(t.name, int(p)) for t in m.topics for p in t.partition_indexes]
+        errors = await writer.write_markers(int(m.producer_id), int(m.producer_epoch), int(m.coordinator_epoch),
+                                            bool(m.transaction_result), partitions)
+        topics = [T(name=t.name, partitions=[P(partition_index=int(p), error_code=int(errors[(t.name, int(p))]))
+                                             for p in t.partition_indexes]) for t in m.topics]
+        results.append(R(producer_id=int(m.producer_id), topics=topics))
+    return ctx.response(markers=results)
+
+
+@handles(ApiKey.DescribeProducers)
+async def describe_producers(ctx: RequestContext, req: Message) -> Message:
+    """The active producers of each partition from its producer state (Kafka's ``activeProducerState``): epoch,
+    last sequence and timestamp, the coordinator epoch of its last marker, the first offset of its open transaction
+    (-1: none); a partition this broker does not have is UNKNOWN_TOPIC_OR_PARTITION."""
+    T = ctx.response_class.TopicResponse
+    P = T.PartitionResponse
+    S = P.ProducerState
+    topics = []
+    for t in req.topics:
+        partitions = []
+        for p in t.partition_indexes:
+            plog = ctx.broker.logs.get(t.name, int(p))
+            if plog is None:
+                partitions.append(P(partition_index=int(p), error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                                    error_message=None, active_producers=[]))
+                continue
+            producers = [S(producer_id=e.producer_id, producer_epoch=e.epoch, last_sequence=e.last_seq,
+                           last_timestamp=e.batches[-1].timestamp if e.batches else -1,
+                           coordinator_epoch=e.coordinator_epoch,
+                           current_txn_start_offset=-1 if e.txn_first_offset is None else e.txn_first_offset)
+                         for e in plog.producer_state.entries.values()]
+            partitions.append(P(partition_index=int(p), error_code=0, error_message=None,
+                                active_producers=producers))
+        topics.append(T(name=t.name, partitions=partitions))
+    return ctx.response(throttle_time_ms=0, topics=topics)
