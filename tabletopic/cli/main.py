@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         *(f"  {name.ljust(width)}{summary}" for name, summary in commands),
         "",
         "Run 'tabletopic COMMAND --help' for a command's options. The Kafka admin tools come as their own",
-        "commands: kafka-topics, kafka-configs and kafka-consumer-groups.",
+        "commands: kafka-topics, kafka-configs, kafka-consumer-groups and kafka-transactions.",
     ])
     return parser
 
