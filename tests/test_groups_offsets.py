@@ -221,25 +221,32 @@ def test_interrupted_compaction_leaves_nothing_behind(tmp_path: Path) -> None:
 
     asyncio.run(body())
 
-_KILL_SCRIPT = textwrap.dedent(
+def kill_script(loop_body: str) -> str:
+    """A program for a kill -9 test: a coordinator on argv[1] (topic t1, 3 partitions) running ``loop_body`` for
+    i = 1, 2, ... until killed (the body reports what was acknowledged on stdout)."""
+    return textwrap.dedent(
+        """
+        import asyncio, sys
+        from tabletopic.groups import CommitRequestOffset, GroupConfig, GroupCoordinator
+
+        async def main():
+            coord = GroupCoordinator(GroupConfig(), sys.argv[1], {"t1": 3}.get)
+            await coord.start()
+            i = 0
+            while True:
+                i += 1
+        """
+    ) + textwrap.indent(textwrap.dedent(loop_body), " " * 8) + "\nasyncio.run(main())\n"
+
+
+_KILL_SCRIPT = kill_script(
     """
-    import asyncio, sys
-    from tabletopic.groups import CommitRequestOffset, GroupConfig, GroupCoordinator
-
-    async def main():
-        coord = GroupCoordinator(GroupConfig(), sys.argv[1], {"t1": 3}.get)
-        await coord.start()
-        i = 0
-        while True:
-            i += 1
-            res = await coord.commit_offsets(
-                "g", generation_id=-1, member_id="", group_instance_id=None,
-                offsets={("t1", p): CommitRequestOffset(i * 10 + p, 1, f"m{i}") for p in range(3)})
-            assert all(e == 0 for e in res.values()), res
-            sys.stdout.write(f"{i}\\n")
-            sys.stdout.flush()
-
-    asyncio.run(main())
+    res = await coord.commit_offsets(
+        "g", generation_id=-1, member_id="", group_instance_id=None,
+        offsets={("t1", p): CommitRequestOffset(i * 10 + p, 1, f"m{i}") for p in range(3)})
+    assert all(e == 0 for e in res.values()), res
+    sys.stdout.write(f"{i}\\n")
+    sys.stdout.flush()
     """
 )
 

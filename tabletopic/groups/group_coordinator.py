@@ -46,8 +46,9 @@ class GroupCoordinator:
     shutdown. All public methods answer with Kafka error codes rather than raising.
 
     The group APIs: ``join_group``; ``sync_group``, ``heartbeat``, ``leave_group``; ``commit_offsets``,
-    ``fetch_offsets``, ``delete_offsets``, ``expire_offsets``; ``list_groups``, ``describe_group``,
-    ``delete_groups`` (documented where they are implemented, see the module docstring).
+    ``txn_offset_commit``, ``fetch_offsets``, ``delete_offsets``, ``expire_offsets``; ``list_groups``,
+    ``describe_group``, ``delete_groups`` (documented where they are implemented, see the module docstring);
+    ``complete_transaction`` for the transaction markers of the offsets partition.
     """
 
     def __init__(
@@ -72,6 +73,8 @@ class GroupCoordinator:
         self.heartbeat = membership.heartbeat
         self.leave_group = membership.leave_group
         self.commit_offsets = offsets.commit_offsets
+        self.txn_offset_commit = offsets.txn_offset_commit
+        self.complete_transaction = offsets.complete_transaction
         self.fetch_offsets = offsets.fetch_offsets
         self.delete_offsets = offsets.delete_offsets
         self.expire_offsets = offsets.expire_offsets
