@@ -72,7 +72,8 @@ class Broker:
         )
         self.transaction_store = TransactionStateStore(data_dir)
         self.transactions = TransactionCoordinator(
-            self.transaction_store, self.producer_ids, LogMarkerWriter(self.logs.get),
+            self.transaction_store, self.producer_ids,
+            LogMarkerWriter(self.logs.get, complete_offsets=self.groups.complete_transaction),
             TransactionConfig(max_timeout_ms=config.transaction_max_timeout_ms,
                               id_expiration_ms=config.transactional_id_expiration_ms,
                               abort_interval_ms=config.transaction_abort_interval_ms,

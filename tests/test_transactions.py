@@ -1,10 +1,11 @@
 """Kafka transactions end to end with librdkafka (confluent-kafka): commit and abort as read_committed and
 read_uncommitted consumers see them, fencing of a second producer with the same transactional id, the coordinator
 completing and timing out transactions across a kill -9 of the broker, Kafka's refusals on the wire, and a table
-topic fed by committed and aborted transactions holding exactly the committed records.
+topic fed by committed and aborted transactions holding exactly the committed records, and a
+consume-transform-produce loop whose offsets commit and abort with its output (``send_offsets_to_transaction``).
 
 The coordinator's state machine is tests/test_transactions_coordinator.py's subject, the partition side
-tests/test_log_transactions.py's. Offsets in transactions (AddOffsetsToTxn, TxnOffsetCommit) are not built yet.
+tests/test_log_transactions.py's, the pending offsets tests/test_groups_txn_offsets.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol import codec
@@ -195,3 +196,47 @@ def test_the_java_transactional_producer_and_read_committed_consumer(broker: Bro
     everything = jc.consume(broker.bootstrap, topic, count=90, isolation="read_uncommitted", timeout_ms=30_000,
                             idle_timeout_ms=3_000)
     assert committed.summary["count"] == 60 and everything.summary["count"] == 90
+
+
+def _committed(b: BrokerProcess, group: str, topic: str, partitions: int) -> list[int]:
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": group})
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    finally:
+        c.close()
+    return [tp.offset for tp in tps]
+
+
+def test_consume_transform_produce_commits_offsets_with_the_output(broker: BrokerProcess) -> None:
+    source, sink, group = _name("ctp-in"), _name("ctp-out"), _name("ctp-g")
+    create_topic(broker, source, 1)
+    create_topic(broker, sink, 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(30):
+        p.produce(source, b"%d" % i)
+    assert p.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    consumer.subscribe([source])
+    producer = _producer(broker, _name("ctp-tid"))
+    try:
+        for commit in (True, False, True):  # 10 records each; the aborted batch's offsets must not stick
+            got: list[Any] = []
+            while len(got) < 10:
+                got += [m for m in consumer.consume(10 - len(got), 1.0) if m.error() is None]
+            producer.begin_transaction()
+            for m in got:
+                producer.produce(sink, b"out-" + m.value())
+            producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                                 consumer.consumer_group_metadata(), 30)
+            if commit:
+                producer.commit_transaction(30)
+                assert _committed(broker, group, source, 1) == [got[-1].offset() + 1]
+            else:
+                producer.abort_transaction(30)
+                assert _committed(broker, group, source, 1) == [got[0].offset()], "the aborted offsets stuck"
+                consumer.seek(TopicPartition(source, 0, got[0].offset()))  # as the application does after abort
+    finally:
+        consumer.close()
+    assert _committed(broker, group, source, 1) == [20]
+    assert _values(broker, sink, "read_committed", 20) == sorted(b"out-%d" % i for i in range(20))

@@ -123,9 +123,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.IncrementalAlterConfigs: (0, 1),
     ApiKey.OffsetDelete: (0, 0),
     ApiKey.DescribeCluster: (0, 1),
-    # transactions (transaction version 1: EndTxn without the KIP-890 epoch bump); AddOffsetsToTxn and
-    # TxnOffsetCommit stay out until offsets in transactions are built
+    # transactions (transaction version 1: EndTxn without the KIP-890 epoch bump)
     ApiKey.AddPartitionsToTxn: (0, 3),
+    ApiKey.AddOffsetsToTxn: (0, 3),
+    ApiKey.TxnOffsetCommit: (0, 3),
     ApiKey.EndTxn: (0, 3),
     ApiKey.DescribeTransactions: (0, 0),
     ApiKey.ListTransactions: (0, 1),

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from tabletopic.errors import ErrorCode
 from tabletopic.groups import CommitRequestOffset, GroupCoordinator, TopicPartition
+from tabletopic.groups.offsets_api import UNSTABLE_OFFSET
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -203,21 +204,27 @@ class _FetchedOffset(NamedTuple):
     committed_offset: int = -1
     committed_leader_epoch: int = -1
     metadata: str = ""
+    error_code: int | None = None  # None: the group's (v0-1) or none; UNSTABLE_OFFSET_COMMIT under require_stable
 
 
 def _fetch_group(
-    coordinator: GroupCoordinator, group_id: str, topics: list[Message] | None
+    coordinator: GroupCoordinator, group_id: str, topics: list[Message] | None, require_stable: bool = False
 ) -> tuple[ErrorCode, dict[str, list[_FetchedOffset]]]:
-    """Committed offsets of one group by topic (the requested topics first, in request order)."""
+    """Committed offsets of one group by topic (the requested topics first, in request order); with
+    ``require_stable``, partitions with offsets pending in a transaction answer UNSTABLE_OFFSET_COMMIT (the
+    consumer retries until the transaction ends), as Kafka's."""
     wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
-    error, found = coordinator.fetch_offsets(group_id, wanted)
+    error, found = coordinator.fetch_offsets(group_id, wanted, require_stable=require_stable)
     by_topic: dict[str, list[_FetchedOffset]] = {}
     if topics is not None:
         for t in topics:
             by_topic.setdefault(t.name, [])
     for (topic, partition), c in found.items():
-        row = _FetchedOffset(partition) if c is None else _FetchedOffset(
-            partition, c.offset, c.leader_epoch, c.metadata)
+        if c is UNSTABLE_OFFSET:
+            row = _FetchedOffset(partition, error_code=E.UNSTABLE_OFFSET_COMMIT)
+        else:
+            row = _FetchedOffset(partition) if c is None else _FetchedOffset(
+                partition, c.offset, c.leader_epoch, c.metadata)
         by_topic.setdefault(topic, []).append(row)
     return error, by_topic
 
@@ -225,7 +232,9 @@ def _fetch_group(
 def _offset_topics(topic_cls: type[Message], part_cls: type[Message], by_topic: dict[str, list[_FetchedOffset]],
                    part_error: ErrorCode) -> list[Message]:
     return [
-        topic_cls(name=name, partitions=[part_cls(**p._asdict(), error_code=part_error) for p in parts])
+        topic_cls(name=name, partitions=[
+            part_cls(**{**p._asdict(), "error_code": part_error if p.error_code is None else p.error_code})
+            for p in parts])
         for name, parts in by_topic.items()
     ]
 
@@ -235,7 +244,8 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
     coordinator = _groups(ctx)
     if v < 8:
-        error, by_topic = _fetch_group(coordinator, req.group_id, req.topics)
+        stable = v >= 7 and bool(req.require_stable)
+        error, by_topic = _fetch_group(coordinator, req.group_id, req.topics, stable)
         topic_cls = ctx.response_class.OffsetFetchResponseTopic
         part_cls = topic_cls.OffsetFetchResponsePartition
         part_error = error if v < 2 else E.NONE
@@ -245,7 +255,7 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
     part_cls = topic_cls.OffsetFetchResponsePartitions
     groups = []
     for g in req.groups:
-        error, by_topic = _fetch_group(coordinator, g.group_id, g.topics)
+        error, by_topic = _fetch_group(coordinator, g.group_id, g.topics, bool(req.require_stable))
         groups.append(group_cls(group_id=g.group_id, error_code=error,
                                 topics=_offset_topics(topic_cls, part_cls, by_topic, E.NONE)))
     return ctx.response(groups=groups)

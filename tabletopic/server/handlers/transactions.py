@@ -1,9 +1,9 @@
 """Handlers of the transaction APIs: InitProducerId with a transactional id (``core.init_producer_id`` hands it
-over), AddPartitionsToTxn (client versions 0-3), EndTxn, DescribeTransactions, ListTransactions, and the check a
-transactional produce passes (:func:`verify_produce`). They translate between the wire and
-:class:`~tabletopic.transactions.coordinator.TransactionCoordinator` (``ctx.broker.transactions``), which holds the
-logic. AddOffsetsToTxn and TxnOffsetCommit (offsets in a transaction) are not built yet: they stay out of
-ApiVersions, so ``send_offsets_to_transaction`` fails in the client instead of committing nothing.
+over), AddPartitionsToTxn (client versions 0-3), AddOffsetsToTxn, TxnOffsetCommit, EndTxn, DescribeTransactions,
+ListTransactions, WriteTxnMarkers (the admin client's abort of a hanging transaction), DescribeProducers, and the
+check a transactional produce passes (:func:`verify_produce`). They translate between the wire and
+:class:`~tabletopic.transactions.coordinator.TransactionCoordinator` (``ctx.broker.transactions``) or the group
+coordinator (TxnOffsetCommit's pending offsets, ``ctx.broker.groups``), which hold the logic.
 """
 
 from __future__ import annotations
@@ -11,9 +11,15 @@ from __future__ import annotations
 import logging
 
 from tabletopic.errors import ErrorCode
+from tabletopic.groups import CommitRequestOffset
 from tabletopic.protocol.codec import ApiKey, Message
 from tabletopic.server.handlers.base import RequestContext, handles
-from tabletopic.transactions.coordinator import ProducerIdAndEpoch, TransactionCoordinator
+from tabletopic.transactions.coordinator import (
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITION,
+    ProducerIdAndEpoch,
+    TransactionCoordinator,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,46 @@ async def add_partitions_to_txn(ctx: RequestContext, req: Message) -> Message:
         by_topic.setdefault(topic, []).append(P(partition_index=partition, partition_error_code=int(error)))
     return ctx.response(throttle_time_ms=0, results_by_topic_v3_and_below=[
         T(name=topic, results_by_partition=results) for topic, results in by_topic.items()])
+
+
+@handles(ApiKey.AddOffsetsToTxn)
+async def add_offsets_to_txn(ctx: RequestContext, req: Message) -> Message:
+    error = await _coordinator(ctx).add_offsets(req.transactional_id, int(req.producer_id), int(req.producer_epoch),
+                                                req.group_id)
+    return ctx.response(throttle_time_ms=0, error_code=int(error))
+
+
+@handles(ApiKey.TxnOffsetCommit)
+async def txn_offset_commit(ctx: RequestContext, req: Message) -> Message:
+    """Offsets pending in the producer's transaction, committed or dropped with it (the group coordinator keeps
+    them durably). Only a producer whose ongoing transaction added the group's offsets (AddOffsetsToTxn) may: a
+    fenced or unknown one gets the coordinator's error and a late one INVALID_TXN_STATE, so a zombie's offsets never
+    ride on its successor's transaction."""
+    v = ctx.api_version
+    pid, epoch = int(req.producer_id), int(req.producer_epoch)
+    requested = [(t.name, p) for t in req.topics for p in t.partitions]
+    error, added = _coordinator(ctx).verify(req.transactional_id, pid, epoch)
+    if error == ErrorCode.NONE and (OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITION) not in added:
+        error = ErrorCode.INVALID_TXN_STATE
+    if error != ErrorCode.NONE:
+        errors: dict[tuple[str, int], int] = {(t, p.partition_index): error for t, p in requested}
+    else:
+        offsets = {(t, p.partition_index): CommitRequestOffset(
+            int(p.committed_offset), int(p.committed_leader_epoch) if v >= 2 else -1, p.committed_metadata)
+            for t, p in requested}
+        errors = dict(await ctx.broker.groups.txn_offset_commit(
+            req.group_id, producer_id=pid, producer_epoch=epoch, offsets=offsets,
+            generation_id=int(req.generation_id) if v >= 3 else -1, member_id=req.member_id if v >= 3 else "",
+            group_instance_id=req.group_instance_id if v >= 3 else None))
+        if v < 2:  # as Kafka's KafkaApis: older clients do not know this code
+            errors = {tp: ErrorCode.COORDINATOR_NOT_AVAILABLE if e == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else e
+                      for tp, e in errors.items()}
+    T = ctx.response_class.TxnOffsetCommitResponseTopic
+    P = T.TxnOffsetCommitResponsePartition
+    by_topic: dict[str, list[Message]] = {}
+    for (topic, partition), e in errors.items():
+        by_topic.setdefault(topic, []).append(P(partition_index=partition, error_code=int(e)))
+    return ctx.response(throttle_time_ms=0, topics=[T(name=t, partitions=ps) for t, ps in by_topic.items()])
 
 
 @handles(ApiKey.EndTxn)
