@@ -1,8 +1,8 @@
-"""Kafka transactions end to end with librdkafka (confluent-kafka): commit and abort as read_committed and
-read_uncommitted consumers see them, fencing of a second producer with the same transactional id, the coordinator
-completing and timing out transactions across a kill -9 of the broker, Kafka's refusals on the wire, and a table
-topic fed by committed and aborted transactions holding exactly the committed records, and a
-consume-transform-produce loop whose offsets commit and abort with its output (``send_offsets_to_transaction``).
+"""Kafka transactions end to end with librdkafka (confluent-kafka), the Java client and aiokafka: commit and abort as
+read_committed and read_uncommitted consumers see them, fencing of a second producer with the same transactional id,
+the coordinator completing and timing out transactions across a kill -9 of the broker, Kafka's refusals on the wire,
+and a table topic fed by committed and aborted transactions holding exactly the committed records, and a consume-
+transform-produce loop whose offsets commit and abort with its output (``send_offsets_to_transaction``).
 
 The coordinator's state machine is tests/test_transactions_coordinator.py's subject, the partition side
 tests/test_log_transactions.py's, the pending offsets tests/test_groups_txn_offsets.py's.
@@ -10,11 +10,13 @@ tests/test_log_transactions.py's, the pending offsets tests/test_groups_txn_offs
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tabletopic.errors import ErrorCode
@@ -240,3 +242,27 @@ def test_consume_transform_produce_commits_offsets_with_the_output(broker: Broke
         consumer.close()
     assert _committed(broker, group, source, 1) == [20]
     assert _values(broker, sink, "read_committed", 20) == sorted(b"out-%d" % i for i in range(20))
+
+
+def test_aiokafkas_transactional_producer(broker: BrokerProcess) -> None:
+    topic = _name("aiotxn")
+    create_topic(broker, topic, 2)
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=_name("aio-tid"))
+        await producer.start()
+        try:
+            async with producer.transaction():
+                for v in _batch(b"kept", 8):
+                    await producer.send(topic, v)
+            with pytest.raises(RuntimeError):
+                async with producer.transaction():
+                    for v in _batch(b"dropped", 4):
+                        await producer.send_and_wait(topic, v)
+                    raise RuntimeError("the application fails: the transaction aborts")
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+    assert _values(broker, topic, "read_committed", 8) == _batch(b"kept", 8)
+    assert _values(broker, topic, "read_uncommitted", 12) == sorted(_batch(b"kept", 8) + _batch(b"dropped", 4))
