@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers.attach import AttachProcess, SharedLake, retire_table_topic, wait_for
 from tests.helpers.procs import BrokerProcess
+from tests.test_attach_fetcher import send, transactions_mix
 from tests.test_table_topics import _arrow_rows, end_offsets, log_rows, normalize_log
 
 Row = tuple[Any, ...]
@@ -234,5 +235,46 @@ def test_the_first_round_holds_what_the_topic_had(broker: BrokerProcess, tmp_pat
         took = time.monotonic() - t0
         assert snapshot.summary is not None and int(snapshot.summary["total-records"]) == total
         assert took < 6, f"the first commit came {took:.1f} s after the settings, an interval is 10 s"
+    finally:
+        a.stop()
+
+
+def test_transactions_read_committed(broker: BrokerProcess, tmp_path: Path) -> None:
+    """Committed, aborted and plain records over 2 partitions: the table holds exactly the committed and plain ones,
+    each (partition, offset) once; an open transaction holds its partition's table rows back (the plain records
+    after it too) until it commits, while the other partition goes on."""
+    topic = "attach-transactions"
+    create_table_topic(broker.bootstrap, topic, 2)
+    txn, expected = transactions_mix(broker.bootstrap, topic, 2)
+    lake = SharedLake(tmp_path / "lake")
+    a = AttachProcess(broker.bootstrap, tmp_path / "a1", lake, name="a1",
+                      overrides={"table.topic.attach.group.id": topic})
+
+    def table() -> dict[tuple[int, int], bytes]:
+        rows = table_rows(lake, topic)
+        got = {(p, o): v for p, o, _, v, *_ in rows}
+        assert len(got) == len(rows), "a (partition, offset) twice in the table"
+        return got
+
+    def want() -> dict[tuple[int, int], bytes]:
+        return {(p, o): v for p, by in expected.items() for o, v in by.items()}
+
+    a.start()
+    try:
+        wait_for("the committed and plain records", lambda: len(table()) >= len(want()), 60)
+        assert table() == want()
+        plain = Producer({"bootstrap.servers": broker.bootstrap})
+        txn.begin_transaction()
+        held = dict(zip(send(txn, topic, 0, [b"open-1", b"open-2"]), [b"open-1", b"open-2"], strict=True))
+        behind = dict(zip(send(plain, topic, 0, [b"behind"]), [b"behind"], strict=True))
+        beside = dict(zip(send(plain, topic, 1, [b"beside"]), [b"beside"], strict=True))
+        expected[1].update(beside)
+        wait_for("the other partition's record", lambda: len(table()) >= len(want()), 30)
+        time.sleep(2)  # two more commit intervals: nothing of partition 0 after the open transaction
+        assert table() == want()
+        txn.commit_transaction(30)
+        expected[0].update(held | behind)
+        wait_for("the committed transaction", lambda: len(table()) >= len(want()), 30)
+        assert table() == want()
     finally:
         a.stop()

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import crc32c
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tabletopic.attach.client import aiokafka_options
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions, whole_batches
@@ -60,15 +60,19 @@ def _produce_mix(bootstrap: str, topic: str, first: int = 0, per_codec: int = PE
 
 
 def _read_all(plog: RemotePartitionLog, start: int, max_bytes: int = 50_000) -> dict[int, bytes]:
-    """Every record of the spool from ``start``, read as a worker does (ranges, pread, the worker's decoder)."""
+    """Every record of the spool from ``start``, read as a worker does (ranges, pread, the worker's decoder, the
+    aborted transactions the spool names for each read)."""
     out: dict[int, bytes] = {}
     offset = start
     while offset < plog.high_watermark:
         ranges, nxt = plog.read_ranges(offset, max_bytes)
         assert ranges and nxt > offset, (offset, plog)
         assert sum(n for _, _, n in ranges) <= max_bytes or len(ranges) == 1
-        d = decode(pread_ranges(ranges), offset)
-        assert d.offsets and d.offsets[0] >= offset
+        d = decode(pread_ranges(ranges), offset, plog.aborted_transactions(offset, nxt))
+        if not d.offsets:  # only aborted or control batches
+            offset = nxt
+            continue
+        assert d.offsets[0] >= offset
         for o, v in zip(d.offsets, d.values, strict=True):
             assert o not in out, f"offset {o} decoded twice"
             assert v is not None
@@ -330,6 +334,101 @@ def test_against_tansu(tmp_path: Path) -> None:
                     assert _read_all(plog, 0) == expected[p]
 
         asyncio.run(main())
+
+
+# ------------------------------------------------------------------------------------------ transactions
+
+
+def txn_producer(bootstrap: str, name: str) -> Producer:
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{name}-{uuid.uuid4().hex[:8]}",
+                  "linger.ms": 5})
+    p.init_transactions(30)
+    return p
+
+
+def send(p: Producer, topic: str, partition: int, values: list[bytes]) -> list[int]:
+    """Produce ``values`` to one partition and wait for them: their offsets (aborted ones have offsets too)."""
+    got: list[int] = []
+
+    def done(err: object, msg: object) -> None:
+        assert err is None, err
+        got.append(msg.offset())  # type: ignore[attr-defined]
+
+    for v in values:
+        p.produce(topic, value=v, partition=partition, on_delivery=done)
+    assert p.flush(30) == 0
+    return sorted(got)
+
+
+def transactions_mix(bootstrap: str, topic: str, partitions: int, tag: str = "") -> tuple[Producer, Expected]:
+    """On each partition: plain, committed, aborted, plain, committed, aborted records; the records a read_committed
+    reader gets (partition → offset → value), and the transactional producer (no transaction open)."""
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    txn = txn_producer(bootstrap, f"mix{tag}")
+    expected: Expected = {}
+    for p in range(partitions):
+        for step, kind in enumerate(("plain", "commit", "abort", "plain", "commit", "abort", "plain")):
+            values = [f"{tag}p{p}-{step}-{kind}-{i}".encode() for i in range(3 + step)]
+            if kind == "plain":
+                offsets = send(plain, topic, p, values)
+            else:
+                txn.begin_transaction()
+                offsets = send(txn, topic, p, values)
+                (txn.commit_transaction if kind == "commit" else txn.abort_transaction)(30)
+            if kind != "abort":
+                expected.setdefault(p, {}).update(zip(offsets, values, strict=True))
+    return txn, expected
+
+
+def test_read_committed_aborted_transactions_and_last_stable_offset(broker: BrokerProcess, tmp_path: Path) -> None:
+    """Committed, aborted and plain records: the spool names the remote's aborted transactions a read needs (not
+    one that ended before it), its reads decode to the committed and plain records only; an open transaction holds
+    the spool and its source high watermark at the remote's last stable offset until it commits."""
+    topic = f"attach-txn-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, 1)
+    txn, expected = transactions_mix(broker.bootstrap, topic, 1)
+
+    async def main() -> None:
+        async with _fetching(broker.bootstrap, tmp_path / "spool") as f:
+            end = await asyncio.to_thread(end_offset, broker.bootstrap, topic)
+            plog = await _spooled(f, topic, 0, end)
+            assert plog.source_high_watermark == plog.remote_high_watermark == end
+            named = plog.aborted_transactions(0, end)
+            assert len(named) == 2 and len({pid for pid, _ in named}) == 1, named
+            (_, first), (_, second) = named
+            assert _read_all(plog, 0) == expected[0]
+            # a read from past the first aborted transaction's marker does not name it
+            assert plog.aborted_transactions(second - 1, end) == named[1:]
+            assert plog.aborted_transactions(0, first) == []
+            # an open transaction: the plain records after it wait with it
+            txn.begin_transaction()
+            held = send(txn, topic, 0, [b"open-1", b"open-2"])
+            after = send(Producer({"bootstrap.servers": broker.bootstrap}), topic, 0, [b"after"])
+            await asyncio.sleep(1.0)
+            assert plog.high_watermark == end and plog.source_high_watermark == end == held[0]
+            await asyncio.to_thread(txn.commit_transaction, 30)
+            await _until(lambda: plog.high_watermark > after[0], what="the spool past the committed transaction")
+            assert plog.source_high_watermark == plog.high_watermark
+            got = _read_all(plog, end)
+            assert got == {held[0]: b"open-1", held[1]: b"open-2", after[0]: b"after"}
+            # restarted below: the answers name the aborted transactions again
+            plog.restart(0)
+            assert plog.aborted_transactions(0, end) == []
+            await _until(lambda: plog.high_watermark > after[0], what="spooled again")
+            assert plog.aborted_transactions(0, end) == named
+            plog.release(second + 1)  # the first aborted transaction is needed no more once its segment is gone
+            assert named[1] in plog.aborted_transactions(plog.start_offset, end)
+
+    asyncio.run(main())
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    """Partition 0's high watermark (no transaction open: its last stable offset too)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "x", "isolation.level": "read_committed"})
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1])
+    finally:
+        c.close()
 
 
 # ------------------------------------------------------------------------------------------ batch walking

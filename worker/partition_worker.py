@@ -304,7 +304,7 @@ class PartitionWorker:
             target = self._target(req)
             # by_latest_schema: the subject's latest as it is now, after the high watermark was taken, so every
             # record below it was written with this schema or an older one
-            plan = await self._plan(target, self._config_provider(), deadline, start=mine.offset, fresh=True)
+            plan = await self._plan(target, self._config_provider(), deadline, fresh=True)
         except RegistryUnavailableError as e:
             self._conditions.log("registry", logging.WARNING, "%s: commit %s: waiting for the schema registry: %s",
                                  self.name, req.commit_id, e, state=str(e))
@@ -347,14 +347,12 @@ class PartitionWorker:
         await self._discard(chunks, f"reset to {x}")
         self._position = self._written_to = x
 
-    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float, *, start: int,
+    async def _plan(self, target: WriteTarget, cfg: TableTopicConfig, deadline: float, *,
                     fresh: bool = False) -> ConversionPlan:
         """The round's plan: the schemas fetched so far, and for ``by_latest_schema`` the subjects' latest, asked
         of the registry now when ``fresh`` (a round), else as last fetched (pre-writes: the round discards their
-        chunks if the latest changed since); the aborted transactions from ``start`` to where the round may read
-        (an aborted transaction's marker always precedes the last stable offset that passes it, so the list is
-        complete for every chunk read under this plan). RegistryUnavailableError when the registry cannot give it
-        before ``deadline``."""
+        chunks if the latest changed since); each chunk adds the aborted transactions of its range (:meth:`_submit`).
+        RegistryUnavailableError when the registry cannot give it before ``deadline``."""
         source = self.schema_source
         latest: dict[RecordPart, RegistrySchema | None] = {}
         for part, subject in latest_subjects(self.topic, cfg).items():
@@ -363,10 +361,8 @@ class PartitionWorker:
             latest[part] = await source.latest(subject, deadline, max_age_s=0.0 if fresh else float("inf"))
             if latest[part] is None:
                 raise RegistryUnavailableError(f"subject {subject} has no schema yet")
-        plan = ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest,
+        return ConversionPlan.build(target.schema, cfg, schemas=source.known() if source else {}, latest=latest,
                                     change=self._change_mode)
-        aborted = self.plog.aborted_transactions(start, self.plog.source_high_watermark)
-        return dataclasses.replace(plan, aborted=tuple(aborted)) if aborted else plan
 
     async def _fetch_schemas(self, ids: frozenset[int], deadline: float) -> None:
         if self.schema_source is None:
@@ -419,7 +415,7 @@ class PartitionWorker:
                         await self._fetch_schemas(result.stats.missing_schemas, deadline)
                     except RegistryUnavailableError as e:
                         return _Flushed(taken, waiting=str(e))
-                    plan = await self._plan(target, self._config_provider(), deadline, start=self._written_to)
+                    plan = await self._plan(target, self._config_provider(), deadline)
         except asyncio.CancelledError:
             self._chunks = [*taken, *self._chunks]  # stop() discards them
             raise
@@ -563,6 +559,11 @@ class PartitionWorker:
         if offset > start:
             bpr = size / (offset - start)
             self._bytes_per_record = bpr if self._bytes_per_record is None else 0.5 * (self._bytes_per_record + bpr)
+        # the aborted transactions this chunk's reader needs, asked now: a remote partition's spool learns them
+        # as its fetches answer, after a plan built earlier
+        aborted = tuple(self.plog.aborted_transactions(start, offset))
+        if aborted != plan.aborted:
+            plan = dataclasses.replace(plan, aborted=aborted)
         loop = asyncio.get_running_loop()
         dead_letters = (DeadLetters(self.topic, self._dead_letter_offset),
                         dead_letter_target(target, self._dead_letter_provider()))
@@ -733,7 +734,7 @@ class PartitionWorker:
                     cfg = self._config_provider()
                     target = self._chunks[-1].target if self._chunks else WriteTarget.from_table(
                         self._table_provider(), writer=MERGE if self._change_mode is not None else APPEND)
-                    plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0, start=self._written_to)
+                    plan = plan or await self._plan(target, cfg, time.monotonic() + 1.0)
                 except RegistryUnavailableError:
                     break
                 except Exception as e:

@@ -6,13 +6,15 @@ Seam: :class:`Fetcher` (one per attach instance): ``start``/``stop``, :meth:`~Fe
 (``AIOKafkaClient``; its FetchRequest keeps each partition's records as raw bytes) with the options
 :func:`tabletopic.attach.client.aiokafka_options` gives.
 
-Rules: one fetch loop per leader broker, each fetching all of that broker's partitions in one request (long-poll,
+Rules: it reads as a read_committed consumer (isolation READ_COMMITTED): records up to the remote's last stable offset,
+the aborted transactions among them kept per spool (the workers drop their batches; control batches are spooled like any
+other); one fetch loop per leader broker, each fetching all of that broker's partitions in one request (long-poll,
 ``max_wait_ms``); only whole magic-v2 batches are spooled (a trailing partial batch is fetched again next time, any
-other batch stops its partition with a logged error); the remote's leader epoch is ignored (the table fences its
-workers itself). Nothing the cluster does crashes it: leadership errors refresh the metadata, an unreachable broker
-is retried with back-off, OFFSET_OUT_OF_RANGE below the remote log start continues at the log start (logged, as the
-broker's own worker does); each condition is logged once and then at most once a minute (``logs.ConditionLog``).
-A partition pauses while its spool holds ``max_spool_bytes`` above the offset released last (back-pressure).
+other batch stops its partition with a logged error); the remote's leader epoch is ignored (the table fences its workers
+itself). Nothing the cluster does crashes it: leadership errors refresh the metadata, an unreachable broker is retried
+with back-off, OFFSET_OUT_OF_RANGE below the remote log start continues at the log start (logged, as the broker's own
+worker does); each condition is logged once and then at most once a minute (``logs.ConditionLog``). A partition pauses
+while its spool holds ``max_spool_bytes`` above the offset released last (back-pressure).
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 EARLIEST, LATEST = -2, -1  # ListOffsets timestamps
-READ_UNCOMMITTED = 0  # as the broker's own workers read: everything below the high watermark
+# as the broker's own workers read: the records below the last stable offset, with the aborted transactions among
+# them named (the workers drop their batches)
+READ_COMMITTED = 1
 # a partition whose leader is unknown or moving: refresh the metadata and fetch again
 _LEADERSHIP_ERRORS = frozenset({
     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -308,14 +312,14 @@ class Fetcher:
         return leaderless
 
     async def _learn_high_watermarks(self, node: int, parts: list[_Partition]) -> None:
-        """Ask ``node`` the high watermarks of partitions just added (one ListOffsets, over the connection that does
-        not long-poll): a round's workers then know what to read up to before the first fetch answers. Best effort:
-        a failure leaves it to the fetch answers."""
+        """Ask ``node`` the last stable offsets of partitions just added (one ListOffsets read_committed, over the
+        connection that does not long-poll): a round's workers then know what to read up to before the first fetch
+        answers. Best effort: a failure leaves it to the fetch answers."""
         topics: dict[str, list[tuple[int, int]]] = {}
         for part in parts:
             topics.setdefault(part.log.topic, []).append((part.log.partition, LATEST))
         try:
-            resp = await self._client.send(node, OffsetRequest(-1, READ_UNCOMMITTED, list(topics.items())),
+            resp = await self._client.send(node, OffsetRequest(-1, READ_COMMITTED, list(topics.items())),
                                            group=ConnectionGroup.COORDINATION)
         except _NETWORK_ERRORS as e:
             log.debug("[ATTACH_FETCH] ListOffsets of %d partition(s) on broker %s failed: %s", len(parts), node, e)
@@ -418,7 +422,7 @@ class Fetcher:
         for s in sent:
             topics.setdefault(s.part.log.topic, []).append(
                 (s.part.log.partition, s.position, self.options.partition_max_bytes))
-        return FetchRequest(wait_ms, 1, self.options.fetch_max_bytes, READ_UNCOMMITTED,
+        return FetchRequest(wait_ms, 1, self.options.fetch_max_bytes, READ_COMMITTED,
                             list(topics.items()))
 
     async def _handle(self, node: int, resp: Any, sent: list[_Sent]) -> None:
@@ -431,16 +435,20 @@ class Fetcher:
             for each in sent:
                 self._back_off(each.part)
             return
-        with_log_start = resp.API_VERSION >= 5
+        with_log_start = resp.API_VERSION >= 5  # v4 (isolation levels' first) has no log start offset
         for topic, partitions in resp.topics:
             for p in partitions:
                 s = asked.get((topic, p[0]))
                 if s is None or self._parts.get(s.part.key) is not s.part or s.part.log.generation != s.generation \
                         or s.part.log.position != s.position:
                     continue  # removed, restarted or fetched by another loop since: this answer is stale
-                code, high_watermark = p[1], p[2]
+                code = p[1]
                 if code == ErrorCode.NONE:
-                    self._spool(s, p[-1], high_watermark, p[4] if with_log_start else -1)
+                    # read_committed: records up to the last stable offset (the high watermark when a broker
+                    # leaves it unknown, -1), the aborted transactions among them named (null: none)
+                    stable = p[3] if p[3] >= 0 else p[2]
+                    aborted = [(int(pid), int(first)) for pid, first in p[5 if with_log_start else 4] or ()]
+                    self._spool(s, p[-1], stable, p[4] if with_log_start else -1, aborted)
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._out_of_range(node, s)
                 elif code in _LEADERSHIP_ERRORS:
@@ -454,10 +462,15 @@ class Fetcher:
                                          state=code)
                     self._back_off(s.part)
 
-    def _spool(self, s: _Sent, records: bytes | None, high_watermark: int, log_start: int) -> None:
+    def _spool(self, s: _Sent, records: bytes | None, stable: int, log_start: int,
+               aborted: list[tuple[int, int]]) -> None:
+        """Spool one partition's answer: its whole batches (control batches too), the aborted transactions it
+        names (before the batches: a read of them needs them), its last stable offset and log start."""
         part, plog = s.part, s.part.log
-        if high_watermark >= 0:
-            plog.remote_high_watermark = high_watermark
+        if stable >= 0:
+            plog.remote_high_watermark = stable
+        if aborted:
+            plog.note_aborted(aborted, s.position)
         if log_start >= 0:
             plog.remote_log_start = max(plog.remote_log_start, log_start)
         part.backoff_s = 0.0
@@ -510,7 +523,7 @@ class Fetcher:
         self._back_off(s.part)
 
     async def _list_offset(self, node: int, plog: RemotePartitionLog, timestamp: int) -> int:
-        resp = await self._client.send(node, OffsetRequest(-1, READ_UNCOMMITTED,
+        resp = await self._client.send(node, OffsetRequest(-1, READ_COMMITTED,
                                                            [(plog.topic, [(plog.partition, timestamp)])]))
         for _, partitions in resp.topics:
             for p in partitions:

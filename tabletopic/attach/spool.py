@@ -88,6 +88,16 @@ class _Segment:
             os.unlink(self.path)
 
 
+@dataclass(slots=True)
+class _AbortedTxn:
+    """An aborted transaction of the remote partition: its first offset, its producer, its abort marker's offset
+    once that is spooled."""
+
+    first_offset: int
+    producer_id: int
+    marker: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class SpoolOptions:
     """Segment files of ``segment_bytes`` (a released segment is deleted whole); fetching pauses while more than
@@ -123,7 +133,9 @@ class RemotePartitionLog:
         self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.generation = 0
+        # the remote's last stable offset (a read_committed consumer's high watermark), as last fetched
         self.remote_high_watermark = -1  # -1: not known yet
+        self._aborted: list[_AbortedTxn] = []  # the aborted transactions fetch answers named, by first offset
         self.remote_log_start = 0
         self.records_spooled = 0
         self.error: str | None = None  # set when the remote sent what cannot be spooled (fetching stops)
@@ -163,16 +175,41 @@ class RemotePartitionLog:
 
     @property
     def source_high_watermark(self) -> int:
-        """The remote high watermark as last fetched while the spool is still getting there; the spool's own
-        (nothing more will come to wait for) before the first answer, and once fetching stopped (a refused batch,
-        closed)."""
+        """The remote last stable offset as last fetched (read_committed) while the spool is still getting there; the
+        spool's own (nothing more will come to wait for) before the first answer, and once fetching stopped (a
+        refused batch, closed)."""
         if self._closed or self.error is not None or self.remote_high_watermark < 0:
             return self._end
         return max(self._end, self.remote_high_watermark)
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
-        """None: attach mode fetches read_uncommitted today (docs/attach.md, limits)."""
-        return []
+        """(producer id, first offset) of every aborted transaction the fetch answers named whose first offset is
+        below ``end`` and whose abort marker is not known to lie below ``start`` (not spooled yet: it is at or past
+        the spool's end). A read_committed reader (worker/decode.py) drops a named producer's transactional batches
+        from the first offset until its next control batch: naming one that is still open at ``start`` is needed,
+        naming one that ended before would drop a later transaction of the producer."""
+        return [(a.producer_id, a.first_offset) for a in self._aborted
+                if a.first_offset < end and (a.marker is None or a.marker >= start)]
+
+    def note_aborted(self, aborted: list[tuple[int, int]], fetch_offset: int) -> None:
+        """A fetch answer at ``fetch_offset`` named these aborted transactions (producer id, first offset): the
+        remote names those whose marker is at or after the fetch offset, so one known to have ended before it (a
+        guess of :meth:`skip_to`) is open again until its marker is spooled."""
+        for pid, first in aborted:
+            for a in self._aborted:
+                if a.first_offset == first and a.producer_id == pid:
+                    if a.marker is not None and a.marker < fetch_offset:
+                        a.marker = None
+                    break
+            else:
+                bisect.insort(self._aborted, _AbortedTxn(first, pid), key=lambda a: a.first_offset)
+
+    def _ended(self, h: BatchHeader) -> None:
+        """A control batch was spooled: the producer's aborted transaction still open (if one) ends there."""
+        for a in self._aborted:
+            if a.producer_id == h.producer_id and a.marker is None and a.first_offset <= h.base_offset:
+                a.marker = h.base_offset
+                return
 
     @property
     def start_offset(self) -> int:
@@ -299,6 +336,10 @@ class RemotePartitionLog:
         if run:
             first, end = run[0].position, run[-1].position + run[-1].size
             self._segments[-1].append(buf[first:end], run, first)
+            if self._aborted:
+                for h in run:
+                    if h.is_control:
+                        self._ended(h)
             self._end = run[-1].next_offset
             self.records_spooled += sum(h.record_count for h in run)
 
@@ -310,6 +351,9 @@ class RemotePartitionLog:
         if not self._segments:
             self._start = offset
         self._end = offset
+        for a in self._aborted:
+            if a.marker is None:  # its marker was deleted unfetched, or the next answer names it again
+                a.marker = offset - 1
         self.generation += 1
         self._wake()
 
@@ -319,6 +363,7 @@ class RemotePartitionLog:
             seg.delete()
         self._segments = []
         self._start = self._end = self._released = self._read_to = offset
+        self._aborted = []  # the answers from ``offset`` name the transactions reads from there need
         self.error = None
         self.generation += 1
         self._wake()
@@ -340,6 +385,8 @@ class RemotePartitionLog:
             seg.delete()
         if not self._segments:
             self._start = max(self._start, min(offset, self._end))
+        # reads start at the spool's start or restart it: transactions that ended before it are needed no more
+        self._aborted = [a for a in self._aborted if a.marker is None or a.marker >= self._start]
         self._on_move()
 
     def bytes_unreleased(self) -> int:
@@ -371,6 +418,7 @@ class RemotePartitionLog:
         for seg in self._segments:
             seg.delete()
         self._segments = []
+        self._aborted = []
         self._wake()
         shutil.rmtree(self.directory, ignore_errors=True)
 
