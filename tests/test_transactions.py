@@ -132,7 +132,8 @@ def test_kafkas_refusals_on_the_wire(broker: BrokerProcess) -> None:
                                            R.AddPartitionsToTxnTopic(name="no-such-topic", partitions=[0])])
         errors = {(t.name, p.partition_index): p.partition_error_code
                   for t in r.results_by_topic_v3_and_below for p in t.results_by_partition}
-        assert errors == {(topic, 0): 55, ("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
+        assert errors == {(topic, 0): ErrorCode.OPERATION_NOT_ATTEMPTED,
+                          ("no-such-topic", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}
         # EndTxn with another epoch: fenced; without a transaction: INVALID_TXN_STATE; unknown id: the mapping
         assert c.request(ApiKey.EndTxn, 3, transactional_id=tid, producer_id=pid, producer_epoch=epoch + 1,
                          committed=True).error_code == ErrorCode.PRODUCER_FENCED

@@ -23,9 +23,6 @@ from tabletopic.transactions.coordinator import (
 
 log = logging.getLogger(__name__)
 
-OPERATION_NOT_ATTEMPTED = 55  # Kafka's code for the partitions of a request refused because of others
-
-
 def _coordinator(ctx: RequestContext) -> TransactionCoordinator:
     coordinator: TransactionCoordinator = ctx.broker.transactions
     return coordinator
@@ -51,9 +48,9 @@ async def add_partitions_to_txn(ctx: RequestContext, req: Message) -> Message:
     get UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED, as Kafka answers."""
     requested = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
     missing = {tp for tp in requested if ctx.broker.logs.get(*tp) is None}
-    errors: dict[tuple[str, int], int]
+    errors: dict[tuple[str, int], ErrorCode]
     if missing:
-        errors = {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in missing else OPERATION_NOT_ATTEMPTED
+        errors = {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in missing else ErrorCode.OPERATION_NOT_ATTEMPTED
                   for tp in requested}
     else:
         errors = dict(await _coordinator(ctx).add_partitions(req.v3_and_below_transactional_id,
