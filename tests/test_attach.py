@@ -86,6 +86,22 @@ def coordinates(p: AttachProcess, topic: str) -> bool:
     return bool(said) and "no longer" not in said[-1]
 
 
+def settled_coordinator(procs: list[AttachProcess], topic: str, timeout: float = 60.0) -> AttachProcess:
+    """The one running instance that has coordinated ``topic`` for a second without a change (partition 0 can still
+    move while the group settles after instances start or leave)."""
+    deadline = time.monotonic() + timeout
+    held: tuple[AttachProcess | None, float] = (None, time.monotonic())
+    while True:
+        now = [p for p in procs if p.running and coordinates(p, topic)]
+        current = now[0] if len(now) == 1 else None
+        if current is not held[0]:
+            held = (current, time.monotonic())
+        elif current is not None and time.monotonic() - held[1] >= 1.0:
+            return current
+        assert time.monotonic() < deadline, f"no settled coordinator of {topic} within {timeout} s: {now}"
+        time.sleep(0.2)
+
+
 class Stream:
     """Produces keyed JSON records to ``topic`` on a thread until stopped; counts what was acknowledged."""
 
@@ -153,9 +169,7 @@ def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path
         p.start()
     try:
         with Stream(broker.bootstrap, topic) as s:
-            wait_for("a coordinator", lambda: any(coordinates(p, topic) for p in procs[:3]), 30)
-            time.sleep(1)
-            coordinator = next(p for p in procs[:3] if coordinates(p, topic))
+            coordinator = settled_coordinator(procs[:3], topic)
             coordinator.kill()  # the coordinator's instance crashes: another takes partition 0 over
             time.sleep(4)
             procs[3].start()  # an instance joins: cooperative-sticky moves only some partitions to it

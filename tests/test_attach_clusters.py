@@ -52,7 +52,14 @@ from tabletopic.attach.settings import SETTINGS_TOPIC
 from tests.helpers.attach import AttachProcess, SharedLake, wait_for
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.tansu import TansuProcess
-from tests.test_attach import Stream, attach_config, coordinates, create_table_topic, table_rows
+from tests.test_attach import (
+    Stream,
+    attach_config,
+    coordinates,
+    create_table_topic,
+    settled_coordinator,
+    table_rows,
+)
 from tests.test_attach_settings import ENABLE, INTERVAL, PARTITION_BY
 from tests.test_table_topics import normalize_log
 
@@ -135,9 +142,8 @@ def test_three_instances_against_tansu(tansu: TansuProcess, tmp_path: Path) -> N
     try:
         with instances(tansu.bootstrap, tmp_path, topic, 4, start=3) as (lake, procs):
             with Stream(tansu.bootstrap, topic) as s:
-                wait_for("a coordinator and rows", lambda: any(coordinates(p, topic) for p in procs)
-                         and table_rows(lake, topic))
-                (coordinator,) = [p for p in procs if coordinates(p, topic)]
+                wait_for("rows", lambda: table_rows(lake, topic))
+                coordinator = settled_coordinator(procs, topic)
                 coordinator.kill()
                 wait_for("another coordinator", lambda: any(coordinates(p, topic) for p in procs if p.running), 60)
                 procs[3].start()  # an instance joins: cooperative-sticky moves only some partitions to it
