@@ -380,6 +380,15 @@ _broker(
     Setting("log.retention.bytes", Type.LONG, -1, "Default retention size per partition (-1: unlimited).",
             at_least(-1)),
     Setting("log.retention.check.interval.ms", Type.LONG, 300000, "How often retention runs.", at_least(1)),
+    Setting("log.cleaner.enable", Type.BOOLEAN, True, "Run the log cleaner: topics with cleanup.policy compact keep "
+            "the latest record per key. Off, they keep every record.", dynamic=False),
+    Setting("log.cleaner.backoff.ms", Type.LONG, 15000, "How long the log cleaner sleeps when no log needs "
+            "cleaning.", at_least(0), dynamic=False),
+    Setting("log.cleaner.dedupe.buffer.size", Type.LONG, 128 << 20, "Memory for the keys of one cleaning pass; a "
+            "pass takes at most this / 128 keys (a key costs about 128 bytes in the cleaner process) and stops at "
+            "the end of the segment where they are reached, as Kafka's does.", at_least(1 << 20), dynamic=False),
+    Setting("log.cleaner.threads", Type.INT, 1, "Cleaner processes: one (a pass runs in a process of its own; "
+            "more are refused).", between(1, 1), dynamic=False),
     Setting("log.index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0)),
     Setting("log.flush.threads", Type.INT, 4,
             "Threads that fsync partition logs in parallel (group commit within each partition). Not a Kafka "
@@ -505,7 +514,7 @@ _broker(
 # Strimzi, Terraform providers) work unchanged.
 _NOT_APPLIED = "Accepted and stored; not applied: "
 _SINGLE_NODE = _NOT_APPLIED + "one broker holds the only replica of every partition."
-_NO_COMPACTION = _NOT_APPLIED + "log compaction is not built (cleanup.policy=compact keeps every record)."
+_COMPACTION = "Log compaction (cleanup.policy compact), as Kafka's cleaner applies it: "
 _NO_RECOMPRESSION = _NOT_APPLIED + "the broker never recompresses: batches are stored as the producer sent them."
 _NO_TIERED_STORAGE = _NOT_APPLIED + "this broker has no tiered storage (remote.storage.enable is always false)."
 _BROKER_FSYNC = _NOT_APPLIED + "writes are fsynced before they are acknowledged, or as the broker's " \
@@ -513,9 +522,9 @@ _BROKER_FSYNC = _NOT_APPLIED + "writes are fsynced before they are acknowledged,
 _ANY_TIMESTAMP = _NOT_APPLIED + "no record is refused for its timestamp, however far from the broker's clock."
 _topic(
     Setting("cleanup.policy", Type.LIST, ("delete",),
-            "delete: segments past retention.ms or retention.bytes are deleted. compact: accepted, but log "
-            "compaction is not built: a topic whose policy does not include delete (compact alone, or an empty "
-            "list) keeps every record.",
+            "delete: segments past retention.ms or retention.bytes are deleted. compact: the log cleaner keeps the "
+            "latest record of each key (and a tombstone for delete.retention.ms); records need a key. A policy "
+            "without delete (compact alone, or an empty list) applies no retention.",
             list_of("delete", "compact"), broker_synonym="log.cleanup.policy"),
     Setting("retention.ms", Type.LONG, 7 * DAY_MS, "Closed segments whose newest record is older than this are "
             "deleted (-1: no time limit).", at_least(-1), broker_synonym="log.retention.ms"),
@@ -566,14 +575,18 @@ _topic(
             broker_synonym="compression.lz4.level", applied=False),
     Setting("compression.zstd.level", Type.INT, 3, _NO_RECOMPRESSION, between(-131072, 22),
             broker_synonym="compression.zstd.level", applied=False),
-    Setting("delete.retention.ms", Type.LONG, DAY_MS, _NO_COMPACTION, at_least(0),
-            broker_synonym="log.cleaner.delete.retention.ms", applied=False),
-    Setting("min.compaction.lag.ms", Type.LONG, 0, _NO_COMPACTION + " At most max.compaction.lag.ms.", at_least(0),
-            broker_synonym="log.cleaner.min.compaction.lag.ms", applied=False),
-    Setting("max.compaction.lag.ms", Type.LONG, LONG_MAX, _NO_COMPACTION, at_least(1),
-            broker_synonym="log.cleaner.max.compaction.lag.ms", applied=False),
-    Setting("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, _NO_COMPACTION, between(0, 1),
-            broker_synonym="log.cleaner.min.cleanable.ratio", applied=False),
+    Setting("delete.retention.ms", Type.LONG, DAY_MS, _COMPACTION + "how long a tombstone (a null value) and a "
+            "transaction marker stay once the cleaner has cleaned past them: a consumer reading from the start "
+            "within this time sees them.", at_least(0), broker_synonym="log.cleaner.delete.retention.ms"),
+    Setting("min.compaction.lag.ms", Type.LONG, 0, _COMPACTION + "a segment is cleaned only once its newest record "
+            "is this old. At most max.compaction.lag.ms.", at_least(0),
+            broker_synonym="log.cleaner.min.compaction.lag.ms"),
+    Setting("max.compaction.lag.ms", Type.LONG, LONG_MAX, _COMPACTION + "a log whose oldest uncleaned record is "
+            "this old is cleaned whatever its dirty ratio (its active segment is rolled for it).", at_least(1),
+            broker_synonym="log.cleaner.max.compaction.lag.ms"),
+    Setting("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, _COMPACTION + "a log is cleaned once the part written "
+            "since its last cleaning is more than this share of its cleanable bytes.", between(0, 1),
+            broker_synonym="log.cleaner.min.cleanable.ratio"),
     Setting("min.insync.replicas", Type.INT, 1, _SINGLE_NODE + " acks=all writes succeed whatever the value.",
             at_least(1), broker_synonym="min.insync.replicas", applied=False),
     Setting("unclean.leader.election.enable", Type.BOOLEAN, False, _SINGLE_NODE,
@@ -934,6 +947,9 @@ class BrokerConfig:
     auto_create_topics_enable = _setting("auto.create.topics.enable", bool)
     delete_topic_enable = _setting("delete.topic.enable", bool)
     log_retention_check_interval_ms = _setting("log.retention.check.interval.ms", int)
+    log_cleaner_enable = _setting("log.cleaner.enable", bool)
+    log_cleaner_backoff_ms = _setting("log.cleaner.backoff.ms", int)
+    log_cleaner_dedupe_buffer_size = _setting("log.cleaner.dedupe.buffer.size", int)
     log_flush_threads = _setting("log.flush.threads", int)
     log_flush_interval_ms = _optional_setting("log.flush.interval.ms", int)
     socket_request_max_bytes = _setting("socket.request.max.bytes", int)

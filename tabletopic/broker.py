@@ -18,7 +18,7 @@ from configs.model import BrokerConfig
 from tabletopic.catalog import open_broker_catalog
 from tabletopic.datadir import DataDirLock
 from tabletopic.groups import GroupConfig, GroupCoordinator
-from tabletopic.log.manager import LogManager
+from tabletopic.log.manager import CleanerSettings, LogManager
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
 from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
@@ -55,6 +55,8 @@ class Broker:
             data_dir,
             retention_check_interval_ms=config.log_retention_check_interval_ms,
             flusher_threads=config.log_flush_threads,
+            cleaner=CleanerSettings(config.log_cleaner_enable, config.log_cleaner_backoff_ms,
+                                    config.log_cleaner_dedupe_buffer_size),
         )
         self.topics = TopicManager(config, self.logs)
         self.producer_ids = ProducerIdManager(data_dir / "__meta")

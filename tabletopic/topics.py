@@ -188,8 +188,8 @@ class TopicManager:
 
     def log_config(self, info: TopicInfo) -> LogConfig:
         eff = self.effective_configs(info)
-        # as in Kafka, time and size retention apply only with cleanup.policy "delete": a compact-only topic keeps
-        # every record (log compaction is not built: nothing is removed from it; _warn_compaction says so)
+        # as in Kafka, time and size retention apply only with cleanup.policy "delete"; "compact": the log cleaner
+        # keeps the latest record per key (tabletopic/log/cleaner/)
         policy = typed_list(eff, "cleanup.policy")
         deletes = "delete" in policy
         return LogConfig(
@@ -202,6 +202,10 @@ class TopicManager:
             message_timestamp_type=typed(eff, "message.timestamp.type", str),
             flush_interval_ms=self._config.log_flush_interval_ms,
             compacted="compact" in policy,
+            delete_retention_ms=typed(eff, "delete.retention.ms", int),
+            min_cleanable_dirty_ratio=typed(eff, "min.cleanable.dirty.ratio", float),
+            min_compaction_lag_ms=typed(eff, "min.compaction.lag.ms", int),
+            max_compaction_lag_ms=typed(eff, "max.compaction.lag.ms", int),
         )
 
     # ---- changes ----
@@ -313,15 +317,14 @@ class TopicManager:
         await self._publish(TopicEvent(TopicEventKind.CONFIGS_CHANGED, new, old))
 
     def _warn_compaction(self, info: TopicInfo) -> None:
-        """The first topic of this broker's run that asks for log compaction gets a WARNING, once: the setting is
-        accepted (clients such as Kafka Connect and Kafka Streams create compacted topics) but not applied."""
+        """With ``log.cleaner.enable=false``, the first topic of this broker's run that asks for log compaction gets
+        a WARNING, once: the setting is accepted but no cleaner applies it."""
         policy = typed_list(self.effective_configs(info), "cleanup.policy")
-        if "compact" not in policy or self._compact_warned:
+        if "compact" not in policy or self._compact_warned or self._config.log_cleaner_enable:
             return
         self._compact_warned = True
-        log.warning("topic %s: cleanup.policy=%s is accepted but log compaction is not built yet: no record is "
-                    "removed for having a newer one with its key%s (logged once per broker run)", info.name,
-                    ",".join(policy), "" if "delete" in policy else ", and without delete no retention applies")
+        log.warning("topic %s: cleanup.policy=%s but log.cleaner.enable=false: no record is removed for having a "
+                    "newer one with its key (logged once per broker run)", info.name, ",".join(policy))
 
 
 def _new_cluster_id() -> str:

@@ -663,6 +663,7 @@ KAFKA_TOPIC_CONFIGS: dict[str, tuple[Type, Any, str, str]] = {
 # the ones this broker acts on; every other one is accepted and stored only
 KAFKA_APPLIED = {"cleanup.policy", "index.interval.bytes", "max.message.bytes", "message.timestamp.type",
                  "retention.bytes", "retention.ms", "segment.bytes", "segment.ms",
+                 "delete.retention.ms", "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms",
                  "remote.storage.enable"}  # false only: true is refused
 
 

@@ -131,11 +131,22 @@ def test_retention_applies_only_to_topics_that_delete(tmp_path: Path) -> None:
     asyncio.run(run())
 
 
-def test_log_compaction_asked_for_is_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """cleanup.policy=compact is accepted (Kafka Connect, Kafka Streams and Debezium create such topics) but not
-    applied: the first topic created or altered to ask for it gets one WARNING per broker run saying so; the
-    broker's own compacted topic (the registry's _schemas) none."""
-    cfg = _config(tmp_path)
+def test_log_compaction_without_a_cleaner_is_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With log.cleaner.enable=false, cleanup.policy=compact is accepted (Kafka Connect, Kafka Streams and Debezium
+    create such topics) but not applied: the first topic created or altered to ask for it gets one WARNING per
+    broker run saying so; the broker's own compacted topic (the registry's _schemas) none. With the cleaner on
+    (the default), none at all."""
+    on = _config(tmp_path / "on")
+
+    async def quiet() -> None:
+        logs, topics = await _open(on)
+        await topics.create("changelog", 1, 1, {"cleanup.policy": "compact"})
+        await logs.close()
+
+    with caplog.at_level(logging.WARNING, logger="tabletopic.topics"):
+        asyncio.run(quiet())
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    cfg = _config(tmp_path / "off", **{"log.cleaner.enable": "false"})
 
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -147,8 +158,7 @@ def test_log_compaction_asked_for_is_one_warning(tmp_path: Path, caplog: pytest.
         assert warnings() == []
         await topics.alter_configs("plain", {"cleanup.policy": "delete,compact"})
         assert len(warnings()) == 1
-        assert "topic plain: cleanup.policy=delete,compact is accepted but log compaction is not built yet" in (
-            warnings()[0])
+        assert "topic plain: cleanup.policy=delete,compact but log.cleaner.enable=false" in warnings()[0]
         await topics.create("changelog", 1, 1, {"cleanup.policy": "compact"})
         await topics.alter_configs("plain", {"cleanup.policy": "compact"})
         assert len(warnings()) == 1  # once per broker run

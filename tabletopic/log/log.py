@@ -75,8 +75,12 @@ class LogConfig:
     # least this often (high watermark = log end).
     flush_interval_ms: int | None = None
     # cleanup.policy includes "compact": every record needs a key (the produce path refuses those without one, as
-    # Kafka's LogValidator does)
+    # Kafka's LogValidator does) and the log cleaner (tabletopic/log/cleaner/) keeps the latest record per key
     compacted: bool = False
+    delete_retention_ms: int = 24 * 3600 * 1000  # how long tombstones and markers stay once the log is clean there
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = (1 << 63) - 1
 
     def __post_init__(self) -> None:
         if self.segment_bytes < 14 or self.segment_bytes > INT32_MAX:
@@ -125,6 +129,7 @@ class _FlushResult:
     position: int
     generation: int
     syncs: int
+    recovery_point: int | None = None  # the recovery point this flush persisted (a roll was made durable)
 
 
 @dataclass(slots=True)
@@ -180,6 +185,8 @@ class PartitionLog:
         active = segments[-1]
         self.log_start_offset = log_start_offset
         self.log_end_offset = active.next_offset
+        # segments wholly below it are durable on disk, data and indexes (the log cleaner takes only those)
+        self.recovery_point = recovered.recovery_point
         # end of durable data, and where it sits (reads stop there)
         self.high_watermark = self.log_end_offset
         self._hw_segment: LogSegment | None = active
@@ -525,7 +532,8 @@ class PartitionLog:
         # deleted segments: their files were renamed on the loop; close and unlink here, after any fsync
         _unlink_deleted(h.deletes, FileNotFoundError)
         self._durable = (h.end, h.segment, h.position)
-        return _FlushResult(h.end, h.segment, h.position, h.generation, syncs)
+        return _FlushResult(h.end, h.segment, h.position, h.generation, syncs,
+                            h.rolled[-1].offset if h.rolled else None)
 
     def _take_handoff(self) -> _Handoff:
         """What the loop handed over since the last flush; the hand-off starts afresh."""
@@ -596,6 +604,8 @@ class PartitionLog:
 
     def _on_flushed(self, r: _FlushResult) -> None:
         self._flushed_generation = max(self._flushed_generation, r.generation)
+        if r.recovery_point is not None:
+            self.recovery_point = max(self.recovery_point, r.recovery_point)
         if self.config.flush_interval_ms is None or self._files_closed:
             self._set_high_watermark(r.end, r.segment, r.position)
         if self._sync_waiters:
@@ -962,6 +972,50 @@ class PartitionLog:
         doomed = self._segments[:n]
         del self._segments[:n]
         del self._bases[:n]
+        self._hand_deletes(doomed)
+        log.info(
+            "%s: deleting %d segment(s) (offsets %d..%d, %d bytes) for %s in %.2f ms; log start offset %d",
+            self.name, n, doomed[0].base_offset, doomed[-1].next_offset - 1, sum(s.size for s in doomed), reason,
+            (time.monotonic() - t0) * 1000, self.log_start_offset,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+    # log cleaning (the passes themselves: tabletopic/log/cleaner/)
+    # ------------------------------------------------------------------------------------------------------
+
+    @property
+    def cleanable_end(self) -> int:
+        """Segments whose successor starts at or below this offset may be cleaned: they are durable, below the
+        high watermark and below every open transaction (the cleaner never sees undecided records)."""
+        first = self._producers.first_unstable_offset()
+        end = min(self.recovery_point, self.high_watermark)
+        return end if first is None else min(end, first)
+
+    def install_cleaned(self, replaced: list[tuple[int, int]], written: list[tuple[int, int]]) -> bool:
+        """Swap in the segments a cleaner pass wrote (committed on disk: names ``written``) for the oldest segments
+        they replace (``replaced``, as (base offset, generation)); the old files are renamed ``.deleted`` at once
+        (readers by path see them vanish) and unlinked by the flusher. False, and nothing changed, when those
+        segments changed meanwhile (retention, DeleteRecords, a closed or failed log): the pass is then abandoned."""
+        n = len(replaced)
+        current = [(s.base_offset, s.generation) for s in self._segments[:n]]
+        if self._closed or self._failed is not None or n >= len(self._segments) or current != replaced:
+            return False
+        interval = self.config.index_interval_bytes
+        new = []
+        for base, generation in written:
+            seg = LogSegment.open_existing(self.directory, base, generation)
+            if not seg.load_trusted(interval):
+                seg.recover(interval)
+            new.append(seg)
+        old = self._segments[:n]
+        self._segments[:n] = new
+        self._bases[:n] = [s.base_offset for s in new]
+        self._hand_deletes(old)
+        return True
+
+    def _hand_deletes(self, doomed: list[LogSegment]) -> None:
+        """Rename the files of segments taken out of the log ``.deleted`` (cheap, atomic) and hand them to the
+        flusher, which closes and unlinks them after its next fsync."""
         handoff = []
         for s in doomed:
             s.deleted = True
@@ -970,11 +1024,6 @@ class PartitionLog:
             self._deletes.extend(handoff)
             self._generation += 1
         self._flusher.request(self)
-        log.info(
-            "%s: deleting %d segment(s) (offsets %d..%d, %d bytes) for %s in %.2f ms; log start offset %d",
-            self.name, n, doomed[0].base_offset, doomed[-1].next_offset - 1, sum(s.size for s in doomed), reason,
-            (time.monotonic() - t0) * 1000, self.log_start_offset,
-        )
 
     # ------------------------------------------------------------------------------------------------------
     # config, close, delete

@@ -10,9 +10,11 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tabletopic.errors import ErrorCode, KafkaApiError
+from tabletopic.log.cleaner.service import LogCleaner
 from tabletopic.log.flusher import Flusher
 from tabletopic.log.log import DELETE_DIR_SUFFIX, LogConfig, PartitionLog
 
@@ -39,6 +41,15 @@ def _is_broker_dir(name: str) -> bool:
     return name.startswith(("__", ".")) or name == CATALOG_DIR
 
 
+@dataclass(frozen=True)
+class CleanerSettings:
+    """The broker's log.cleaner.* settings."""
+
+    enable: bool = True
+    backoff_ms: int = 15_000
+    dedupe_buffer_size: int = 128 << 20
+
+
 class LogManager:
     """Owns the ``PartitionLog`` objects of ``log_dir`` (``<log_dir>/<topic>-<partition>/``) and the flusher.
 
@@ -54,6 +65,7 @@ class LogManager:
         config_for: Callable[[str], LogConfig] | None = None,
         retention_check_interval_ms: int = 300_000,
         flusher_threads: int = 1,
+        cleaner: CleanerSettings | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.default_config = default_config or LogConfig()
@@ -63,6 +75,12 @@ class LogManager:
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._retention_task: asyncio.Task[None] | None = None
         self._closed = False
+        # the log cleaner of compacted logs (None: log.cleaner.enable=false)
+        self.cleaner: LogCleaner | None = None
+        if cleaner is None or cleaner.enable:
+            cleaner = cleaner or CleanerSettings()
+            self.cleaner = LogCleaner(self.logs, backoff_ms=cleaner.backoff_ms,
+                                      dedupe_buffer_size=cleaner.dedupe_buffer_size)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 
@@ -101,6 +119,8 @@ class LogManager:
         await asyncio.to_thread(self.open_all)
         if self._retention_task is None and self.retention_check_interval_ms > 0:
             self._retention_task = asyncio.create_task(self._retention_loop(), name="log-retention")
+        if self.cleaner is not None:
+            self.cleaner.start()
 
     async def close(self) -> None:
         """Flush every log, persist indexes, producer snapshots and clean-shutdown markers; stop the flusher.
@@ -116,6 +136,8 @@ class LogManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retention_task
             self._retention_task = None
+        if self.cleaner is not None:
+            await self.cleaner.close()
         logs = list(self._logs.values())
         for lg in logs:
             lg.begin_close()

@@ -27,6 +27,7 @@ from tabletopic.log.checkpoints import (
     read_offset,
     write_offset,
 )
+from tabletopic.log.cleaner import swap
 from tabletopic.log.producer_state import ProducerStateManager
 from tabletopic.log.segment import (
     DELETED_SUFFIX,
@@ -38,6 +39,7 @@ from tabletopic.log.segment import (
     fdatasync,
     file_name,
     parse_file_name,
+    parse_segment_name,
     remove_segment_files,
 )
 from tabletopic.protocol.batch_body import read_marker
@@ -60,11 +62,12 @@ class RecoveredLog:
     snapshot_offset: int | None = None  # the producer snapshot loaded, if any
     replayed_batches: int = 0  # batch headers replayed into the producer state after it
     dir_fd: int = -1  # the directory's open descriptor recovery was given: the log keeps it for its fsyncs
+    recovery_point: int = 0  # segments wholly below it are durable (the recovery point file, or the active segment)
 
 
 @dataclass
 class _DirectoryListing:
-    bases: list[int] = field(default_factory=list)  # segment base offsets, ascending
+    bases: list[tuple[int, int]] = field(default_factory=list)  # (base offset, generation) of segments, ascending
     snapshots: list[int] = field(default_factory=list)  # producer snapshot offsets
 
 
@@ -74,29 +77,46 @@ def recover(directory: Path, name: str, index_interval: int, dir_fd: int) -> Rec
 
 
 def _scan_directory(directory: Path) -> _DirectoryListing:
-    """Step 1: list segments and snapshots; remove what interrupted deletes and writes left behind."""
+    """Step 1: finish or drop an interrupted cleaner pass; list segments and snapshots; remove what interrupted
+    deletes and writes left behind."""
+    swap.complete_interrupted(directory)
     listing = _DirectoryListing()
     for entry in os.scandir(directory):
         n = entry.name
         if n.endswith((DELETED_SUFFIX, TEMP_SUFFIX)):
             os.unlink(entry.path)  # leftovers of an interrupted delete or atomic write
-        elif (b := parse_file_name(n, LOG_SUFFIX)) is not None:
-            listing.bases.append(b)
+        elif (named := parse_segment_name(n, LOG_SUFFIX)) is not None:
+            listing.bases.append(named)
         elif (b := parse_file_name(n, SNAPSHOT_SUFFIX)) is not None:
             listing.snapshots.append(b)
-    listing.bases.sort()
-    base_set = set(listing.bases)
+    listing.bases = _newest_generations(directory, sorted(listing.bases))
+    names = set(listing.bases)
     for entry in os.scandir(directory):  # indexes whose segment is gone
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-            b = parse_file_name(entry.name, suffix)
-            if b is not None and b not in base_set:
+            named = parse_segment_name(entry.name, suffix)
+            if named is not None and named not in names:
                 os.unlink(entry.path)
     return listing
 
 
-def _remove_segments(directory: Path, bases: list[int]) -> None:
-    for b in bases:
-        remove_segment_files(directory, b)
+def _newest_generations(directory: Path, names: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """One segment per base offset: two only exist if a cleaner pass's files were changed by hand (a pass always
+    replaces through its manifest); the newest generation is the cleaned one and holds every latest value."""
+    out: list[tuple[int, int]] = []
+    for base, generation in names:
+        if out and out[-1][0] == base:
+            log.warning("%s: segments %s and %s share a base offset; keeping the newer", directory, out[-1],
+                        (base, generation))
+            remove_segment_files(directory, *out[-1])
+            out[-1] = (base, generation)
+        else:
+            out.append((base, generation))
+    return out
+
+
+def _remove_segments(directory: Path, names: list[tuple[int, int]]) -> None:
+    for base, generation in names:
+        remove_segment_files(directory, base, generation)
 
 
 class _Recovery:
@@ -143,6 +163,7 @@ class _Recovery:
             result = RecoveredLog(
                 self.segments, log_start, ProducerStateManager(), clean_leo is not None, fresh,
                 len(self.recovered), self.truncated_bytes, dir_fd=self.dir_fd,
+                recovery_point=self.segments[-1].base_offset,  # clean, recovered (step 6) or fresh: durable below
             )
             self._load_producers(result, listing.snapshots)
             if clean_leo is not None:
@@ -154,11 +175,11 @@ class _Recovery:
             raise
         return result
 
-    def _load_segments(self, bases: list[int], trusted_below: int | None) -> None:
+    def _load_segments(self, bases: list[tuple[int, int]], trusted_below: int | None) -> None:
         """Step 3: open every segment, trusting persisted indexes below ``trusted_below`` (None: all of them)."""
-        for i, base in enumerate(bases):
-            seg = LogSegment.open_existing(self.directory, base)
-            if self.segments and base != self.segments[-1].next_offset:
+        for i, (base, generation) in enumerate(bases):
+            seg = LogSegment.open_existing(self.directory, base, generation)
+            if self.segments and not _follows(self.segments[-1], base, trusted_below):
                 # a gap (an unflushed tail was lost before a roll) or an overlap: nothing from here on
                 # was acknowledged, so drop it rather than serve offsets out of order
                 log.warning(
@@ -204,7 +225,7 @@ class _Recovery:
             log.warning("%s: log start offset %d is past the log end; truncating fully", self.name, log_start)
             for s in segments:
                 s.close_fd()
-            _remove_segments(self.directory, [s.base_offset for s in segments])
+            _remove_segments(self.directory, [(s.base_offset, s.generation) for s in segments])
             self.segments, self.recovered = [], []
         return log_start
 
@@ -246,6 +267,14 @@ class _Recovery:
             for _, h in seg.iter_headers_from(start, seg.size):
                 result.producers.replay(h, _marker(seg, h) if h.is_control else None)
                 result.replayed_batches += 1
+
+
+def _follows(previous: LogSegment, base: int, trusted_below: int | None) -> bool:
+    """Whether a segment at ``base`` may follow ``previous``: right after its last offset, or past it where the
+    cleaner removed records at the end of ``previous`` (only below the recovery point: the cleaner takes durable
+    segments only, so a gap above it is a tail lost in a crash)."""
+    end = previous.next_offset
+    return base == end or (base > end and (trusted_below is None or base <= trusted_below))
 
 
 def _marker(seg: LogSegment, h: BatchHeader) -> tuple[bool, int] | None:

@@ -1,7 +1,10 @@
 """One log segment: a ``.log`` file of record batches plus its in-memory offset and time indexes.
 
 A segment is append-only while active. Batches are stored exactly as received (offsets patched), so the file
-is a plain concatenation of v2 record batches whose offsets are contiguous from the segment's base offset.
+is a plain concatenation of v2 record batches whose offsets are contiguous from the segment's base offset, until
+the log cleaner rewrites it: a cleaned segment holds increasing offsets with gaps, under a new name
+(``<base>.c<generation>.log``, generation 1, 2, ...) so that a reader holding the old file's path and positions
+(table workers ``pread`` by path) sees it vanish instead of reading other bytes at its positions.
 Segment data is plain ``os.pwrite``/``os.pread`` on a raw descriptor (fsync is the flusher's business); index
 files are replaced whole with ``tabletopic.durable.atomic_write_bytes``.
 """
@@ -38,9 +41,10 @@ def fdatasync(fd: int) -> None:
     _fdatasync(fd)
 
 
-def file_name(base_offset: int, suffix: str) -> str:
-    """The name of a segment's file (``.log``, ``.index``, ...) or of a snapshot: the offset in 20 digits."""
-    return f"{base_offset:020d}{suffix}"
+def file_name(base_offset: int, suffix: str, generation: int = 0) -> str:
+    """The name of a segment's file (``.log``, ``.index``, ...) or of a snapshot: the offset in 20 digits, and for a
+    segment the log cleaner wrote, ``.c<generation>`` after it."""
+    return f"{base_offset:020d}{suffix}" if generation == 0 else f"{base_offset:020d}.c{generation}{suffix}"
 
 
 def parse_file_name(name: str, suffix: str) -> int | None:
@@ -51,11 +55,27 @@ def parse_file_name(name: str, suffix: str) -> int | None:
     return None
 
 
-def remove_segment_files(directory: Path, base_offset: int) -> None:
+def parse_segment_name(name: str, suffix: str) -> tuple[int, int] | None:
+    """(base offset, generation) of a segment file name made by :func:`file_name` with ``suffix``; None for any other
+    name."""
+    if not name.endswith(suffix):
+        return None
+    stem = name[: -len(suffix)]
+    base, dot, rest = stem[:20], stem[20:21], stem[21:]
+    if len(base) != 20 or not base.isdigit():
+        return None
+    if not dot:
+        return int(base), 0
+    if dot == "." and rest.startswith("c") and rest[1:].isdigit() and not rest[1:].startswith("0"):
+        return int(base), int(rest[1:])
+    return None
+
+
+def remove_segment_files(directory: Path, base_offset: int, generation: int = 0) -> None:
     """Unlink a segment's ``.log`` and index files (those that exist)."""
     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
         with contextlib.suppress(FileNotFoundError):
-            (directory / file_name(base_offset, suffix)).unlink()
+            (directory / file_name(base_offset, suffix, generation)).unlink()
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview, position: int) -> None:
@@ -108,9 +128,10 @@ def iter_file_batches(
 class LogSegment:
     """A segment file and its indexes. Mutated on the event loop thread only (the flusher only fsyncs ``fd``)."""
 
-    def __init__(self, directory: Path, base_offset: int, fd: int, size: int) -> None:
+    def __init__(self, directory: Path, base_offset: int, fd: int, size: int, generation: int = 0) -> None:
         self.directory = directory
         self.base_offset = base_offset
+        self.generation = generation  # 0 as appended; n after the log cleaner's n-th rewrite (the file name says it)
         self.fd = fd
         self.size = size
         self.next_offset = base_offset
@@ -126,21 +147,22 @@ class LogSegment:
         self.deleted = False
 
     def __repr__(self) -> str:
-        return f"LogSegment(base={self.base_offset}, next={self.next_offset}, size={self.size})"
+        gen = f", generation={self.generation}" if self.generation else ""
+        return f"LogSegment(base={self.base_offset}{gen}, next={self.next_offset}, size={self.size})"
 
     # -- files ------------------------------------------------------------------------------------------------
 
     @property
     def log_path(self) -> Path:
-        return self.directory / file_name(self.base_offset, LOG_SUFFIX)
+        return self.directory / file_name(self.base_offset, LOG_SUFFIX, self.generation)
 
     @property
     def index_path(self) -> Path:
-        return self.directory / file_name(self.base_offset, INDEX_SUFFIX)
+        return self.directory / file_name(self.base_offset, INDEX_SUFFIX, self.generation)
 
     @property
     def timeindex_path(self) -> Path:
-        return self.directory / file_name(self.base_offset, TIMEINDEX_SUFFIX)
+        return self.directory / file_name(self.base_offset, TIMEINDEX_SUFFIX, self.generation)
 
     @classmethod
     def create(cls, directory: Path, base_offset: int) -> LogSegment:
@@ -154,9 +176,9 @@ class LogSegment:
         return cls(directory, base_offset, fd, 0)
 
     @classmethod
-    def open_existing(cls, directory: Path, base_offset: int) -> LogSegment:
-        fd = os.open(directory / file_name(base_offset, LOG_SUFFIX), os.O_RDWR | os.O_CLOEXEC)
-        return cls(directory, base_offset, fd, os.fstat(fd).st_size)
+    def open_existing(cls, directory: Path, base_offset: int, generation: int = 0) -> LogSegment:
+        fd = os.open(directory / file_name(base_offset, LOG_SUFFIX, generation), os.O_RDWR | os.O_CLOEXEC)
+        return cls(directory, base_offset, fd, os.fstat(fd).st_size, generation)
 
     def close_fd(self) -> None:
         if not self.fd_closed:
@@ -221,6 +243,11 @@ class LogSegment:
         if self.max_timestamp != NO_TIMESTAMP:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp - self.base_offset)
 
+    def _follows(self, base_offset: int, expected: int) -> bool:
+        """Whether a batch at ``base_offset`` may come where ``expected`` is the next offset: exactly there in a
+        segment as appended, anywhere past it in a cleaned one (the cleaner leaves gaps)."""
+        return base_offset >= expected if self.generation else base_offset == expected
+
     # -- open / recovery --------------------------------------------------------------------------------------
 
     def load_trusted(self, index_interval: int) -> bool:
@@ -244,7 +271,7 @@ class LogSegment:
         )
         first_ts: int | None = None
         for p, h in iter_file_batches(self.fd, pos, self.size, verify_crc=False, chunk_size=1 << 16):
-            if h.base_offset != expected:
+            if not self._follows(h.base_offset, expected):
                 return False
             if p == 0:
                 first_ts = h.max_timestamp
@@ -276,7 +303,7 @@ class LogSegment:
         self.next_offset = self.base_offset
         valid = 0
         for p, h in iter_file_batches(self.fd, 0, self.size, verify_crc=True):
-            if h.base_offset != self.next_offset or h.last_offset - self.base_offset > INT32_MAX:
+            if not self._follows(h.base_offset, self.next_offset) or h.last_offset - self.base_offset > INT32_MAX:
                 break
             self._track_batch(p, h.base_offset, h.last_offset, h.max_timestamp, h.size, interval=index_interval)
             valid = p + h.size

@@ -3,7 +3,8 @@ over its records that the broker itself needs (:func:`keyless_records`, for comp
 markers (:func:`control_batch` builds one, :func:`read_marker` reads one back: Kafka's control record format).
 
 Pure, no I/O. The table workers' column-wise decoding (``worker/decode.py``) decompresses with the same
-:func:`decompress_records`; the log cleaner will walk keys the same way.
+:func:`decompress_records`; the log cleaner (``tabletopic/log/cleaner/``) compresses what it rewrites with
+:func:`compress_records`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,26 @@ def decompress_records(codec: int, payload: memoryview) -> bytes:
         return bytes(_zstd().decompressobj().decompress(bytes(payload)))
     if codec == CODEC_GZIP:
         return bytes(aiokafka_codec.gzip_decode(payload))
+    raise ValueError(f"unknown compression codec {codec}")
+
+
+def compress_records(codec: int, data: bytes) -> bytes:
+    """``data`` (a records section) compressed with ``codec`` as Kafka's clients write it: gzip, raw snappy (as
+    librdkafka writes it; Java reads it too), the lz4 frame format, a zstd frame. The log cleaner's rewrite."""
+    if codec == CODEC_GZIP:
+        return bytes(aiokafka_codec.gzip_encode(data))
+    if codec == CODEC_SNAPPY:
+        import pyarrow as pa
+
+        return bytes(pa.compress(data, codec="snappy", asbytes=True))
+    if codec == CODEC_LZ4:
+        import lz4.frame
+
+        return bytes(lz4.frame.compress(data))
+    if codec == CODEC_ZSTD:
+        import zstandard
+
+        return bytes(zstandard.ZstdCompressor().compress(data))
     raise ValueError(f"unknown compression codec {codec}")
 
 
@@ -199,5 +220,5 @@ def read_marker(buf: bytes | bytearray | memoryview, h: BatchHeader) -> Marker |
     return Marker(kind == COMMIT, coordinator_epoch)
 
 
-__all__ = ["CODEC_GZIP", "CODEC_LZ4", "CODEC_SNAPPY", "CODEC_ZSTD", "Marker", "control_batch", "decompress_records",
-           "keyless_records", "read_marker", "zigzag_varint"]
+__all__ = ["CODEC_GZIP", "CODEC_LZ4", "CODEC_SNAPPY", "CODEC_ZSTD", "Marker", "compress_records", "control_batch",
+           "decompress_records", "keyless_records", "read_marker", "zigzag_varint"]

@@ -373,7 +373,10 @@ class SchemaStore:
             ranges, offset_after = plog.read_ranges(offset, _READ_CHUNK)
             if not ranges:
                 break
-            skipped += await asyncio.to_thread(replay_ranges, self.state, ranges)
+            try:
+                skipped += await asyncio.to_thread(replay_ranges, self.state, ranges)
+            except FileNotFoundError:  # the log cleaner replaced a segment meanwhile: read the chunk again (applying
+                continue  # a record twice changes nothing, and the cleaned segment holds every latest record)
             offset = offset_after
         if skipped:
             log.warning("%s: skipped %d malformed record(s) on replay", TOPIC, skipped)
