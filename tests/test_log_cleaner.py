@@ -159,26 +159,44 @@ def _batches(plog: PartitionLog) -> list[Any]:
 
 
 @pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
-def test_compressed_batches_are_rewritten_in_their_codec(codec: int) -> None:
-    from tabletopic.log.cleaner.records import rebuild, records_section, walk
-    from tabletopic.protocol.batch_body import compress_records
+@pytest.mark.parametrize("header_key", ["h", "\udcff"], ids=["utf8-header", "bytes-header"])
+def test_compressed_batches_are_rewritten_in_their_codec(codec: int, header_key: str) -> None:
+    """Both ways of reading a batch (aiokafka's, and the byte-exact walk for a header key that is not UTF-8): the
+    kept records, in the batch's codec, at their offsets, with their timestamps, keys, values and headers."""
+    from tabletopic.log.cleaner.records import BatchRecords
+    from tabletopic.protocol.batch_body import compress_records, decompress_records
     from tabletopic.protocol.records import HEADER_SIZE, crc_of, parse_header
 
-    plain = keyed([(b"k%d" % (i % 3), b"v%d" % i) for i in range(9)])
-    h = parse_header(plain)
-    section = bytes(plain[HEADER_SIZE:])
-    packed = bytearray(plain[:HEADER_SIZE]) + compress_records(codec, section)
-    packed[21:23] = (codec).to_bytes(2, "big")
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=5, producer_epoch=1,
+                                  base_sequence=40, batch_size=1 << 24)
+    for i in range(9):
+        b.append(i, NOW + 10 * i, b"k%d" % (i % 3), b"v%d" % i, headers=[("h", b"%d" % i)])
+    plain = bytearray(b.build())
+    if header_key != "h":  # the header key's byte 'h' becomes 0xff: not UTF-8
+        section = bytes(plain[HEADER_SIZE:]).replace(b"\x02h", b"\x02\xff")
+        plain[HEADER_SIZE:] = section
+    packed = bytearray(plain[:HEADER_SIZE]) + compress_records(codec, bytes(plain[HEADER_SIZE:]))
+    packed[21:23] = codec.to_bytes(2, "big")
     packed[8:12] = (len(packed) - 12).to_bytes(4, "big")
+    packed[0:8] = (1000).to_bytes(8, "big")
     h = parse_header(packed)
-    kept = [r for r in walk(records_section(bytes(packed), h), h) if r.offset >= 6]
-    out = rebuild(bytes(packed), h, records_section(bytes(packed), h), kept)
+    batch = BatchRecords(bytes(packed), h)
+    assert batch.fast is (header_key == "h")
+    assert [(r[0], r[1]) for r in batch.records][:3] == [(1000, b"k0"), (1001, b"k1"), (1002, b"k2")]
+    out = batch.rebuild([r for r in batch.records if r[0] >= 1006])
     oh = parse_header(out)
     assert oh.compression == codec and oh.record_count == 3 and crc_of(out, oh) == oh.crc
-    assert (oh.base_offset, oh.last_offset_delta) == (h.base_offset, h.last_offset_delta)
-    again = walk(records_section(out, oh), oh)
-    assert [(r.offset, r.key) for r in again] == [(6, b"k0"), (7, b"k1"), (8, b"k2")]
-    assert b"v6" in bytes(records_section(out, oh)) and b"v5" not in bytes(records_section(out, oh))
+    assert (oh.base_offset, oh.last_offset_delta, oh.producer_id, oh.base_sequence) == (1000, 8, 5, 40)
+    assert oh.max_timestamp == NOW + 80
+    again = BatchRecords(out, oh)
+    assert [(r[0], r[1]) for r in again.records] == [(1006, b"k0"), (1007, b"k1"), (1008, b"k2")]
+    section = decompress_records(codec, memoryview(out)[HEADER_SIZE:])
+    assert b"v6" in section and b"v5" not in section
+    if again.fast:
+        assert [(r[3].timestamp, r[3].value, r[3].headers) for r in again.records] == [
+            (NOW + 60, b"v6", [("h", b"6")]), (NOW + 70, b"v7", [("h", b"7")]), (NOW + 80, b"v8", [("h", b"8")])]
+    else:
+        assert [r[3][2] for r in again.records] == [NOW + 60, NOW + 70, NOW + 80]
 
 
 def _prepare(tmp_path: Path) -> tuple[PartitionLog, jobs.CleanJob, list[tuple[int, bytes | None, bytes | None]]]:

@@ -21,12 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tabletopic.log.cleaner.records import Record, rebuild, records_section, walk
+from tabletopic.log.cleaner.records import BatchRecords, Record
 from tabletopic.log.cleaner.swap import Checkpoint, SegmentName, cleaned_path, commit
 from tabletopic.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, fdatasync, file_name
-from tabletopic.log.segment import iter_file_batches as _iter_file_batches
 from tabletopic.protocol.batch_body import read_marker
-from tabletopic.protocol.records import BatchHeader, parse_header
+from tabletopic.protocol.records import HEADER_SIZE, BatchHeader, parse_header
+
+READ_CHUNK = 8 << 20
+WRITE_CHUNK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -86,13 +88,30 @@ class _Txns:
         return i >= 0 and spans[i][0] <= h.base_offset <= spans[i][1]
 
 
-def _batches(directory: Path, ref: SegmentRef) -> Iterator[tuple[BatchHeader, bytes]]:
-    """The batches of a segment with their bytes (each batch's header parsed at 0 of its own bytes)."""
+def _batches(directory: Path, ref: SegmentRef) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """The batches of a segment with their bytes (each batch's header parsed at 0 of its own bytes), read in large
+    chunks. The segment is closed and was written whole: a batch cut short ends it (raised: never expected)."""
     fd = os.open(directory / file_name(ref.base, LOG_SUFFIX, ref.generation), os.O_RDONLY | os.O_CLOEXEC)
     try:
-        for pos, h in _iter_file_batches(fd, 0, ref.size, verify_crc=False):
-            data = os.pread(fd, h.size, pos)
-            yield parse_header(data), data
+        pos = 0
+        while pos < ref.size:
+            chunk = memoryview(os.pread(fd, min(READ_CHUNK, ref.size - pos), pos))
+            at = 0
+            while len(chunk) - at >= HEADER_SIZE:
+                size = parse_header(chunk, at).size
+                if at + size > len(chunk):
+                    break
+                data = chunk[at : at + size]
+                yield parse_header(data), data
+                at += size
+            if at == 0:
+                if len(chunk) >= HEADER_SIZE and pos + parse_header(chunk).size <= ref.size:  # bigger than a chunk
+                    data = memoryview(os.pread(fd, parse_header(chunk).size, pos))
+                    yield parse_header(data), data
+                    at = len(data)
+                else:
+                    raise OSError(f"segment {ref} ends in a cut batch at {pos}")
+            pos += at
     finally:
         os.close(fd)
 
@@ -108,9 +127,9 @@ def _key_map(directory: Path, job: CleanJob, txns: _Txns) -> tuple[dict[bytes, i
         for h, data in _batches(directory, ref):
             if h.is_control or h.last_offset < job.checkpoint.first_dirty or txns.is_aborted(h):
                 continue
-            for r in walk(records_section(data, h), h):
-                if r.key is not None:
-                    latest[r.key] = r.offset
+            for offset, key, _, _ in BatchRecords(data, h).records:
+                if key is not None:
+                    latest[key] = offset
         if len(latest) >= job.max_keys and following < job.end:
             return latest, following
     return latest, job.end
@@ -157,14 +176,22 @@ class _Pass:
         return name
 
     def _write(self, group: list[SegmentRef], seg: LogSegment, name: SegmentName) -> None:
+        buf = bytearray()
+        placed: list[tuple[int, int, int, int, int]] = []  # what LogSegment.append indexes
         for ref in group:
             self.result.bytes_before += ref.size
             for h, data in _batches(self.directory, ref):
                 kept = self._clean_batch(h, data)
-                if kept is not None:
-                    kept_h = parse_header(kept)
-                    seg.append(kept, [(0, h.base_offset, h.last_offset, kept_h.max_timestamp, len(kept))],
-                               self.job.index_interval)
+                if kept is None:
+                    continue
+                kept_h = parse_header(kept)
+                placed.append((len(buf), h.base_offset, h.last_offset, kept_h.max_timestamp, len(kept)))
+                buf += kept
+                if len(buf) >= WRITE_CHUNK:
+                    seg.append(buf, placed, self.job.index_interval)
+                    buf, placed = bytearray(), []
+        if buf:
+            seg.append(buf, placed, self.job.index_interval)
         seg.seal()
         fdatasync(seg.fd)
         self.result.bytes_after += seg.size
@@ -174,7 +201,7 @@ class _Pass:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def _clean_batch(self, h: BatchHeader, data: bytes) -> bytes | None:
+    def _clean_batch(self, h: BatchHeader, data: memoryview) -> bytes | memoryview | None:
         """The batch as it stays in the log (itself, rewritten, or emptied), or None when it goes."""
         txns = self.txns
         if h.is_control:
@@ -182,25 +209,29 @@ class _Pass:
         aborted = txns.is_aborted(h)
         if h.is_transactional:
             (txns.aborted_batches if aborted else txns.committed_batches).add(h.producer_id)
-        section = records_section(data, h)
-        records = walk(section, h)
-        kept = [] if aborted else [r for r in records if self._keeps(r)]
+        batch = BatchRecords(data, h)
+        records = batch.records
+        kept = [] if aborted else self._kept(records)
         self.result.records_removed += len(records) - len(kept)
         if not kept:  # an empty batch stays only as its producer's last (an aborted one's data is gone already)
             if h.producer_id < 0 or self.job.last_batch_of.get(h.producer_id) != h.last_offset:
                 return None
-            return data if not records else rebuild(data, h, section, kept)
-        return data if len(kept) == len(records) else rebuild(data, h, section, kept)
+            return data if not records else batch.rebuild(kept)
+        return data if len(kept) == len(records) else batch.rebuild(kept)
 
-    def _keeps(self, r: Record) -> bool:
-        if r.key is None or self.latest.get(r.key, r.offset) > r.offset:
-            return False
-        if r.tombstone and r.offset < self.remove_before:
-            self.result.tombstones_removed += 1
-            return False
-        return True
+    def _kept(self, records: list[Record]) -> list[Record]:
+        """The records that stay: keyed, the latest of their key (or past the key map), and not a tombstone below
+        the delete horizon."""
+        get, remove_before = self.latest.get, self.remove_before
+        kept = [r for r in records if r[1] is not None and get(r[1], r[0]) <= r[0]]
+        if any(r[2] for r in kept):
+            tombstones = sum(1 for r in kept if r[2] and r[0] < remove_before)
+            if tombstones:
+                self.result.tombstones_removed += tombstones
+                kept = [r for r in kept if not (r[2] and r[0] < remove_before)]
+        return kept
 
-    def _marker_goes(self, h: BatchHeader, data: bytes) -> bool:
+    def _marker_goes(self, h: BatchHeader, data: memoryview) -> bool:
         """Kafka's rule: a marker goes once no batch of its transaction is left (none seen since the previous
         marker of its producer) and it is below the delete horizon."""
         try:

@@ -1,49 +1,120 @@
-"""The cleaner's view of one record batch: its records' keys and offsets (:func:`walk`), and the batch rewritten
-with only the records kept (:func:`rebuild`). Pure, no I/O; runs in the cleaner process.
+"""The cleaner's view of one record batch (:class:`BatchRecords`): its records' offsets, keys and tombstones, and
+the batch rebuilt with only the records kept. Pure, no I/O; runs in the cleaner process.
 
-A rewritten batch keeps what Kafka's cleaner keeps of a magic-2 batch: its base offset, last offset delta, base
-timestamp, producer id, epoch and base sequence, attributes and codec, so offsets, record timestamps and producer
-sequences read the same; the records kept are copied byte for byte (their deltas are relative to the unchanged
-base), the record count, max timestamp (CreateTime), length and CRC are recomputed.
+Records are read and rebuilt by aiokafka's Cython reader and builder (millions of records a second). A batch whose
+header keys are not UTF-8 (Kafka allows any bytes; aiokafka does not) is walked here instead and its kept records
+copied byte for byte. Either way a rebuilt batch keeps what Kafka's cleaner keeps of a magic-2 batch: its base
+offset, last offset delta, producer id, epoch and base sequence, partition leader epoch, transactional flag,
+timestamp type and codec, so offsets, record timestamps and producer sequences read the same; the record count, max
+timestamp (CreateTime), length and CRC are recomputed.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import NamedTuple
+from typing import Any
 
 import crc32c
+from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from tabletopic.protocol.batch_body import compress_records, decompress_records, zigzag_varint
-from tabletopic.protocol.records import ATTRIBUTES_OFFSET, CRC_OFFSET, HEADER_SIZE, TIMESTAMP_TYPE_MASK, BatchHeader
+from tabletopic.protocol.records import (
+    ATTRIBUTES_OFFSET,
+    COMPRESSION_MASK,
+    CRC_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    TIMESTAMP_TYPE_MASK,
+    BatchHeader,
+)
 
-_LENGTH = struct.Struct(">i")
-# past baseOffset 8, batchLength 4, epoch 4, magic 1, crc 4, attributes 2, lastOffsetDelta 4, baseTimestamp 8
-_MAX_TIMESTAMP_AT = 35
-_RECORD_COUNT_AT = 57
-
-
-class Record(NamedTuple):
-    """One record of a batch: where it sits in the decompressed records section, its offset and timestamp, its key
-    (None without one) and whether its value is null (a tombstone)."""
-
-    start: int
-    end: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    tombstone: bool
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_EPOCH_AT, _LAST_DELTA_AT, _MAX_TIMESTAMP_AT, _RECORD_COUNT_AT = 12, 23, 35, 57
 
 
-def records_section(batch: bytes | memoryview, h: BatchHeader) -> bytes | memoryview:
-    """The records section of ``batch`` (one whole batch, header at 0), decompressed."""
-    body = memoryview(batch)[HEADER_SIZE : h.size]
-    return body if h.compression == 0 else decompress_records(h.compression, body)
+# One record of a batch: (offset, key (None without one), whether its value is null (a tombstone), how to copy it:
+# an aiokafka record, or (start, end, timestamp) in the decompressed records section). A plain tuple: a pass makes
+# one per record, and a named tuple costs twice as much.
+Record = tuple[int, bytes | None, bool, Any]
+
+
+class BatchRecords:
+    """The records of one whole batch (``data``, header ``h`` parsed at 0), and the batch rebuilt from some."""
+
+    def __init__(self, data: bytes | memoryview, h: BatchHeader) -> None:
+        self.data, self.h = data, h
+        self.section: bytes | memoryview = memoryview(data)[HEADER_SIZE : h.size]
+        if h.compression:
+            self.section = decompress_records(h.compression, self.section)
+        self.fast = True
+        try:
+            self.records = self._read_fast()
+        except UnicodeDecodeError:  # a header key that is not UTF-8
+            self.fast = False
+            self.records = walk(self.section, h)
+
+    def _read_fast(self) -> list[Record]:
+        if self.h.compression:
+            plain = bytearray(self.data[:HEADER_SIZE])
+            plain += self.section
+            _I32.pack_into(plain, 8, len(plain) - LOG_OVERHEAD)
+            _I16.pack_into(plain, ATTRIBUTES_OFFSET, self.h.attributes & ~COMPRESSION_MASK)
+            source: bytes | bytearray | memoryview = plain
+        else:
+            source = self.data
+        return [(r.offset, r.key, r.value is None, r) for r in DefaultRecordBatch(bytes(source))]
+
+    def rebuild(self, kept: list[Record]) -> bytes:
+        """The batch with only ``kept`` (some of :attr:`records`, in order); with none, an empty batch (no records,
+        uncompressed), as Kafka's cleaner keeps a producer's last batch."""
+        h = self.h
+        if not kept:
+            section = b""
+        elif self.fast:
+            b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=int(h.is_transactional),
+                                          producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+                                          base_sequence=h.base_sequence, batch_size=1 << 30)
+            for *_, a in kept:
+                b.append(a.offset - h.base_offset, a.timestamp, a.key, a.value, a.headers)
+            built = b.build()
+            section = bytes(memoryview(built)[HEADER_SIZE:])
+            base_ts = _I64.unpack_from(built, 27)[0]
+            max_ts = _I64.unpack_from(built, _MAX_TIMESTAMP_AT)[0]
+            return _framed(self.data, h, section, len(kept), max_ts, base_ts)
+        else:
+            section = b"".join(bytes(self.section[span[0] : span[1]]) for *_, span in kept)
+        max_ts = max((span[2] for *_, span in kept), default=h.max_timestamp)
+        return _framed(self.data, h, section, len(kept), max_ts, h.base_timestamp)
+
+
+def _framed(original: bytes | memoryview, h: BatchHeader, section: bytes, count: int, max_ts: int,
+            base_ts: int) -> bytes:
+    """``section`` (uncompressed records) under ``original``'s header, compressed in its codec, fields recomputed."""
+    attributes = h.attributes
+    if count and h.compression:
+        section = compress_records(h.compression, section)
+    elif not count:
+        attributes &= ~COMPRESSION_MASK
+    out = bytearray(original[:HEADER_SIZE])
+    out += section
+    _I32.pack_into(out, 8, len(out) - LOG_OVERHEAD)
+    _I16.pack_into(out, ATTRIBUTES_OFFSET, attributes)
+    _I32.pack_into(out, _LAST_DELTA_AT, h.last_offset_delta)
+    if count:
+        _I64.pack_into(out, 27, base_ts)
+        if not attributes & TIMESTAMP_TYPE_MASK:  # CreateTime: the largest kept; LogAppendTime: as it was
+            _I64.pack_into(out, _MAX_TIMESTAMP_AT, max_ts)
+    _I32.pack_into(out, _RECORD_COUNT_AT, count)
+    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
+    return bytes(out)
 
 
 def walk(data: bytes | memoryview, h: BatchHeader) -> list[Record]:
-    """The records of the section ``data`` of batch ``h`` (Kafka's record format v2). Raises ValueError or
-    IndexError when it does not hold ``h.record_count`` well-formed records."""
+    """The records of the section ``data`` of batch ``h`` (Kafka's record format v2), each with its span
+    ``(start, end, timestamp)`` as source. Raises ValueError or IndexError when it does not hold
+    ``h.record_count`` well-formed records."""
     out: list[Record] = []
     pos = 0
     base, base_ts = h.base_offset, h.base_timestamp
@@ -57,29 +128,9 @@ def walk(data: bytes | memoryview, h: BatchHeader) -> list[Record]:
         value_length, _ = zigzag_varint(data, at + max(key_length, 0))
         if end > len(data):
             raise ValueError(f"record at {pos} runs past the records section")
-        out.append(Record(pos, end, base + offset_delta, base_ts + ts_delta, key, value_length < 0))
+        out.append((base + offset_delta, key, value_length < 0, (pos, end, base_ts + ts_delta)))
         pos = end
     if pos != len(data):
         raise ValueError(f"the records section of the batch at offset {h.base_offset} holds {len(data)} bytes, its "
                          f"{h.record_count} records {pos}")
     return out
-
-
-def rebuild(batch: bytes | memoryview, h: BatchHeader, data: bytes | memoryview, kept: list[Record]) -> bytes:
-    """Batch ``h`` (whole, in ``batch``) with only the records ``kept`` of its records section ``data``; with none
-    kept, an empty batch (no records, uncompressed), as Kafka's cleaner keeps a producer's last batch."""
-    section = b"".join(bytes(data[r.start : r.end]) for r in kept)
-    attributes = h.attributes
-    if kept and h.compression:
-        section = compress_records(h.compression, section)
-    elif not kept:
-        attributes &= ~0x07  # nothing to compress
-    out = bytearray(batch[:HEADER_SIZE])
-    out += section
-    _LENGTH.pack_into(out, 8, len(out) - 12)
-    struct.pack_into(">h", out, ATTRIBUTES_OFFSET, attributes)
-    if not attributes & TIMESTAMP_TYPE_MASK and kept:  # CreateTime: the largest kept; LogAppendTime: as it was
-        struct.pack_into(">q", out, _MAX_TIMESTAMP_AT, max(r.timestamp for r in kept))
-    struct.pack_into(">i", out, _RECORD_COUNT_AT, len(kept))
-    struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
-    return bytes(out)
