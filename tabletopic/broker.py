@@ -114,6 +114,8 @@ class Broker:
             await self.tables.start()
         else:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
+        # after the table topics: their partitions are cleaned only below what their tables hold
+        self.logs.start_cleaner(self.tables.table_offset if self.tables is not None else None)
         self.metrics_server = start_metrics_server(self.config, self.metrics)
         # listeners last: a client that can connect finds every subsystem ready
         self.bound = await self.server.start()

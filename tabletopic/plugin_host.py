@@ -131,6 +131,16 @@ class TableTopicHost:
         running = self._running.get(topic)
         return running[1].coordinator if running else None
 
+    def table_offset(self, topic: str, partition: int) -> int | None:
+        """How far the log cleaner may clean a partition: below the table's committed offset for a table topic (its
+        records reach the table before a newer value of their key can remove them), 0 while that is not known yet;
+        None (no limit) for other topics."""
+        running = self._running.get(topic)
+        if running is not None:
+            return running[1].table_offsets.get(partition, 0)
+        info = self._broker.topics.get(topic)
+        return 0 if info is not None and self._config_of(info).enable else None
+
     # ---- config checks ----
 
     def check_config_change(self, topic: str, old: Mapping[str, str] | None, new: Mapping[str, str]) -> None:

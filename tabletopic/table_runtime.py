@@ -110,6 +110,8 @@ class TableTopicRuntime:
         self.coordinator: TableTopicCoordinator | None = None
         self.maintenance: TableMaintenance | None = None
         self.status = TableStatus(state_dir, self.table_name)
+        # partition -> the table's next offset, as the last round reported it (the broker's log cleaner stops there)
+        self.table_offsets: dict[int, int] = {}
 
     @property
     def table_name(self) -> str:
@@ -221,6 +223,7 @@ class TableTopicRuntime:
     def _observe(self, report: RoundReport) -> None:
         """Feed a round's outcome to the metrics (AutoMQ's kafka_tabletopic_* families and ours) and the status."""
         topic, m = self.topic, self._services.metrics
+        self.table_offsets.update(report.offsets)
         self._observe_busy()
         if self.coordinator is not None:
             m.set_partition_by_applied(topic, self.coordinator.partition_by_problem is None)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from tabletopic.protocol import codec
 from tabletopic.protocol.batch_body import keyless_records
@@ -223,3 +224,62 @@ def test_kill_9_during_cleaning_loses_no_latest_value(tmp_path: Path) -> None:
         assert b.log_text().count(f"cleaned {topic}-0") >= 5  # passes before, between and after the kills
     finally:
         b.stop()
+
+
+def _table_offsets(b: BrokerProcess, topic: str) -> list[int]:
+    from tests.test_table_topics import table_rows
+
+    try:
+        return sorted(o for _, o, *_ in table_rows(b, topic))
+    except Exception:  # not created yet
+        return []
+
+
+def test_a_table_topic_gets_every_record_before_the_cleaner_removes_it(cleaner_broker: BrokerProcess) -> None:
+    """On a compacted table topic the cleaner stops at the table's committed offsets: the table holds every
+    acknowledged record once (overwritten or not), and the log is cleaned behind it."""
+    topic = _t("compacted-table")
+    create_topic(cleaner_broker, topic, 1, {**CLEANED, "automq.table.topic.enable": "true",
+                                            "automq.table.topic.commit.interval.ms": "1000"})
+    acked: list[int] = []
+    p = Producer({"bootstrap.servers": cleaner_broker.bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384})
+    for round_ in range(4):
+        for i in range(1500):
+            p.produce(topic, key=b"k%d" % (i % 50), value=b"%d-%d-" % (round_, i) + random.randbytes(40),
+                      on_delivery=lambda err, msg: err is None and acked.append(msg.offset()))
+        p.flush(30)
+        time.sleep(1.5)  # the table moves on, the cleaner follows it
+    deadline = time.monotonic() + 60
+    while _table_offsets(cleaner_broker, topic) != sorted(acked) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _table_offsets(cleaner_broker, topic) == sorted(acked)  # every acknowledged record, once
+    while f"cleaned {topic}-0" not in cleaner_broker.log_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert f"cleaned {topic}-0" in cleaner_broker.log_text()
+    assert len(_read_all(cleaner_broker.bootstrap, topic)) < len(acked)
+
+
+def test_a_table_topic_turned_on_after_cleaning_gets_what_the_log_still_holds(cleaner_broker: BrokerProcess) -> None:
+    """A compacted topic made a table topic later: its first rounds read the log as it is then, so the table gets
+    the records the cleaner left (the latest per key, and what was not cleaned yet), each once: what a consumer
+    reading from the start gets."""
+    topic = _t("compacted-later")
+    create_topic(cleaner_broker, topic, 1, CLEANED)
+    p = Producer({"bootstrap.servers": cleaner_broker.bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384})
+    for i in range(6000):
+        p.produce(topic, key=b"k%d" % (i % 50), value=b"%d-" % i + random.randbytes(40))
+    assert p.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while f"cleaned {topic}-0" not in cleaner_broker.log_text() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert f"cleaned {topic}-0" in cleaner_broker.log_text()
+    admin = AdminClient({"bootstrap.servers": cleaner_broker.bootstrap})
+    admin.incremental_alter_configs([ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("automq.table.topic.enable", "true", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("automq.table.topic.commit.interval.ms", "1000", incremental_operation=AlterConfigOpType.SET),
+    ])])[ConfigResource("topic", topic)].result(30)
+    served = sorted(o for o, _, _ in _read_all(cleaner_broker.bootstrap, topic))
+    while _table_offsets(cleaner_broker, topic) != served and time.monotonic() < deadline + 30:
+        time.sleep(0.5)
+    assert _table_offsets(cleaner_broker, topic) == served
+    assert len(served) < 6000

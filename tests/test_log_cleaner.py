@@ -313,3 +313,21 @@ def test_the_service_cleans_in_its_own_process(tmp_path: Path) -> None:
     assert result is not None and result.records_removed == 195
     assert len(records(plog)) == 5
     plog.close()
+
+
+def test_a_hold_stops_the_cleaner_where_a_table_is(tmp_path: Path) -> None:
+    """The broker holds a table topic's partition at its table's committed offset: no segment at or past it is
+    cleaned (and nothing while the offset is not known: 0)."""
+    plog = open_log(tmp_path)
+    for i in range(400):
+        append(plog, keyed([(b"k%d" % (i % 5), b"v%d" % i)]), NOW)
+    plog.roll(NOW)
+    plog.flush()
+    bases = [s.base_offset for s in plog.segments]
+    assert len(bases) > 3
+    assert plan(plog, NOW, 1 << 20, hold=0) is None
+    held = plan(plog, NOW, 1 << 20, hold=bases[2] + 1)
+    assert held is not None and held.job.end == bases[2] and len(held.job.segments) == 2
+    free = plan(plog, NOW, 1 << 20)
+    assert free is not None and free.job.end == bases[-1]
+    plog.close()

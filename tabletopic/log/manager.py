@@ -119,7 +119,13 @@ class LogManager:
         await asyncio.to_thread(self.open_all)
         if self._retention_task is None and self.retention_check_interval_ms > 0:
             self._retention_task = asyncio.create_task(self._retention_loop(), name="log-retention")
+
+
+    def start_cleaner(self, hold: Callable[[str, int], int | None] | None = None) -> None:
+        """Start the log cleaner (when enabled); ``hold(topic, partition)``: an offset it must not clean past (the
+        table topics' committed offsets), or None."""
         if self.cleaner is not None:
+            self.cleaner.hold = hold
             self.cleaner.start()
 
     async def close(self) -> None:

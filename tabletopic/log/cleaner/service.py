@@ -6,7 +6,9 @@ When a log is worth a pass (:func:`plan`), as Kafka decides it: its dirty part (
 checkpoint on, in segments the cleaner may take: closed, durable, below the last stable offset, older than
 ``min.compaction.lag.ms``) is more than ``min.cleanable.dirty.ratio`` of the cleanable bytes; or its oldest dirty
 record waited ``max.compaction.lag.ms``; or the delete horizon moved (tombstones and markers may now go). An
-active segment older than ``max.compaction.lag.ms`` is rolled so that it can be cleaned.
+active segment older than ``max.compaction.lag.ms`` is rolled so that it can be cleaned. A table topic's partition
+is cleaned only below its table's committed offset (``hold``, given by the broker): every record reaches the table
+before a newer value of its key can remove it.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ class Plan:
     reason: str
 
 
-def plan(lg: PartitionLog, now_ms: int, max_keys: int) -> Plan | None:
-    """The pass to make on ``lg`` now, or None (module docstring)."""
+def plan(lg: PartitionLog, now_ms: int, max_keys: int, hold: int | None = None) -> Plan | None:
+    """The pass to make on ``lg`` now, or None (module docstring); ``hold``: an offset not to clean past."""
     cfg = lg.config
     if not cfg.compacted or lg.high_watermark <= lg.log_start_offset:
         return None
@@ -55,7 +57,7 @@ def plan(lg: PartitionLog, now_ms: int, max_keys: int) -> Plan | None:
     if (cfg.max_compaction_lag_ms != NEVER and active.size > 0 and active.created_ms is not None
             and now_ms - active.created_ms > cfg.max_compaction_lag_ms):
         lg.roll(now_ms)  # cleanable once durable: a later round takes it
-    limit, lag = lg.cleanable_end, cfg.min_compaction_lag_ms
+    limit, lag = lg.cleanable_end if hold is None else min(lg.cleanable_end, hold), cfg.min_compaction_lag_ms
     n = 0
     while n < len(segs) - 1 and segs[n + 1].base_offset <= limit and (
             lag == 0 or segs[n].max_timestamp <= now_ms - lag):
@@ -112,6 +114,7 @@ class LogCleaner:
         self.max_keys = max(1, dedupe_buffer_size // KEY_COST_BYTES)
         self._pool: ProcessPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
+        self.hold: Callable[[str, int], int | None] | None = None  # (topic, partition) -> offset not to clean past
         self.passes = 0  # passes installed
         self.bytes_removed = 0
 
@@ -155,7 +158,9 @@ class LogCleaner:
     async def clean_once(self, now_ms: int | None = None) -> jobs.CleanResult | None:
         """One pass on the log most worth it (highest dirty ratio first), or None when none is."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        plans = [p for lg in self._logs() if (p := plan(lg, now_ms, self.max_keys)) is not None]
+        hold = self.hold
+        plans = [p for lg in self._logs()
+                 if (p := plan(lg, now_ms, self.max_keys, hold(lg.topic, lg.partition) if hold else None)) is not None]
         if not plans:
             return None
         chosen = max(plans, key=lambda p: p.ratio)
