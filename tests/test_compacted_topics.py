@@ -283,3 +283,72 @@ def test_a_table_topic_turned_on_after_cleaning_gets_what_the_log_still_holds(cl
         time.sleep(0.5)
     assert _table_offsets(cleaner_broker, topic) == served
     assert len(served) < 6000
+
+
+def test_every_client_reads_a_cleaned_log_the_same(cleaner_broker: BrokerProcess) -> None:
+    """Gaps, rewritten batches and a transactional producer's emptied last batch, read by librdkafka, the Java
+    client, aiokafka and kafka-python consumers: the same records, at the same offsets."""
+    topic = _t("compacted-clients")
+    create_topic(cleaner_broker, topic, 1, CLEANED)
+    p = Producer({"bootstrap.servers": cleaner_broker.bootstrap, "acks": "all", "linger.ms": 5, "batch.size": 16384})
+    for i in range(5000):
+        p.produce(topic, key=b"k%d" % (i % 40), value=b"v%d-" % i + b"x" * 40)
+    assert p.flush(30) == 0
+    t = Producer({"bootstrap.servers": cleaner_broker.bootstrap, "transactional.id": _t("tx")})
+    t.init_transactions(30)
+    t.begin_transaction()
+    t.produce(topic, key=b"k1", value=b"aborted")
+    t.abort_transaction(30)
+    for i in range(3000):  # more segments: the aborted batch and its marker end up in a cleaned one
+        p.produce(topic, key=b"k%d" % (i % 40), value=b"w%d-" % i + b"x" * 40)
+    assert p.flush(30) == 0
+    deadline = time.monotonic() + 60
+    while cleaner_broker.log_text().count(f"cleaned {topic}-0") < 2 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    want = [(o, k, v) for o, k, v in _read_all(cleaner_broker.bootstrap, topic)]
+    assert len(want) < 8000 and b"aborted" not in {v for *_, v in want}
+    assert _aiokafka_read(cleaner_broker.bootstrap, topic, len(want)) == want
+    assert _kafka_python_read(cleaner_broker.bootstrap, topic, len(want)) == want
+    from tests.helpers import java_client as jc
+
+    if jc.available():
+        r = jc.consume(cleaner_broker.bootstrap, topic, count=len(want), group=_t("jg"), timeout_ms=60_000,
+                       isolation="read_committed")
+        assert [(rec["offset"], rec["key"], rec["value"]) for rec in r.records] == [
+            (o, k.decode(), v.decode()) for o, k, v in want]
+
+
+def _aiokafka_read(bootstrap: str, topic: str, count: int) -> list[tuple[int, bytes, bytes | None]]:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def run() -> list[tuple[int, bytes, bytes | None]]:
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=_t("ag"), auto_offset_reset="earliest",
+                             enable_auto_commit=False, isolation_level="read_committed")
+        await c.start()
+        out: list[tuple[int, bytes, bytes | None]] = []
+        try:
+            while len(out) < count:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 60)
+                for msgs in batch.values():
+                    out.extend((m.offset, m.key, m.value) for m in msgs)
+        finally:
+            await c.stop()
+        return out
+
+    return asyncio.run(run())
+
+
+def _kafka_python_read(bootstrap: str, topic: str, count: int) -> list[tuple[int, bytes, bytes | None]]:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=_t("kg"), auto_offset_reset="earliest",
+                      consumer_timeout_ms=15000, isolation_level="read_committed")
+    out = []
+    for m in c:
+        out.append((m.offset, m.key, m.value))
+        if len(out) == count:
+            break
+    c.close()
+    return out
