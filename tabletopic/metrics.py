@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
@@ -171,6 +171,22 @@ class SparkCollector(Collector):
         if s.next_start_at is not None:
             next_start.add_metric([], s.next_start_at)
         yield next_start
+
+
+class HeldCollector(Collector):
+    """``tabletopic_transaction_held_offsets``: per table-topic partition, the offsets between its high watermark and
+    its last stable offset, read at each scrape: what an open transaction holds back from the table."""
+
+    def __init__(self, held: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._held = held
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("tabletopic_transaction_held_offsets", "Offsets of a table topic partition between its "
+                              "last stable offset and its high watermark: records an open transaction holds back from "
+                              "the table until it ends (0: none)", labels=["topic", "partition"])
+        for topic, partition, held in self._held():
+            g.add_metric([topic, str(partition)], float(held))
+        yield g
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +389,11 @@ class TableTopicMetrics:
     def watch_spark(self, status: Callable[[], SparkStatus]) -> None:
         """Export the Spark side process's ``status()`` as the ``tabletopic_spark_*`` families (read at scrape)."""
         self.registry.register(SparkCollector(status))
+
+    def watch_transactions(self, held: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Export ``held()`` ((topic, partition, offsets held back by an open transaction) of every table-topic
+        partition) as ``tabletopic_transaction_held_offsets`` (read at scrape)."""
+        self.registry.register(HeldCollector(held))
 
     def remove_topic(self, topic: str) -> None:
         """Drop every series of a deleted topic (or one whose table topic was turned off)."""

@@ -99,6 +99,7 @@ class TableTopicHost:
         await self.services.open(self._registry_url())
         self._broker.topics.subscribe(self._on_event)
         self._broker.topic_config_checks.append(self.check_config_change)
+        self.services.metrics.watch_transactions(self._held_by_transactions)
         for info in self._broker.topics.all():
             if self._config_of(info).enable:
                 await self._start_topic(info, at_start=True)
@@ -116,6 +117,17 @@ class TableTopicHost:
     @property
     def topics(self) -> list[str]:
         return sorted(self._running)
+
+    def _held_by_transactions(self) -> list[tuple[str, int, int]]:
+        """(topic, partition, offsets between its last stable offset and high watermark) of every table-topic
+        partition (the metrics server's thread reads it at each scrape: plain reads of the logs' numbers)."""
+        out = []
+        for topic, (view, _) in list(self._running.items()):
+            for p in view.partitions():
+                plog = self._broker.logs.get(topic, p)
+                if plog is not None:
+                    out.append((topic, p, max(0, plog.high_watermark - plog.last_stable_offset)))
+        return out
 
     def _registry_url(self) -> str | None:
         """``automq.table.topic.schema.registry.url``, else the broker's own registry where it is bound."""

@@ -11,6 +11,8 @@ tests/test_log_transactions.py's, the pending offsets tests/test_groups_txn_offs
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -267,3 +269,54 @@ def test_aiokafkas_transactional_producer(broker: BrokerProcess) -> None:
     asyncio.run(run())
     assert _values(broker, topic, "read_committed", 8) == _batch(b"kept", 8)
     assert _values(broker, topic, "read_uncommitted", 12) == sorted(_batch(b"kept", 8) + _batch(b"dropped", 4))
+
+
+_HANGING_PRODUCER = """
+import sys, time
+from confluent_kafka import Producer
+p = Producer({"bootstrap.servers": sys.argv[1], "transactional.id": sys.argv[2], "transaction.timeout.ms": 4000})
+p.init_transactions(30)
+p.begin_transaction()
+for i in range(25):
+    p.produce(sys.argv[3], b"hanging-%d" % i, b"k%d" % i, partition=0)
+p.flush(30)
+print("open", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_producers_transaction_holds_the_table_until_its_timeout(reg_broker: BrokerProcess) -> None:
+    """A producer killed -9 with its transaction open: the table topic's partition is held at the last stable offset
+    (``tabletopic_transaction_held_offsets`` says by how much) until transaction.timeout.ms passes and the broker
+    aborts it; then the table holds exactly the committed records, as DuckDB and pyiceberg read them."""
+    from tests.test_metrics import scrape
+    from tests.test_table_topics import catalog
+
+    b, topic = reg_broker, _name("txnheld")
+    create(b, topic, 1, enable="true", commit_interval_ms="500")
+    p = _producer(b, _name("tid"))
+    _transaction(p, topic, _batch(b"c1", 10), commit=True)
+    hanging = subprocess.Popen([sys.executable, "-c", _HANGING_PRODUCER, b.bootstrap, _name("tid"), topic],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert hanging.stdout is not None and hanging.stdout.readline().strip() == "open"
+        hanging.kill()  # kill -9: the transaction stays open on the broker
+        hanging.wait(10)
+        url = f"http://127.0.0.1:{b.overrides['automq.table.topic.metrics.port']}/metrics"
+        key = ("tabletopic_transaction_held_offsets", (("partition", "0"), ("topic", topic)))
+        assert scrape(url)[key] == 25  # the open transaction's records, held back
+        _transaction(p, topic, _batch(b"c2", 5), commit=True)  # behind the open one: held too
+        deadline = time.monotonic() + 30
+        while scrape(url)[key] != 0 and time.monotonic() < deadline:  # the broker aborts it at its timeout
+            time.sleep(0.5)
+        assert scrape(url)[key] == 0
+    finally:
+        if hanging.poll() is None:
+            hanging.kill()
+    rows = wait_for_table(b, topic, 15)
+    want = sorted(_batch(b"c1", 10) + _batch(b"c2", 5))
+    assert sorted(r[3] for r in rows) == want
+    from tabletopic.readers import duckdb_connect, duckdb_scan
+
+    duck = duckdb_scan(duckdb_connect(), catalog(b).load_table(f"default.{topic}"))
+    assert sorted(v for (v,) in duck.select("_kafka_value").fetchall()) == want
