@@ -16,5 +16,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy
-# the slowest tests are listed at the end (the suite must stay fast on a 2-core machine)
-exec .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+# two workers (pytest-xdist): the modules that run JVMs (tests/conftest.py's "jvm" group) on one, one after the
+# other, so that two never hold their memory at once, the rest on the other; the slowest tests are listed at the
+# end (the suite must stay fast on a 2-core machine)
+exec .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=25 "$@"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,7 +13,18 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, below Linux's ephemeral range (32768-60999): a server restarted on it (kill -9 tests) does
+    not find it taken by some client's outgoing connection, as a port the kernel handed out (bind to 0) can be. Drawn
+    at random, so that two test processes rarely pick the same one."""
+    for _ in range(200):
+        port = random.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is crowded: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
