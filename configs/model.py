@@ -170,6 +170,23 @@ def one_of(*values: str, case_insensitive: bool = False) -> Validator:
     return check
 
 
+def protocols_validator(name: str, v: Value) -> None:
+    items = _items(name, v)
+    if any(x not in ("classic", "consumer") for x in items) or "classic" not in items:
+        raise InvalidConfigError.invalid_value(name, ",".join(items), "each item must be one of: classic, consumer; "
+                                               "classic must be there")
+
+
+ASSIGNOR_CLASSES = {"org.apache.kafka.coordinator.group.assignor.UniformAssignor": "uniform",
+                    "org.apache.kafka.coordinator.group.assignor.RangeAssignor": "range"}
+
+
+def assignors_validator(name: str, v: Value) -> None:
+    items = _items(name, v)
+    if not items or any(ASSIGNOR_CLASSES.get(x, x) not in ("uniform", "range") for x in items):
+        raise InvalidConfigError.invalid_value(name, ",".join(items), "each item must be one of: uniform, range")
+
+
 def list_of(*values: str) -> Validator:
     """Each item one of ``values``; an empty list passes (Kafka's ``ValidList.in``)."""
 
@@ -413,6 +430,25 @@ _broker(
     Setting("group.min.session.timeout.ms", Type.INT, 6000, "Smallest session timeout accepted.", at_least(0)),
     Setting("group.max.session.timeout.ms", Type.INT, 1800000, "Largest session timeout accepted.", at_least(0)),
     Setting("group.max.size", Type.INT, INT_MAX, "Most members of a group.", at_least(1)),
+    Setting("group.coordinator.rebalance.protocols", Type.LIST, ("classic", "consumer"), "Group protocols served: "
+            "classic (JoinGroup/SyncGroup) always; consumer: Kafka 4's consumer group protocol (KIP-848, "
+            "group.protocol=consumer clients); without it such a consumer is refused with a reason.",
+            protocols_validator, dynamic=False),
+    Setting("group.consumer.session.timeout.ms", Type.INT, 45000, "Consumer groups (KIP-848): a member that has "
+            "not heartbeated for this long is fenced and its partitions go to the others.", at_least(1),
+            dynamic=False),
+    Setting("group.consumer.heartbeat.interval.ms", Type.INT, 5000, "Consumer groups (KIP-848): how often members "
+            "heartbeat (the broker tells them).", at_least(1), dynamic=False),
+    Setting("group.consumer.assignors", Type.LIST, ("uniform", "range"), "Consumer groups (KIP-848): the server-side "
+            "assignors a member may ask for (group.remote.assignor); the first is the default. Kafka's class names "
+            "(org.apache.kafka.coordinator.group.assignor.UniformAssignor, ...RangeAssignor) name them too.",
+            assignors_validator, dynamic=False),
+    Setting("group.consumer.max.size", Type.INT, INT_MAX, "Consumer groups (KIP-848): most members of a group.",
+            at_least(1), dynamic=False),
+    Setting("group.consumer.migration.policy", Type.STRING, "disabled", "Consumer groups (KIP-848): an empty group "
+            "changes protocol when a member of the other one joins; a non-empty group does not (Kafka's disabled). "
+            "Kafka's upgrade, downgrade and bidirectional (mixed members during a migration) are not built: "
+            "refused.", one_of("disabled"), dynamic=False),
     Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
     Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
             at_least(1)),
@@ -958,6 +994,9 @@ class BrokerConfig:
     group_min_session_timeout_ms = _setting("group.min.session.timeout.ms", int)
     group_max_session_timeout_ms = _setting("group.max.session.timeout.ms", int)
     group_max_size = _setting("group.max.size", int)
+    group_consumer_session_timeout_ms = _setting("group.consumer.session.timeout.ms", int)
+    group_consumer_heartbeat_interval_ms = _setting("group.consumer.heartbeat.interval.ms", int)
+    group_consumer_max_size = _setting("group.consumer.max.size", int)
     offset_metadata_max_bytes = _setting("offset.metadata.max.bytes", int)
     offsets_retention_minutes = _setting("offsets.retention.minutes", int)
     shutdown_timeout_ms = _setting("shutdown.timeout.ms", int)
@@ -1016,6 +1055,16 @@ class BrokerConfig:
 
     def get(self, key: str, default: Value = None) -> Value:
         return self.values.get(key, default)
+
+    @property
+    def consumer_group_protocol(self) -> bool:
+        """Kafka 4's consumer group protocol served (``consumer`` in group.coordinator.rebalance.protocols)."""
+        return "consumer" in typed_list(self.values, "group.coordinator.rebalance.protocols")
+
+    @property
+    def consumer_group_assignors(self) -> tuple[str, ...]:
+        """group.consumer.assignors by their short names."""
+        return tuple(ASSIGNOR_CLASSES.get(x, x) for x in typed_list(self.values, "group.consumer.assignors"))
 
     @property
     def log_dir(self) -> Path:

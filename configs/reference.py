@@ -45,6 +45,8 @@ _NAMED: dict[str, str] = {
     "non_blank": "not blank",
     "throttled_replicas_validator": "`*` or `partitionId:brokerId` items",
     "metadata_version_validator": "a message format version Kafka 3.9 knows (`2.8`, `3.0-IV1`)",
+    "protocols_validator": "a list of `classic`, `consumer`; `classic` must be there",
+    "assignors_validator": "a list of `uniform`, `range` (or Kafka's assignor class names)",
 }
 
 

@@ -68,9 +68,15 @@ class Broker:
                 max_size=config.group_max_size,
                 offset_metadata_max_bytes=config.offset_metadata_max_bytes,
                 offsets_retention_minutes=config.offsets_retention_minutes,
+                consumer_protocol=config.consumer_group_protocol,
+                consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+                consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+                consumer_assignors=config.consumer_group_assignors,
+                consumer_max_size=config.group_consumer_max_size,
             ),
             data_dir,
             self.topics.partition_count,
+            topic_names=lambda: (t.name for t in self.topics.all()),
         )
         self.transaction_store = TransactionStateStore(data_dir)
         self.transactions = TransactionCoordinator(

@@ -31,16 +31,18 @@ class AdminApi:
             return E.COORDINATOR_LOAD_IN_PROGRESS, []
         state_filter = {s.lower() for s in states or ()}
         type_filter = {t.lower() for t in types or ()}
-        if type_filter and "classic" not in type_filter:
-            return E.NONE, []
-        return E.NONE, [
-            GroupListing(g.group_id, g.protocol_type or "", g.state.value)
-            for g in self.shared.groups.values()
-            if g.state != GroupState.DEAD and (not state_filter or g.state.value.lower() in state_filter)
-        ]
+        listed = []
+        if not type_filter or "classic" in type_filter:
+            listed += [GroupListing(g.group_id, g.protocol_type or "", g.state.value)
+                       for g in self.shared.groups.values() if g.state != GroupState.DEAD]
+        if not type_filter or "consumer" in type_filter:  # Kafka 4's consumer groups (KIP-848)
+            listed += [GroupListing(c.group_id, "consumer", c.state, "consumer")
+                       for c in self.shared.consumer_groups.values()]
+        return E.NONE, [g for g in listed if not state_filter or g.state.lower() in state_filter]
 
     def describe_group(self, group_id: str) -> GroupDescription:
-        """DescribeGroups for one group; an unknown group is described as Dead with no error (as Kafka)."""
+        """DescribeGroups for one group; an unknown group, or a consumer group (KIP-848: ConsumerGroupDescribe
+        describes it), is described as Dead with no error (as Kafka)."""
         if not self.shared.loaded:
             return GroupDescription(E.COORDINATOR_LOAD_IN_PROGRESS, group_id, "", "", "", ())
         group = self.shared.groups.get(group_id)
@@ -66,8 +68,15 @@ class AdminApi:
         doomed: list[str] = []
         for group_id in group_ids:
             group = self.shared.groups.get(group_id)
+            consumer = self.shared.consumer_groups.get(group_id)
             if not self.shared.loaded:
                 results[group_id] = E.COORDINATOR_LOAD_IN_PROGRESS
+            elif consumer is not None:
+                if consumer.members:
+                    results[group_id] = E.NON_EMPTY_GROUP
+                else:
+                    del self.shared.consumer_groups[group_id]
+                    doomed.append(group_id)
             elif group is None or group.state == GroupState.DEAD:
                 results[group_id] = E.GROUP_ID_NOT_FOUND
             elif group.state != GroupState.EMPTY:

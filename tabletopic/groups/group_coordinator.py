@@ -19,13 +19,14 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from tabletopic.errors import ErrorCode
 from tabletopic.groups.admin import AdminApi
+from tabletopic.groups.consumer_api import ConsumerApi, ConsumerGroupSettings
 from tabletopic.groups.join import JoinApi
 from tabletopic.groups.membership import MembershipApi
-from tabletopic.groups.model import GroupConfig, JoinResult, SyncResult
+from tabletopic.groups.model import GroupConfig, GroupState, JoinResult, SyncResult
 from tabletopic.groups.offsets import OffsetStore
 from tabletopic.groups.offsets_api import OffsetsApi
 from tabletopic.groups.rebalance import Rebalancer
@@ -57,6 +58,7 @@ class GroupCoordinator:
         data_dir: str | os.PathLike[str],
         partition_count: Callable[[str], int | None],
         *,
+        topic_names: Callable[[], Iterable[str]] = tuple,
         store_compact_min_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.config = config
@@ -68,6 +70,10 @@ class GroupCoordinator:
         self._membership = membership = MembershipApi(shared, rebalance)
         offsets = OffsetsApi(shared)
         admin = AdminApi(shared)
+        self.consumer = ConsumerApi(
+            ConsumerGroupSettings(config.consumer_session_timeout_ms, config.consumer_heartbeat_interval_ms,
+                                  config.consumer_assignors, config.consumer_max_size),
+            shared.consumer_groups, (shared.partition_count, topic_names), (self._classic_empty, self._drop_classic))
         self.join_group = joins.join_group
         self.sync_group = membership.sync_group
         self.heartbeat = membership.heartbeat
@@ -81,6 +87,21 @@ class GroupCoordinator:
         self.list_groups = admin.list_groups
         self.describe_group = admin.describe_group
         self.delete_groups = admin.delete_groups
+
+    @property
+    def loaded(self) -> bool:
+        """Stored groups are loaded (before: every API answers COORDINATOR_LOAD_IN_PROGRESS)."""
+        return self._shared.loaded
+
+    def _classic_empty(self, group_id: str) -> bool:
+        group = self._shared.groups.get(group_id)
+        return group is None or (not group.members and group.state in (GroupState.EMPTY, GroupState.DEAD))
+
+    def _drop_classic(self, group_id: str) -> None:
+        group = self._shared.groups.pop(group_id, None)
+        if group is not None:
+            group.cancel_timers()
+            log.info("group %s: the empty classic group becomes a consumer group (its offsets stay)", group_id)
 
     async def start(self) -> None:
         """Load committed offsets and group metadata, then start the session-expiry task."""
@@ -129,6 +150,7 @@ class GroupCoordinator:
             await asyncio.sleep(interval)
             try:
                 self._membership.expire_sessions(time.monotonic())
+                self.consumer.expire(time.monotonic())
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + retention_every
                     await self.expire_offsets()

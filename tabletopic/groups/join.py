@@ -47,6 +47,18 @@ class JoinApi:
         self.shared = shared
         self.rebalance = rebalance
 
+    def _consumer_group_gives_way(self, group_id: str) -> bool:
+        """A consumer group (KIP-848) of that id gives way to the classic protocol only while it is empty (its
+        offsets stay); with members the classic member is refused (INCONSISTENT_GROUP_PROTOCOL)."""
+        consumer = self.shared.consumer_groups.get(group_id)
+        if consumer is None:
+            return True
+        if consumer.members:
+            log.info("group %s: refused a classic member: it is a consumer group with members", group_id)
+            return False
+        del self.shared.consumer_groups[group_id]
+        return True
+
     async def join_group(  # noqa: PLR0913  (the JoinGroup request's fields)
         self,
         group_id: str,
@@ -73,6 +85,8 @@ class JoinApi:
             return JoinResult(E.COORDINATOR_LOAD_IN_PROGRESS, member_id)
         if not group_id:
             return JoinResult(E.INVALID_GROUP_ID, member_id)
+        if not self._consumer_group_gives_way(group_id):
+            return JoinResult(E.INCONSISTENT_GROUP_PROTOCOL, member_id)
         cfg = self.shared.config
         if not cfg.min_session_timeout_ms <= session_timeout_ms <= cfg.max_session_timeout_ms:
             return JoinResult(E.INVALID_SESSION_TIMEOUT, member_id)

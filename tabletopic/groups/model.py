@@ -45,6 +45,12 @@ class GroupConfig:
     offsets_retention_minutes: int = 10080
     offsets_retention_check_interval_ms: int = 600_000
     new_member_join_timeout_ms: int = 300_000  # Kafka's GroupCoordinator.NewMemberJoinTimeoutMs
+    # Kafka 4's consumer groups (KIP-848): group.consumer.*; "consumer" in group.coordinator.rebalance.protocols
+    consumer_protocol: bool = True
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")
+    consumer_max_size: int = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from tabletopic.errors import ErrorCode
+from tabletopic.groups.consumer_group import validate_commit, validate_fetch
 from tabletopic.groups.model import CommitRequestOffset, GroupState, TopicPartition
 from tabletopic.groups.offsets import (
     CommittedOffset,
@@ -162,6 +163,12 @@ class OffsetsApi:
             return E.INVALID_GROUP_ID
         if not self.shared.loaded:
             return E.COORDINATOR_LOAD_IN_PROGRESS
+        consumer = self.shared.consumer_groups.get(group_id)
+        if consumer is not None:
+            generation_id, member_id, _ = member
+            if generation_id < 0 and not member_id:
+                return E.NONE  # older TxnOffsetCommit versions name no member
+            return validate_commit(consumer, member_id, generation_id, 9, transactional=True)[0]
         group = self.shared.groups.get(group_id)
         if group is None:
             group = self.shared.groups[group_id] = Group(group_id)
@@ -209,6 +216,8 @@ class OffsetsApi:
 
     def _touch_member(self, group_id: str, member_id: str) -> None:
         """A commit counts as a heartbeat of an active member; a group unknown so far is a "simple" group."""
+        if group_id in self.shared.consumer_groups:
+            return  # a consumer group's members heartbeat on their own
         group = self.shared.groups.get(group_id)
         if group is None:  # a "simple" group: offsets only, no membership
             self.shared.groups[group_id] = Group(group_id)
@@ -222,6 +231,12 @@ class OffsetsApi:
     ) -> ErrorCode:
         if not self.shared.loaded:
             return E.COORDINATOR_LOAD_IN_PROGRESS
+        consumer = self.shared.consumer_groups.get(group_id)
+        if consumer is not None:
+            error, message = validate_commit(consumer, member_id, generation_id, api_version)
+            if error != E.NONE:
+                log.debug("group %s: offset commit refused: %s", group_id, message)
+            return error
         group = self.shared.groups.get(group_id)
         if group is None:
             if generation_id < 0:
@@ -253,16 +268,23 @@ class OffsetsApi:
         return E.NONE
 
     def fetch_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition] | None, *, require_stable: bool = False
+        self, group_id: str, partitions: Iterable[TopicPartition] | None, *, require_stable: bool = False,
+        member_id: str | None = None, member_epoch: int = -1,
     ) -> tuple[ErrorCode, dict[TopicPartition, CommittedOffset | None]]:
         """OffsetFetch: committed offsets of ``partitions`` (None = every committed partition of the group).
 
+        ``member_id``/``member_epoch`` (OffsetFetch v9) are checked against a consumer group's member (KIP-848).
         A partition without a committed offset maps to None (answered as offset -1, metadata ""). With
         ``require_stable`` (OffsetFetch v7+), a partition with pending transactional offsets maps to
         :data:`UNSTABLE_OFFSET` (answered as offset -1 with error UNSTABLE_OFFSET_COMMIT), as Kafka's getOffsets.
         """
         if not self.shared.loaded:
             return E.COORDINATOR_LOAD_IN_PROGRESS, {}
+        consumer = self.shared.consumer_groups.get(group_id)
+        if consumer is not None:  # OffsetFetch v9's member fields, checked as Kafka's validateOffsetFetch
+            error, _ = validate_fetch(consumer, member_id, member_epoch)
+            if error != E.NONE:
+                return error, {}
         store = self.shared.store
         committed = store.offsets(group_id)
         found: dict[TopicPartition, CommittedOffset | None] = (
@@ -282,13 +304,20 @@ class OffsetsApi:
             return E.COORDINATOR_LOAD_IN_PROGRESS, {}
         if not group_id:
             return E.INVALID_GROUP_ID, {}
+        consumer = self.shared.consumer_groups.get(group_id)
         group = self.shared.groups.get(group_id)
-        if group is None or group.state == GroupState.DEAD:
+        if consumer is None and (group is None or group.state == GroupState.DEAD):
             return E.GROUP_ID_NOT_FOUND, {}
         results: dict[TopicPartition, ErrorCode] = {}
         known = [tp for tp in partitions if self.shared.partition_exists(tp)]
         results.update((tp, E.UNKNOWN_TOPIC_OR_PARTITION) for tp in partitions if tp not in known)
-        eligible = self._deletable(group, known, results)
+        if consumer is not None:  # a consumer group's members' subscriptions keep their topics' offsets
+            subscribed = consumer.subscribed_topics()
+            results.update((tp, E.GROUP_SUBSCRIBED_TO_TOPIC) for tp in known if tp[0] in subscribed)
+            eligible: list[TopicPartition] | None = [tp for tp in known if tp[0] not in subscribed]
+        else:
+            assert group is not None
+            eligible = self._deletable(group, known, results)
         if eligible is None:
             return E.NON_EMPTY_GROUP, {}
         store = self.shared.store

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from tabletopic.errors import ErrorCode
+from tabletopic.groups.consumer_group import ConsumerGroup
 from tabletopic.groups.model import GroupConfig, GroupState, JoinedMember, JoinResult, SyncResult, TopicPartition
 from tabletopic.groups.offsets import GroupMeta, OffsetStore, OffsetStoreError, Reader, put_bytes32, put_str16
 
@@ -309,6 +310,8 @@ class SharedState:
         self.config = config
         self.store = store
         self.groups: dict[str, Group] = {}
+        # Kafka 4's consumer groups (groups/consumer_api.py): never an id of ``groups`` at the same time
+        self.consumer_groups: dict[str, ConsumerGroup] = {}
         self.loaded = False  # set once the stored groups are loaded; every API answers LOAD_IN_PROGRESS before
         self.background: set[asyncio.Task[object]] = set()
         self._partition_count = partition_count
@@ -323,6 +326,10 @@ class SharedState:
     @loop.setter
     def loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+
+    def partition_count(self, topic: str) -> int | None:
+        """The topic's partition count; None when it does not exist."""
+        return self._partition_count(topic)
 
     def partition_exists(self, tp: TopicPartition) -> bool:
         n = self._partition_count(tp[0])

@@ -85,6 +85,7 @@ class ApiKey(IntEnum):
     DescribeTransactions = 65
     ListTransactions = 66
     ConsumerGroupHeartbeat = 68
+    ConsumerGroupDescribe = 69
 
 
 for _api in ApiKey:
@@ -134,9 +135,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     # partitions' producer state (kafka-transactions describe-producers, abort --start-offset)
     ApiKey.WriteTxnMarkers: (0, 1),
     ApiKey.DescribeProducers: (0, 0),
-    # advertised so that a consumer with group.protocol=consumer (KIP-848) asks, and is refused with a reason
-    # (server/handlers/groups.py); not advertised, librdkafka retries the coordinator without a word
+    # Kafka 4's consumer group protocol (KIP-848; refused with a reason when turned off: not advertised,
+    # librdkafka would retry the coordinator without a word)
     ApiKey.ConsumerGroupHeartbeat: (0, 1),
+    ApiKey.ConsumerGroupDescribe: (0, 0),
 }
 # Below this Produce version the request cannot carry magic v2 batches; answered UNSUPPORTED_VERSION.
 MIN_USABLE_PRODUCE_VERSION = 3

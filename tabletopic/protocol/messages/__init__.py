@@ -17,4 +17,13 @@ class ConsumerGroupHeartbeatResponse(ApiMessage, load_json=_HERE):  # type: igno
     """The answer to :class:`ConsumerGroupHeartbeatRequest`."""
 
 
-__all__ = ["ConsumerGroupHeartbeatRequest", "ConsumerGroupHeartbeatResponse"]
+class ConsumerGroupDescribeRequest(ApiMessage, load_json=_HERE):  # type: ignore[misc,call-arg]
+    """KIP-848's ConsumerGroupDescribe (API key 69): the consumer groups of the given ids."""
+
+
+class ConsumerGroupDescribeResponse(ApiMessage, load_json=_HERE):  # type: ignore[misc,call-arg]
+    """The answer to :class:`ConsumerGroupDescribeRequest`."""
+
+
+__all__ = ["ConsumerGroupDescribeRequest", "ConsumerGroupDescribeResponse", "ConsumerGroupHeartbeatRequest",
+           "ConsumerGroupHeartbeatResponse"]

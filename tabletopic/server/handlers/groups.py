@@ -1,5 +1,5 @@
-"""Handlers of the group APIs: FindCoordinator, the classic group protocol, offsets and group admin; KIP-848's
-ConsumerGroupHeartbeat refused with a reason until that protocol is built.
+"""Handlers of the group APIs: FindCoordinator, the classic group protocol, offsets and group admin (KIP-848's
+consumer group protocol: :mod:`~tabletopic.server.handlers.consumer_groups`).
 
 They translate between the wire messages and :class:`~tabletopic.groups.group_coordinator.GroupCoordinator`
 (``ctx.broker.groups``), which holds all the logic. JoinGroup and SyncGroup await the rebalance.
@@ -343,26 +343,3 @@ async def delete_groups(ctx: RequestContext, req: Message) -> Message:
     cls = ctx.response_class.DeletableGroupResult
     return ctx.response(results=[cls(group_id=name, error_code=results[name]) for name in dict.fromkeys(names)])
 
-
-# ------------------------------------------------------------------------------------------ KIP-848 (refused)
-
-CONSUMER_PROTOCOL_MESSAGE = ("the consumer group protocol of KIP-848 (group.protocol=consumer) is not supported by "
-                             "tabletopic yet: set group.protocol=classic on the consumer")
-_refused_groups: set[str] = set()  # each group's refusal is logged once at WARNING (bounded: see below)
-
-
-@handles(ApiKey.ConsumerGroupHeartbeat)
-async def consumer_group_heartbeat(ctx: RequestContext, req: Message) -> Message:
-    """UNSUPPORTED_VERSION with a reason: librdkafka and the Java client both take it as fatal for the consumer
-    and say so (librdkafka: "ConsumerGroupHeartbeat fatal error: Broker: Unsupported version"; Java: "the cluster
-    does not support the new consumer group protocol"), where an API left out of ApiVersions made librdkafka
-    retry without a word."""
-    group = str(req.group_id)
-    if group not in _refused_groups:
-        if len(_refused_groups) >= 1024:
-            _refused_groups.clear()
-        _refused_groups.add(group)
-        log.warning("refused ConsumerGroupHeartbeat of group %r (client %s at %s): %s", group, ctx.client_id,
-                    ctx.client_host, CONSUMER_PROTOCOL_MESSAGE)
-    return ctx.response(throttle_time_ms=0, error_code=E.UNSUPPORTED_VERSION, error_message=CONSUMER_PROTOCOL_MESSAGE,
-                        member_id=None, member_epoch=-1, heartbeat_interval_ms=0, assignment=None)
