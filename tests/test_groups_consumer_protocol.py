@@ -214,3 +214,28 @@ def test_with_the_protocol_turned_off_such_a_consumer_fails_at_once_and_says_why
         assert CONSUMER_PROTOCOL_OFF in b.log_text()
     finally:
         b.stop()
+
+
+def test_kafka_consumer_groups_describes_a_consumer_group(kip848: BrokerProcess) -> None:
+    """The shell's view of a KIP-848 group: its members and their partitions, with the committed offsets and lag."""
+    import subprocess
+    import sys
+
+    topic, group = _topic(kip848, 2, 0), _t("gcli")
+    c = _consumer(kip848, group)
+    try:
+        c.subscribe([topic])
+        _stable(kip848, group, 1, [c])
+        _produce(kip848, topic, 10, 2)
+        _poll([c], 10)
+        c.commit(asynchronous=False)
+        out = subprocess.run([sys.executable, "-m", "tabletopic.cli.kafka_consumer_groups", "--bootstrap-server",
+                              kip848.bootstrap, "--describe", "--group", group], capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines() if line.startswith(group)]
+        assert sorted((r[1], r[2], r[3], r[4], r[5]) for r in rows) == [
+            (topic, "0", "5", "5", "0"), (topic, "1", "5", "5", "0")]
+        assert all(r[6] != "-" for r in rows)  # the member holding each partition
+    finally:
+        c.close()
