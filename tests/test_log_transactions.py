@@ -192,3 +192,20 @@ def _batches(data: bytes | memoryview) -> list[Any]:
     while (batch := records.next_batch()) is not None:
         out.append(batch)
     return out
+
+
+def test_a_markers_timestamp_is_its_producers_last(tmp_path: Path) -> None:
+    """DescribeProducers' LastTimestamp: a producer's last batch or marker, as Kafka's appendEndTxnMarker sets it;
+    kept in the producer snapshot and rebuilt from the log after a crash."""
+    plog = open_log(tmp_path)
+    p = Producer(5)
+    p.send(plog)
+    plog.append_marker(5, 0, COMMIT, NOW + 500)
+    assert plog.producer_state.get(5).last_timestamp == NOW + 500  # type: ignore[union-attr]
+    snapshot = plog.producer_state.snapshot_bytes(plog.log_end_offset)
+    again, _ = ProducerStateManager.from_snapshot(snapshot, 0)
+    assert again.get(5).last_timestamp == NOW + 500  # type: ignore[union-attr]
+    _crash(plog)
+    reopened = open_log(tmp_path)
+    assert reopened.producer_state.get(5).last_timestamp == NOW + 500  # type: ignore[union-attr]
+    reopened.close()

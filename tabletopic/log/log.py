@@ -352,7 +352,8 @@ class PartitionLog:
         self._capture_loop()
         next_offset = assign_offsets(records, headers, base, self.leader_epoch)
         seg = self._write(records, placed, now_ms, base)
-        self._producers.end_transaction(producer_id, producer_epoch, marker.coordinator_epoch, base, marker.commit)
+        self._producers.end_transaction(producer_id, producer_epoch, marker.coordinator_epoch, base, marker.commit,
+                                        now_ms)
         self.log_end_offset = next_offset
         self._hand_to_flusher(next_offset, seg)
         return AppendResult(base, base, now_ms if log_append_time else -1, self.log_start_offset)

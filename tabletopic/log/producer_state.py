@@ -60,7 +60,7 @@ class AbortedTxn:
 class ProducerStateEntry:
     """Epoch, last (up to five) batches, open transaction and coordinator epoch of one producer id."""
 
-    __slots__ = ("batches", "coordinator_epoch", "epoch", "producer_id", "txn_first_offset")
+    __slots__ = ("batches", "coordinator_epoch", "epoch", "last_timestamp", "producer_id", "txn_first_offset")
 
     def __init__(self, producer_id: int, epoch: int = NO_PRODUCER_EPOCH) -> None:
         self.producer_id = producer_id
@@ -68,6 +68,7 @@ class ProducerStateEntry:
         self.batches: deque[BatchMetadata] = deque(maxlen=NUM_BATCHES_TO_RETAIN)
         self.txn_first_offset: int | None = None  # first offset of its open transaction on this partition
         self.coordinator_epoch = -1  # of the last marker written for it
+        self.last_timestamp = -1  # of its last batch or marker (Kafka's lastTimestamp: DescribeProducers)
 
     @property
     def last_seq(self) -> int:
@@ -90,6 +91,7 @@ class ProducerStateEntry:
             self.batches.clear()
             self.epoch = epoch
         self.batches.append(batch)
+        self.last_timestamp = batch.timestamp
 
 
 class _AppendInfo:
@@ -226,7 +228,7 @@ class ProducerStateManager:
                                 f"{entry.coordinator_epoch} (current)")
 
     def end_transaction(self, producer_id: int, epoch: int, coordinator_epoch: int, offset: int,
-                        commit: bool) -> AbortedTxn | None:
+                        commit: bool, timestamp: int = -1) -> AbortedTxn | None:
         """Apply a marker written at ``offset`` (checked before with :meth:`check_marker`): the producer's open
         transaction on this partition, if any, ends; an aborted one is returned and kept in :attr:`aborted`."""
         entry = self.entries.get(producer_id)
@@ -238,6 +240,7 @@ class ProducerStateManager:
             entry.epoch = epoch
         entry.txn_first_offset = None
         entry.coordinator_epoch = coordinator_epoch
+        entry.last_timestamp = timestamp  # the marker's, as Kafka's appendEndTxnMarker sets it
         self.ongoing.pop(producer_id, None)
         if first is None or commit:
             return None
@@ -267,7 +270,8 @@ class ProducerStateManager:
         batch needs its ``marker`` (commit, coordinator epoch); other control records change nothing."""
         if h.is_control:
             if marker is not None and h.producer_id >= 0:
-                self.end_transaction(h.producer_id, h.producer_epoch, marker[1], h.base_offset, marker[0])
+                self.end_transaction(h.producer_id, h.producer_epoch, marker[1], h.base_offset, marker[0],
+                                     h.max_timestamp)
             return
         if h.producer_id < 0 or h.base_sequence < 0:
             return
@@ -289,7 +293,7 @@ class ProducerStateManager:
         producers = [
             [e.producer_id, e.epoch, [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.timestamp]
                                       for b in e.batches],
-             -1 if e.txn_first_offset is None else e.txn_first_offset, e.coordinator_epoch]
+             -1 if e.txn_first_offset is None else e.txn_first_offset, e.coordinator_epoch, e.last_timestamp]
             for e in self.entries.values()
         ]
         aborted = [[a.producer_id, a.first_offset, a.last_offset, a.last_stable_offset] for a in self.aborted]
@@ -310,6 +314,9 @@ class ProducerStateManager:
             if txn:  # version 2
                 entry.txn_first_offset = None if int(txn[0]) < 0 else int(txn[0])
                 entry.coordinator_epoch = int(txn[1])
+            # the marker's timestamp when it came last (older snapshots: the last batch's)
+            entry.last_timestamp = int(txn[2]) if len(txn) > 2 else (entry.batches[-1].timestamp
+                                                                     if entry.batches else -1)
             # an open transaction keeps its producer, as it bounds the last stable offset
             if (entry.batches and entry.last_offset >= log_start_offset) or entry.txn_first_offset is not None:
                 psm.entries[entry.producer_id] = entry

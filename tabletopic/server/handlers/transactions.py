@@ -191,7 +191,7 @@ async def describe_producers(ctx: RequestContext, req: Message) -> Message:
                                     error_message=None, active_producers=[]))
                 continue
             producers = [S(producer_id=e.producer_id, producer_epoch=e.epoch, last_sequence=e.last_seq,
-                           last_timestamp=e.batches[-1].timestamp if e.batches else -1,
+                           last_timestamp=e.last_timestamp,
                            coordinator_epoch=e.coordinator_epoch,
                            current_txn_start_offset=-1 if e.txn_first_offset is None else e.txn_first_offset)
                          for e in plog.producer_state.entries.values()]
