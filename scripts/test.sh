@@ -16,7 +16,27 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
 fi
 .venv/bin/ruff check .
 .venv/bin/mypy
-# two workers (pytest-xdist): the modules that run JVMs (tests/conftest.py's "jvm" group) on one, one after the
-# other, so that two never hold their memory at once, the rest on the other; the slowest tests are listed at the
-# end (the suite must stay fast on a 2-core machine)
-exec .venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadgroup --durations=25 "$@"
+PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
+if [ "$#" -gt 0 ]; then  # chosen tests: one run
+    exec "${PYTEST[@]}" --durations=25 "$@"
+fi
+# The whole suite in two pytest processes side by side (a 2-core machine waits on subprocesses most of the time):
+# the modules that start Spark sessions in the test process, one after another in one of them (two sessions
+# forking beside each other ran out of memory), everything else in the other. Each prints when it is done; the
+# slowest tests of each are listed at the end of its output (the suite must stay fast).
+spark_modules='^tests/test_(query_spark|query_catalog|spark_|table_topics\.py|table_topics_s3|table_topics_postgres|table_topic_types|table_topic_upserts\.py|table_topic_v3)'
+mapfile -t spark < <(ls tests/test_*.py | grep -E "$spark_modules")
+mapfile -t rest < <(ls tests/test_*.py | grep -vE "$spark_modules")
+out="$(mktemp -d "${TMPDIR:-/tmp}/tabletopic-tests.XXXXXX")"
+trap 'rm -rf "$out"' EXIT
+"${PYTEST[@]}" --durations=15 --basetemp="$out/spark" "${spark[@]}" > "$out/spark.log" 2>&1 &
+spark_pid=$!
+"${PYTEST[@]}" --durations=15 --basetemp="$out/rest" "${rest[@]}" > "$out/rest.log" 2>&1 &
+rest_pid=$!
+rest_rc=0; wait "$rest_pid" || rest_rc=$?
+echo "==== ${#rest[@]} modules (everything but the Spark-session ones): pytest exit code $rest_rc"
+cat "$out/rest.log"
+spark_rc=0; wait "$spark_pid" || spark_rc=$?
+echo "==== ${#spark[@]} modules with Spark sessions in the test process: pytest exit code $spark_rc"
+cat "$out/spark.log"
+[ "$rest_rc" -eq 0 ] && [ "$spark_rc" -eq 0 ]

@@ -65,15 +65,3 @@ def seaweed() -> Iterator[SeaweedServer]:
     finally:
         server.stop()
 
-
-# Modules whose tests run JVMs (the brokers' Spark side processes, Spark sessions, attach instances): with
-# pytest-xdist (`scripts/test.sh` runs two workers) they all go to one worker, one after another, so that two of
-# them never hold their gigabytes at once; the rest of the suite runs beside them on the other worker.
-_JVM_MODULES = ("test_attach", "test_query_spark", "test_readers", "test_spark_", "test_table_topic",
-                "test_docker_trino", "test_coordinator_crash")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.name.startswith(_JVM_MODULES):
-            item.add_marker(pytest.mark.xdist_group("jvm"))
