@@ -159,11 +159,13 @@ class _Recovery:
             fresh = not self.segments
             if fresh:  # a new log: the flusher makes the directory entries durable before the first ack
                 self.segments.append(LogSegment.create(self.directory, log_start))
-            self._persist_recovered()
+            if self._persist_recovered():
+                recovery_point = self.segments[-1].base_offset
             result = RecoveredLog(
                 self.segments, log_start, ProducerStateManager(), clean_leo is not None, fresh,
                 len(self.recovered), self.truncated_bytes, dir_fd=self.dir_fd,
-                recovery_point=self.segments[-1].base_offset,  # clean, recovered (step 6) or fresh: durable below
+                # as persisted: the cleaner leaves gaps only below it, which is what the next unclean open trusts
+                recovery_point=recovery_point,
             )
             self._load_producers(result, listing.snapshots)
             if clean_leo is not None:
@@ -229,11 +231,11 @@ class _Recovery:
             self.segments, self.recovered = [], []
         return log_start
 
-    def _persist_recovered(self) -> None:
+    def _persist_recovered(self) -> bool:
         """Step 6: make what recovery kept durable (after kill -9 it may only be in the page cache) and its
-        indexes trustworthy, then move the recovery point to the active segment."""
+        indexes trustworthy, then move the recovery point to the active segment; whether it moved."""
         if not self.recovered:
-            return
+            return False
         for s in self.recovered:
             fdatasync(s.fd)
         for s in self.segments[:-1]:
@@ -242,6 +244,7 @@ class _Recovery:
         os.fsync(self.dir_fd)
         write_offset(self.directory / RECOVERY_POINT_FILE, self.segments[-1].base_offset)
         os.fsync(self.dir_fd)
+        return True
 
     def _load_producers(self, result: RecoveredLog, snapshots: list[int]) -> None:
         """Step 7: producer state from the newest usable snapshot at or below the log end, then the batch
