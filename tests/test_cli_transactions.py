@@ -122,8 +122,14 @@ def test_list_describe_and_describe_producers(capsys: pytest.CaptureFixture[str]
     assert (code, err) == (0, "") and table(out, kt.HANGING_HEADERS) == []
 
     p.commit_transaction(30)
-    code, out, _ = run(capsys, broker, "describe", "--transactional-id", tid)
-    (row,) = table(out, kt.DESCRIBE_HEADERS)
+    # EndTxn is answered once PrepareCommit is durable; the markers and CompleteCommit follow (as in Kafka)
+    deadline = time.monotonic() + 30
+    while True:
+        code, out, _ = run(capsys, broker, "describe", "--transactional-id", tid)
+        (row,) = table(out, kt.DESCRIBE_HEADERS)
+        if row[4] != "PrepareCommit" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert (row[4], row[8]) == ("CompleteCommit", "")
     code, out, _ = run(capsys, broker, "list")
     assert [r[3] for r in table(out, kt.LIST_HEADERS) if r[0] == tid] == ["CompleteCommit"]
