@@ -72,6 +72,18 @@ def _poll(consumers: list[Consumer], want: int, limit_s: float = 60.0) -> list[l
     return got
 
 
+def _first_error(c: Consumer, limit_s: float = 30.0) -> KafkaError:
+    """The first error ``c`` polls within ``limit_s``; a record before it fails (the broker refused the member)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None:
+            error = m.error()
+            assert error is not None, f"a record reached a consumer the broker refused: {m.value()!r}"
+            return error
+    raise AssertionError(f"no error polled in {limit_s} s")
+
+
 def _describe(b: BrokerProcess, group: str) -> Message:
     with RawClient(b.bootstrap) as raw:
         described: Message = raw.request(ApiKey.ConsumerGroupDescribe, 0, group_ids=[group],
@@ -141,12 +153,8 @@ def test_a_classic_member_waits_until_the_consumer_group_is_empty(kip848: Broker
         classic = Consumer({"bootstrap.servers": kip848.bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
         try:
             classic.subscribe([topic])
-            deadline, error = time.monotonic() + 30, None
-            while error is None and time.monotonic() < deadline:
-                m = classic.poll(0.2)
-                if m is not None and m.error() is not None:
-                    error = m.error()
-            assert error is not None and error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL, error
+            error = _first_error(classic)
+            assert error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL, error
         finally:
             classic.close()
     finally:
@@ -200,13 +208,8 @@ def test_with_the_protocol_turned_off_such_a_consumer_fails_at_once_and_says_why
         c = _consumer(b, group)
         try:
             c.subscribe([topic])
-            deadline, error = time.monotonic() + 30, None
-            while error is None and time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is not None:
-                    error = m.error()
-                    assert error is not None, "a record reached a consumer the broker refused"
-            assert error is not None and error.code() == KafkaError._FATAL
+            error = _first_error(c)
+            assert error.code() == KafkaError._FATAL
             assert "ConsumerGroupHeartbeat fatal error" in error.str()
         finally:
             c.close()

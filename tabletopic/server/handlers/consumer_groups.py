@@ -9,7 +9,6 @@ librdkafka and the Java client take as fatal and report.
 from __future__ import annotations
 
 import logging
-import uuid
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.groups.assignors import Assignment
@@ -146,4 +145,4 @@ def _member(ctx: RequestContext, cls: type[Message], m: ConsumerMember, target: 
                subscribed_topic_regex=None, assignment=described(m.assigned), target_assignment=described(target))
 
 
-__all__ = ["consumer_group_describe", "consumer_group_heartbeat", "uuid"]
+__all__ = ["consumer_group_describe", "consumer_group_heartbeat"]
