@@ -400,7 +400,7 @@ _broker(
     Setting("log.cleaner.enable", Type.BOOLEAN, True, "Run the log cleaner: topics with cleanup.policy compact keep "
             "the latest record per key. Off, they keep every record.", dynamic=False),
     Setting("log.cleaner.backoff.ms", Type.LONG, 15000, "How long the log cleaner sleeps when no log needs "
-            "cleaning.", at_least(0), dynamic=False),
+            "cleaning; it looks sooner when a compacted log's rolled segment becomes durable.", at_least(0), dynamic=False),
     Setting("log.cleaner.dedupe.buffer.size", Type.LONG, 128 << 20, "Memory for the keys of one cleaning pass; a "
             "pass takes at most this / 128 keys (a key costs about 128 bytes in the cleaner process) and stops at "
             "the end of the segment where they are reached, as Kafka's does.", at_least(1 << 20), dynamic=False),

@@ -19,11 +19,11 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from tabletopic.protocol import codec
 from tabletopic.protocol.batch_body import keyless_records
 from tabletopic.protocol.codec import ApiKey
-from tabletopic.protocol.records import iter_batches
+from tabletopic.protocol.records import HEADER_SIZE, iter_batches
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.wire import RawClient
 from tests.test_clients import consume_confluent, create_topic
-from tests.test_worker_support import make_batch
+from tests.test_worker_support import compress_batch, make_batch
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -47,12 +47,21 @@ def _produce(bootstrap: str, topic: str, records: bytes) -> object:
     return resp.responses[0].partition_responses[0]
 
 
+@pytest.mark.parametrize("header_key", [b"h", b"\xff"], ids=["utf8-header", "bytes-header"])
 @pytest.mark.parametrize("name", list(CODECS))
-def test_keyless_records_are_found_in_every_codec(name: str) -> None:
+def test_keyless_records_are_found_in_every_codec(name: str, header_key: bytes) -> None:
+    """aiokafka's reader, and the walk for a header key that is not UTF-8 (Kafka allows any bytes); a batch whose
+    records do not fill it as its header says is refused, never half-read."""
     keys: list[bytes | None] = [b"a", None, b"", None, b"k" * 300]  # an empty key is a key; -1 length is none
-    buf = _batch(keys, CODECS[name])
+    plain = make_batch([(key, b"v%d" % i, [("h", b"x")], 1_700_000_000_000 + i) for i, key in enumerate(keys)])
+    plain[HEADER_SIZE:] = bytes(plain[HEADER_SIZE:]).replace(b"\x02h", b"\x02" + header_key)
+    buf = bytes(compress_batch(plain, CODECS[name]))
     (h,) = iter_batches(buf)
     assert keyless_records(buf, h) == [1, 3]
+    plain = bytearray(_batch(keys))
+    plain[57:61] = (6).to_bytes(4, "big")  # the record count: one more than the section holds
+    with pytest.raises(Exception):
+        keyless_records(plain, next(iter(iter_batches(bytes(plain)))))
 
 
 def test_a_compacted_topic_refuses_records_without_a_key_as_kafka(broker: BrokerProcess) -> None:

@@ -20,6 +20,7 @@ from tabletopic.log import LogConfig, PartitionLog
 from tabletopic.log.cleaner import job as jobs
 from tabletopic.log.cleaner import swap
 from tabletopic.log.cleaner.service import LogCleaner, plan
+from tabletopic.log.manager import CleanerSettings, LogManager
 from tabletopic.log.segment import parse_segment_name
 from tabletopic.protocol.batch_body import Marker
 from tests.helpers.log_crash_writer import append
@@ -331,3 +332,33 @@ def test_a_hold_stops_the_cleaner_where_a_table_is(tmp_path: Path) -> None:
     free = plan(plog, NOW, 1 << 20)
     assert free is not None and free.job.end == bases[-1]
     plog.close()
+
+
+def test_a_durable_segment_wakes_the_cleaner_before_its_backoff(tmp_path: Path) -> None:
+    """Idle, the cleaner sleeps log.cleaner.backoff.ms (here ten minutes), but a compacted log whose rolled segment
+    became durable is looked at at once: under a stream of overwrites the log does not grow for a whole backoff."""
+
+    async def main() -> None:
+        mgr = LogManager(tmp_path, CFG, cleaner=CleanerSettings(backoff_ms=600_000))
+        await mgr.start()
+        try:
+            plog = mgr.create("t", 0)
+            mgr.start_cleaner()
+            cleaner = mgr.cleaner
+            assert cleaner is not None
+            await asyncio.sleep(0.5)  # its first look found nothing: it sleeps now
+            assert cleaner.passes == 0
+            for i in range(200):
+                append(plog, keyed([(b"k%d" % (i % 5), b"v%d" % i)]), NOW)
+            plog.roll(NOW)
+            plog.flush()
+            for _ in range(300):
+                if cleaner.passes:
+                    break
+                await asyncio.sleep(0.1)
+            assert cleaner.passes >= 1
+            assert len(records(plog)) == 5  # the latest per key (the active segment is empty)
+        finally:
+            await mgr.close()
+
+    asyncio.run(main())

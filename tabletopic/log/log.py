@@ -222,6 +222,9 @@ class PartitionLog:
         self._hw_waiters: list[asyncio.Future[None]] = []
         self._seq = itertools.count()
         self._direct_lock = threading.Lock()
+        # called on the loop when the recovery point moves (a rolled segment became durable: the log cleaner may
+        # now take it)
+        self.on_recovery_point: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -605,8 +608,10 @@ class PartitionLog:
 
     def _on_flushed(self, r: _FlushResult) -> None:
         self._flushed_generation = max(self._flushed_generation, r.generation)
-        if r.recovery_point is not None:
-            self.recovery_point = max(self.recovery_point, r.recovery_point)
+        if r.recovery_point is not None and r.recovery_point > self.recovery_point:
+            self.recovery_point = r.recovery_point
+            if self.on_recovery_point is not None:
+                self.on_recovery_point()
         if self.config.flush_interval_ms is None or self._files_closed:
             self._set_high_watermark(r.end, r.segment, r.position)
         if self._sync_waiters:

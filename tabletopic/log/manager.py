@@ -109,7 +109,8 @@ class LogManager:
             if (topic, partition) in self._logs:
                 continue
             config = self._config_for(topic) if self._config_for else self.default_config
-            self._logs[topic, partition] = PartitionLog.open(path, topic, partition, config, self.flusher)
+            self._logs[topic, partition] = self._watched(PartitionLog.open(path, topic, partition, config,
+                                                                           self.flusher))
         log.info(
             "opened %d log(s) in %s in %.1f ms", len(found), self.log_dir, (time.monotonic() - t0) * 1000
         )
@@ -171,8 +172,15 @@ class LogManager:
         if not topic or "/" in topic or topic in (".", ".."):
             raise KafkaApiError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"invalid topic name {topic!r}")
         path = self.log_dir / f"{topic}-{partition}"
-        lg = PartitionLog.open(path, topic, partition, config or self.default_config, self.flusher)
+        lg = self._watched(PartitionLog.open(path, topic, partition, config or self.default_config, self.flusher))
         self._logs[topic, partition] = lg
+        return lg
+
+    def _watched(self, lg: PartitionLog) -> PartitionLog:
+        # a segment that became durable may make a compacted log worth cleaning: the cleaner looks at once instead
+        # of at its next log.cleaner.backoff.ms
+        if self.cleaner is not None:
+            lg.on_recovery_point = self.cleaner.wake
         return lg
 
     def delete_partition(self, topic: str, partition: int) -> bool:

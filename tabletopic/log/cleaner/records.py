@@ -17,7 +17,7 @@ from typing import Any
 import crc32c
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from tabletopic.protocol.batch_body import compress_records, decompress_records, zigzag_varint
+from tabletopic.protocol.batch_body import compress_records, decompress_records, plain_batch, walk_records
 from tabletopic.protocol.records import (
     ATTRIBUTES_OFFSET,
     COMPRESSION_MASK,
@@ -53,18 +53,11 @@ class BatchRecords:
             self.records = self._read_fast()
         except UnicodeDecodeError:  # a header key that is not UTF-8
             self.fast = False
-            self.records = walk(self.section, h)
+            self.records = list(walk_records(self.section, h))
 
     def _read_fast(self) -> list[Record]:
-        if self.h.compression:
-            plain = bytearray(self.data[:HEADER_SIZE])
-            plain += self.section
-            _I32.pack_into(plain, 8, len(plain) - LOG_OVERHEAD)
-            _I16.pack_into(plain, ATTRIBUTES_OFFSET, self.h.attributes & ~COMPRESSION_MASK)
-            source: bytes | bytearray | memoryview = plain
-        else:
-            source = self.data
-        return [(r.offset, r.key, r.value is None, r) for r in DefaultRecordBatch(bytes(source))]
+        source = plain_batch(self.data, self.h, self.section)
+        return [(r.offset, r.key, r.value is None, r) for r in DefaultRecordBatch(source)]
 
     def rebuild(self, kept: list[Record]) -> bytes:
         """The batch with only ``kept`` (some of :attr:`records`, in order); with none, an empty batch (no records,
@@ -109,28 +102,3 @@ def _framed(original: bytes | memoryview, h: BatchHeader, section: bytes, count:
     _I32.pack_into(out, _RECORD_COUNT_AT, count)
     struct.pack_into(">I", out, CRC_OFFSET, crc32c.crc32c(memoryview(out)[ATTRIBUTES_OFFSET:]))
     return bytes(out)
-
-
-def walk(data: bytes | memoryview, h: BatchHeader) -> list[Record]:
-    """The records of the section ``data`` of batch ``h`` (Kafka's record format v2), each with its span
-    ``(start, end, timestamp)`` as source. Raises ValueError or IndexError when it does not hold
-    ``h.record_count`` well-formed records."""
-    out: list[Record] = []
-    pos = 0
-    base, base_ts = h.base_offset, h.base_timestamp
-    for _ in range(h.record_count):
-        length, start = zigzag_varint(data, pos)
-        end = start + length
-        ts_delta, at = zigzag_varint(data, start + 1)  # past the attributes byte
-        offset_delta, at = zigzag_varint(data, at)
-        key_length, at = zigzag_varint(data, at)
-        key = bytes(data[at : at + key_length]) if key_length >= 0 else None
-        value_length, _ = zigzag_varint(data, at + max(key_length, 0))
-        if end > len(data):
-            raise ValueError(f"record at {pos} runs past the records section")
-        out.append((base + offset_delta, key, value_length < 0, (pos, end, base_ts + ts_delta)))
-        pos = end
-    if pos != len(data):
-        raise ValueError(f"the records section of the batch at offset {h.base_offset} holds {len(data)} bytes, its "
-                         f"{h.record_count} records {pos}")
-    return out

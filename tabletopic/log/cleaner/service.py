@@ -108,7 +108,8 @@ def _die_with_the_broker(broker_pid: int) -> None:
 
 
 class LogCleaner:
-    """Cleans the compacted logs ``logs()`` returns, one pass at a time, every ``backoff_ms`` when idle."""
+    """Cleans the compacted logs ``logs()`` returns, one pass at a time; when none is worth a pass, looks again after
+    ``backoff_ms`` or at :meth:`wake` (a log's segment became durable), whichever comes first."""
 
     def __init__(self, logs: Callable[[], list[PartitionLog]], *, backoff_ms: int = 15_000,
                  dedupe_buffer_size: int = 128 << 20) -> None:
@@ -119,11 +120,17 @@ class LogCleaner:
         self._task: asyncio.Task[None] | None = None
         self.hold: Callable[[str, int], int | None] | None = None  # (topic, partition) -> offset not to clean past
         self.passes = 0  # passes installed
+        self._wake = asyncio.Event()
         self.bytes_removed = 0
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="log-cleaner")
+
+    def wake(self) -> None:
+        """Look for a pass now rather than after the backoff (a log got a durable segment); on the loop."""
+        if self._task is not None:
+            self._wake.set()
 
     async def close(self) -> None:
         """Stop between or during passes (a pass cut short is a crash the next open completes or drops)."""
@@ -142,15 +149,18 @@ class LogCleaner:
 
     async def _run(self) -> None:
         while True:
+            self._wake.clear()  # a wake during the pass below is kept for the wait after it
             try:
                 done = await self.clean_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("log cleaner pass failed; trying again in %d ms", self.backoff_ms)
-                done = None
-            if done is None:
                 await asyncio.sleep(self.backoff_ms / 1000)
+                continue
+            if done is None:  # nothing worth a pass: until the backoff or a log's next durable segment
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.backoff_ms / 1000)
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
