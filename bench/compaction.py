@@ -4,8 +4,8 @@ delete-policy topic of the same broker, and the compacted log's size while 100k 
 One broker (``python -m tabletopic serve``, temporary log.dirs, table topics off), one partition per topic,
 ``--keys`` keys, values of ``--size`` B, librdkafka (acks=all, linger.ms=5, idempotent, lz4 off):
 
-* **peer** (``cleanup.policy=delete``) and **compacted** (``cleanup.policy=compact``, ``segment.bytes`` of
-  ``--segment-mb``) alternate, each producing as fast as it can for ``--seconds``: the throughput ratio is the
+* **peer** (``cleanup.policy=delete``) and **compacted** (``cleanup.policy=compact``), both with ``segment.bytes``
+  of ``--segment-mb``, alternate, each producing as fast as it can for ``--seconds``: the throughput ratio is the
   produce cost of compaction (target: at most a 20% drop, >= 0.8x);
 * **paced**: the compacted topic overwritten at ``--rate-mb`` MB/s (50 by default: the issue's figure) for
   ``--seconds``; the partition's size on disk is sampled every second: a sawtooth (it grows until a rolled segment
@@ -102,10 +102,13 @@ def main() -> int:
     ap.add_argument("--rate-mb", type=float, default=50.0)
     ap.add_argument("--segment-mb", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-cleaner", action="store_true", help="log.cleaner.enable=false (what the cleaner costs)")
     args = ap.parse_args()
     keys = [b"key-%08d" % i for i in range(args.keys)]
     value = os.urandom(args.size)  # incompressible, and no codec is set anyway
-    compact = {"cleanup.policy": "compact", "segment.bytes": str(args.segment_mb << 20)}
+    # the peer differs in cleanup.policy only: the same segment size, so that the ratio is the cleaner's cost
+    segments = {"segment.bytes": str(args.segment_mb << 20)}
+    compact = {"cleanup.policy": "compact", **segments}
     print(f"commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M')}, load average before "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{args.keys:,} keys, values of {args.size} B (~{args.keys * args.size / 1e6:.0f} MB of latest values), "
@@ -114,11 +117,12 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tabletopic-bench-compaction-") as tmp:
         data = Path(tmp) / "data"
         log_path = Path(tmp) / "broker.log"
-        with brokers.start_tabletopic(data, log_path=log_path) as broker:
+        overrides = {"log.cleaner.enable": "false"} if args.no_cleaner else {}
+        with brokers.start_tabletopic(data, log_path=log_path, overrides=overrides) as broker:
             for rep in range(args.repeat):
                 for kind in (("peer", "compacted") if rep % 2 == 0 else ("compacted", "peer")):
                     topic = f"{kind}-{rep}"
-                    _create(broker.bootstrap, topic, compact if kind == "compacted" else {})
+                    _create(broker.bootstrap, topic, compact if kind == "compacted" else segments)
                     n, elapsed = _produce(broker.bootstrap, topic, keys, value, args.seconds)
                     rates[kind].append(n / elapsed)
                     mbs = n * args.size / elapsed / 1e6

@@ -13,6 +13,7 @@ from configs.model import (
     parse_overrides,
 )
 from configs.partition_spec import PartitionField, parse_id_columns, parse_partition_by
+from configs.security import ListenerView, listener_views
 from configs.table_topic import (
     ConvertType,
     ErrorsTolerance,
@@ -32,6 +33,7 @@ __all__ = [
     "ErrorsTolerance",
     "InvalidConfigError",
     "InvalidRequestError",
+    "ListenerView",
     "PartitionField",
     "SchemaType",
     "Setting",
@@ -41,6 +43,7 @@ __all__ = [
     "Value",
     "check_table_topic_rules",
     "effective_topic_config",
+    "listener_views",
     "load_properties",
     "parse_id_columns",
     "parse_overrides",

@@ -371,6 +371,34 @@ def _broker(*settings: Setting) -> None:
         BROKER_SETTINGS[s.name] = s
 
 
+declare_broker = _broker  # for the modules that declare a family of broker settings (configs.security)
+
+LISTENER_PREFIX = "listener.name."
+# declared broker settings a listener may override as listener.name.<listener>.<setting> (filled by configs.security)
+PER_LISTENER: set[str] = set()
+# per-listener settings named after a SASL mechanism: listener.name.<listener>.<mechanism>.sasl.jaas.config
+MECHANISM_SETTINGS = ("sasl.jaas.config",)
+_LISTENER_KEY = re.compile(r"^listener\.name\.(?P<listener>[a-z0-9_]+)\.(?P<rest>.+)$")
+
+
+def listener_key(key: str, raw: str) -> tuple[str, str, Value]:
+    """``listener.name.<listener>.<setting>`` → (listener, setting, parsed value), the setting one a listener may
+    override (:data:`PER_LISTENER`) or ``<mechanism>.sasl.jaas.config``; InvalidConfigError otherwise (Kafka's
+    listener prefix is lower case)."""
+    m = _LISTENER_KEY.match(key)
+    if m is None:
+        raise InvalidConfigError(f"Unknown broker config name: {key} (a listener prefix is listener.name.<listener "
+                                 f"name in lower case>.<setting>)", key=key)
+    listener, rest = m.group("listener"), m.group("rest")
+    if rest in PER_LISTENER:
+        return listener, rest, BROKER_SETTINGS[rest].parse(raw)
+    mechanism, _, setting = rest.partition(".")
+    if setting in MECHANISM_SETTINGS and mechanism:
+        return listener, f"{mechanism.lower()}.{setting}", raw.strip()
+    raise InvalidConfigError(f"Unknown broker config name: {key} (a listener may override "
+                             f"{', '.join(sorted(PER_LISTENER))} and <mechanism>.sasl.jaas.config)", key=key)
+
+
 def _topic(*settings: Setting) -> None:
     for s in settings:
         TOPIC_SETTINGS[s.name] = s
@@ -400,7 +428,8 @@ _broker(
     Setting("log.cleaner.enable", Type.BOOLEAN, True, "Run the log cleaner: topics with cleanup.policy compact keep "
             "the latest record per key. Off, they keep every record.", dynamic=False),
     Setting("log.cleaner.backoff.ms", Type.LONG, 15000, "How long the log cleaner sleeps when no log needs "
-            "cleaning; it looks sooner when a compacted log's rolled segment becomes durable.", at_least(0), dynamic=False),
+            "cleaning; it looks sooner when a compacted log's rolled segment becomes durable.", at_least(0),
+            dynamic=False),
     Setting("log.cleaner.dedupe.buffer.size", Type.LONG, 128 << 20, "Memory for the keys of one cleaning pass; a "
             "pass takes at most this / 128 keys (a key costs about 128 bytes in the cleaner process) and stops at "
             "the end of the segment where they are reached, as Kafka's does.", at_least(1 << 20), dynamic=False),
@@ -976,6 +1005,8 @@ class BrokerConfig:
     # keys explicitly set in the properties file or overrides (for DescribeConfigs sources)
     explicit: frozenset[str] = field(default_factory=frozenset)
     passthrough: Mapping[str, str] = field(default_factory=dict)
+    # listener.name.<listener>.<setting> overrides: listener (lower case) -> setting -> parsed value
+    per_listener: Mapping[str, Mapping[str, Value]] = field(default_factory=dict)
 
     node_id = _setting("node.id", int)
     cluster_id = _optional_setting("cluster.id", str)
@@ -1031,9 +1062,14 @@ class BrokerConfig:
         values: dict[str, Value] = {name: s.default for name, s in BROKER_SETTINGS.items()}
         passthrough: dict[str, str] = {}
         explicit: set[str] = set()
+        per_listener: dict[str, dict[str, Value]] = {}
         for key, raw in _resolve_placeholders(props).items():
             setting = BROKER_SETTINGS.get(key)
             if setting is None:
+                if key.startswith(LISTENER_PREFIX) and (strict or _LISTENER_KEY.match(key)):
+                    listener, name, value = listener_key(key, raw)
+                    per_listener.setdefault(listener, {})[name] = value
+                    continue
                 if key.startswith(PASSTHROUGH_PREFIXES):
                     _check_registry_client_key(key)
                     passthrough[key] = raw
@@ -1048,7 +1084,7 @@ class BrokerConfig:
                 continue
             values[key] = setting.parse(raw)
             explicit.add(key)
-        return cls(values=values, explicit=frozenset(explicit), passthrough=passthrough)
+        return cls(values=values, explicit=frozenset(explicit), passthrough=passthrough, per_listener=per_listener)
 
     def __getitem__(self, key: str) -> Value:
         return self.values[key]

@@ -22,6 +22,7 @@ from configs.model import (
     BROKER_SETTINGS,
     LONG_MAX,
     PASSTHROUGH_PREFIXES,
+    PER_LISTENER,
     TOPIC_SETTINGS,
     Setting,
     Type,
@@ -47,6 +48,8 @@ _NAMED: dict[str, str] = {
     "metadata_version_validator": "a message format version Kafka 3.9 knows (`2.8`, `3.0-IV1`)",
     "protocols_validator": "a list of `classic`, `consumer`; `classic` must be there",
     "assignors_validator": "a list of `uniform`, `range` (or Kafka's assignor class names)",
+    "protocol_map_validator": "`LISTENER_NAME:PROTOCOL` items (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
+    "principal_rules_validator": "`DEFAULT` only",
 }
 
 
@@ -175,13 +178,22 @@ def _passthrough() -> list[str]:
     return lines
 
 
+def _per_listener() -> list[str]:
+    names = ", ".join(f"`{n}`" for n in sorted(PER_LISTENER))
+    return ["## Per-listener settings", "",
+            "As in Kafka, a listener overrides a security setting with the prefix `listener.name.<listener name in "
+            f"lower case>.`: {names}. Its SASL users are `listener.name.<listener>.<mechanism in lower case>."
+            "sasl.jaas.config` (for PLAIN, `user_<name>=\"<password>\"` options of Kafka's PlainLoginModule); "
+            "[security.md](security.md) tells the set-up step by step."]
+
+
 def render() -> str:
     """The whole page, as ``docs/configuration.md`` should hold it."""
     kafka_topic = [s for s in TOPIC_SETTINGS.values() if not s.name.startswith(TABLE_TOPIC_PREFIX)]
     table_topic = [s for s in TOPIC_SETTINGS.values() if s.name.startswith(TABLE_TOPIC_PREFIX)]
     parts = [_INTRO, _BROKER, *_table(BROKER_SETTINGS.values(), topic=False), "", _KAFKA_TOPIC,
              *_table(kafka_topic, topic=True), "", _TABLE_TOPIC, *_table(table_topic, topic=True), "",
-             *_passthrough()]
+             *_passthrough(), "", *_per_listener()]
     return "\n".join(parts) + "\n"
 
 

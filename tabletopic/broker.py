@@ -14,7 +14,9 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from configs import InvalidConfigError, ListenerView
 from configs.model import BrokerConfig
+from configs.security import endpoint_listener, listener_views
 from tabletopic.catalog import open_broker_catalog
 from tabletopic.datadir import DataDirLock
 from tabletopic.groups import GroupConfig, GroupCoordinator
@@ -22,6 +24,8 @@ from tabletopic.log.manager import CleanerSettings, LogManager
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
 from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
+from tabletopic.security.credentials import ScramCredentialStore
+from tabletopic.security.jaas import parse_jaas, plain_users
 from tabletopic.server import handlers
 from tabletopic.server.handlers.configs import TopicConfigCheck
 from tabletopic.server.network import KafkaServer
@@ -36,6 +40,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def sasl_plain_users(listeners: list[ListenerView]) -> dict[str, dict[str, str]]:
+    """The SASL/PLAIN users of each listener offering PLAIN, from its ``plain.sasl.jaas.config`` (Kafka's
+    ``user_<name>="<password>"`` options); InvalidConfigError for a JAAS text Kafka would not read."""
+    out: dict[str, dict[str, str]] = {}
+    for view in listeners:
+        if view.sasl and "PLAIN" in view.mechanisms:
+            try:
+                out[view.name] = plain_users(parse_jaas(view.jaas["PLAIN"]))
+            except ValueError as e:
+                key = f"listener.name.{view.name.lower()}.plain.sasl.jaas.config"
+                raise InvalidConfigError(f"{key}: {e}", key=key) from e
+    return out
+
+
 class Broker:
     """A single-node Kafka-compatible broker. Handlers reach every subsystem through it."""
 
@@ -45,6 +63,7 @@ class Broker:
         handlers.load_all()
         self.config = config
         self.node_id = config.node_id
+        self.listeners = listener_views(config)  # raises InvalidConfigError for a listener Kafka would refuse
         adv = config.advertised_listeners[0]
         self.advertised_host = adv.host
         self.advertised_port = adv.port
@@ -60,6 +79,8 @@ class Broker:
         )
         self.topics = TopicManager(config, self.logs)
         self.producer_ids = ProducerIdManager(data_dir / "__meta")
+        self.scram_credentials = ScramCredentialStore(data_dir / "__meta" / "scram-credentials.json")
+        self.plain_users = sasl_plain_users(self.listeners)  # listener name -> user -> password (their JAAS)
         self.groups = GroupCoordinator(
             GroupConfig(
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
@@ -96,6 +117,17 @@ class Broker:
         self.topic_config_checks: list[TopicConfigCheck] = []
         self.bound: list[tuple[str, int]] = []
 
+    def endpoint(self, listener: str) -> tuple[str, int]:
+        """The advertised (host, port) of listener ``listener`` (advertised.listeners by name, else listeners; port
+        0: the port it was bound to), or the first listener's when it has none."""
+        adv = endpoint_listener(self.config, listener)
+        if adv is None:
+            return self.advertised_host, self.advertised_port
+        host, port = adv
+        if port == 0:
+            port = self.server.bound_by_listener.get(listener, (host, 0))[1]
+        return host, port
+
     @property
     def cluster_id(self) -> str:
         return self.topics.cluster_id
@@ -127,7 +159,7 @@ class Broker:
         self.bound = await self.server.start()
         # a listener on port 0 gets its real port now; advertise what was actually bound
         if self.advertised_port == 0 and self.bound:
-            self.advertised_port = self.bound[0][1]
+            self.advertised_port = self.endpoint(self.config.advertised_listeners[0].name)[1]
         log.info(
             "tabletopic node %d (cluster %s) listening on %s, advertising %s:%d; data in %s; started in %.0f ms",
             self.node_id, self.cluster_id, ", ".join(f"{h}:{p}" for h, p in self.bound),

@@ -1,4 +1,5 @@
-"""``kafka-configs``: Apache Kafka's ``kafka-configs.sh`` for topics and brokers, for any Kafka-protocol broker.
+"""``kafka-configs``: Apache Kafka's ``kafka-configs.sh`` for topics, brokers and users' SCRAM credentials
+(:mod:`tabletopic.cli.kafka_configs_users`), for any Kafka-protocol broker.
 
     kafka-configs --bootstrap-server HOST:PORT --entity-type topics|brokers [--entity-name X] --describe [--all]
     kafka-configs --bootstrap-server HOST:PORT --entity-type topics --entity-name T --alter
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.model import load_properties
+from tabletopic.cli.kafka_configs_users import alter_user, describe_users
 from tabletopic.cli.kafka_topics import (
     REQUEST_TIMEOUT_S,
     CommandError,
@@ -89,12 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kafka-configs", description=CONFIGS_DESCRIPTION, epilog=CONFIGS_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(p)
-    p.add_argument("--entity-type", choices=("topics", "brokers"),
-                   help="the kind of entity: topics or brokers")
+    p.add_argument("--entity-type", choices=("topics", "brokers", "users"),
+                   help="the kind of entity: topics, brokers or users (SCRAM credentials)")
     p.add_argument("--entity-name", metavar="NAME",
-                   help="the entity: a topic name or a broker id (--describe without it: all of them)")
+                   help="the entity: a topic name, a broker id or a user (--describe without it: all of them)")
     p.add_argument("--topic", metavar="TOPIC", help="shorthand for --entity-type topics --entity-name TOPIC")
     p.add_argument("--broker", metavar="ID", help="shorthand for --entity-type brokers --entity-name ID")
+    p.add_argument("--user", metavar="USER", help="shorthand for --entity-type users --entity-name USER")
     actions = p.add_mutually_exclusive_group(required=True)
     actions.add_argument("--describe", action="store_true", help="list the configs of the entity")
     actions.add_argument("--alter", action="store_true", help="change the configs of the entity")
@@ -108,8 +111,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
-    if args.topic is not None and args.broker is not None:
-        raise CommandError("--topic and --broker can't be used together")
+    if sum(x is not None for x in (args.topic, args.broker, args.user)) > 1:
+        raise CommandError("only one of --topic, --broker and --user can be given")
+    if args.user is not None:
+        if args.entity_type not in (None, "users"):
+            raise CommandError(f"--user can't be used with --entity-type {args.entity_type}")
+        return "users", args.user
     if args.topic is not None:
         if args.entity_type not in (None, "topics"):
             raise CommandError("--topic can't be used with --entity-type brokers")
@@ -163,6 +170,9 @@ class ConfigsCommand:
         return [str(b) for b in sorted(md.brokers)]
 
     def describe(self) -> None:
+        if self.entity_type == "users":
+            describe_users(self.admin, self.entity_name)
+            return
         singular = _SINGULAR[self.entity_type]
         for name in self._names():
             # one call per resource: librdkafka sends a broker resource to that broker only
@@ -194,6 +204,9 @@ class ConfigsCommand:
         both = sorted(set(to_add) & set(to_delete))
         if both:
             raise CommandError(f"{', '.join(both)} can't be both added and deleted")
+        if self.entity_type == "users":
+            alter_user(self.admin, self.entity_name, to_add, to_delete)
+            return
         op = admin.AlterConfigOpType
         entries = [admin.ConfigEntry(k, v, incremental_operation=op.SET) for k, v in to_add.items()]
         entries += [admin.ConfigEntry(k, None, incremental_operation=op.DELETE) for k in to_delete]

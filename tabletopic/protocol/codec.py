@@ -15,7 +15,8 @@ from typing import TypeAlias
 import kafka.protocol.admin
 import kafka.protocol.consumer
 import kafka.protocol.metadata
-import kafka.protocol.producer  # noqa: F401  (imports register the message classes)
+import kafka.protocol.producer
+import kafka.protocol.sasl  # noqa: F401  (imports register the message classes)
 from kafka.protocol.api_key import ApiKey as _KafkaApiKey
 from kafka.protocol.api_message import ApiMessage
 
@@ -63,6 +64,7 @@ class ApiKey(IntEnum):
     SyncGroup = 14
     DescribeGroups = 15
     ListGroups = 16
+    SaslHandshake = 17
     ApiVersions = 18
     CreateTopics = 19
     DeleteTopics = 20
@@ -76,10 +78,13 @@ class ApiKey(IntEnum):
     TxnOffsetCommit = 28
     DescribeConfigs = 32
     AlterConfigs = 33
+    SaslAuthenticate = 36
     CreatePartitions = 37
     DeleteGroups = 42
     IncrementalAlterConfigs = 44
     OffsetDelete = 47
+    DescribeUserScramCredentials = 50
+    AlterUserScramCredentials = 51
     DescribeCluster = 60
     DescribeProducers = 61
     DescribeTransactions = 65
@@ -139,6 +144,11 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     # librdkafka would retry the coordinator without a word)
     ApiKey.ConsumerGroupHeartbeat: (0, 1),
     ApiKey.ConsumerGroupDescribe: (0, 0),
+    # authentication: SASL (v0 handshake: raw tokens follow), SCRAM credentials (KIP-554)
+    ApiKey.SaslHandshake: (0, 1),
+    ApiKey.SaslAuthenticate: (0, 2),
+    ApiKey.DescribeUserScramCredentials: (0, 0),
+    ApiKey.AlterUserScramCredentials: (0, 0),
 }
 # Below this Produce version the request cannot carry magic v2 batches; answered UNSUPPORTED_VERSION.
 MIN_USABLE_PRODUCE_VERSION = 3

@@ -23,9 +23,13 @@ from typing import TYPE_CHECKING, cast
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import Message
+from tabletopic.security.sasl import AuthenticationError
+from tabletopic.security.tls import certificate_principal, server_context
 from tabletopic.server.handlers.base import HANDLERS, Handler, RequestContext
+from tabletopic.server.session import SaslState, Session
 
 if TYPE_CHECKING:
+    from configs import ListenerView
     from tabletopic.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -38,20 +42,24 @@ MAX_PENDING_BYTES_PER_CONNECTION = 8 * 1024 * 1024  # ... or beyond this many by
 class _Slot:
     """One request's place in the connection's response queue."""
 
-    __slots__ = ("data", "done", "size", "task")
+    __slots__ = ("close_after", "data", "done", "size", "task")
 
     def __init__(self, size: int = 0) -> None:
         self.size = size  # request bytes held until the answer is written
         self.done = False
         self.data: bytes | None = None
         self.task: asyncio.Task[None] | None = None
+        self.close_after: str | None = None  # close the connection once this answer is written, for this reason
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, server: KafkaServer) -> None:
+    def __init__(self, server: KafkaServer, listener: ListenerView) -> None:
         self._server = server
         self._broker = server.broker
         self._max_frame = server.broker.config.socket_request_max_bytes
+        # frames before authentication are SASL tokens and handshakes: Kafka bounds them lower
+        self._max_unauthenticated_frame = listener.number("sasl.server.max.receive.size")
+        self.session = Session(listener)
         self._buf = bytearray()
         self._queue: deque[_Slot] = deque()
         self._transport: asyncio.Transport | None = None
@@ -68,6 +76,8 @@ class KafkaConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.session.listener.tls:  # asyncio calls this once the TLS handshake is done
+            self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
         self._server.connections.add(self)
         log.debug("connection from %s", self._peer)
 
@@ -93,6 +103,10 @@ class KafkaConnection(asyncio.Protocol):
                     f"frame of {size} bytes is negative or larger than socket.request.max.bytes={self._max_frame}"
                 )
                 return
+            if size > self._max_unauthenticated_frame and not self.session.authenticated:
+                self._bad_input(f"frame of {size} bytes before authentication is larger than "
+                                f"sasl.server.max.receive.size={self._max_unauthenticated_frame}")
+                return
             if n - pos - 4 < size:
                 break
             frame = bytes(buf[pos + 4 : pos + 4 + size])
@@ -109,10 +123,17 @@ class KafkaConnection(asyncio.Protocol):
     # ---- dispatch ----
 
     def _dispatch(self, frame: bytes) -> None:
+        if self.session.state is SaslState.RAW:
+            self._raw_sasl_token(frame)
+            return
         try:
             info = codec.peek_header(frame)
         except codec.RequestDecodeError as exc:
             self._bad_input(str(exc))
+            return
+        refusal = self.session.admits(info.api_key)
+        if refusal is not None:
+            self._bad_input(refusal)
             return
         handler = HANDLERS.get(info.api_key)
         if handler is None:
@@ -127,7 +148,7 @@ class KafkaConnection(asyncio.Protocol):
             self._bad_input(str(exc))
             return
         ctx = RequestContext(self._broker, req.api_key, req.api_version, req.correlation_id, req.client_id,
-                             self._peer)
+                             self._peer, self.session)
         slot = _Slot(len(frame))
         self._queue.append(slot)
         self._pending_bytes += slot.size
@@ -145,6 +166,7 @@ class KafkaConnection(asyncio.Protocol):
         t0 = time.perf_counter()
         try:
             resp = await handler(ctx, body)
+            slot.close_after, self.session.close_reason = self.session.close_reason, None
             slot.data = (
                 None if resp is None else codec.encode_response(ctx.api_key, ctx.api_version, ctx.correlation_id,
                                                                 resp)
@@ -173,10 +195,31 @@ class KafkaConnection(asyncio.Protocol):
             self._pending_bytes -= slot.size
             if slot.data is not None:
                 transport.write(slot.data)
+            if slot.close_after:  # a failed authentication: its answer goes out, then the connection closes
+                self._bad_input(slot.close_after)
+                return
         if (self._reading_paused and len(q) <= MAX_PENDING_PER_CONNECTION // 2
                 and self._pending_bytes <= MAX_PENDING_BYTES_PER_CONNECTION // 2):
             self._reading_paused = False
             transport.resume_reading()
+
+    def _raw_sasl_token(self, token: bytes) -> None:
+        """A raw SASL token after SaslHandshake v0: answered by a length-prefixed token; a failure closes the
+        connection without an answer (Kafka's way before SaslAuthenticate existed)."""
+        session = self.session
+        server = session.server
+        assert server is not None
+        try:
+            challenge = server.evaluate(token)
+        except AuthenticationError as e:
+            self._bad_input(f"SASL/{session.mechanism} authentication failed: {e}")
+            return
+        if server.complete:
+            reason = session.completed(server.username, 0)
+            if reason is not None:
+                self._bad_input(reason)
+                return
+        self._respond_now(_SIZE.pack(len(challenge)) + challenge)
 
     def _respond_now(self, data: bytes) -> None:
         slot = _Slot()
@@ -265,19 +308,23 @@ class KafkaServer:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.connections: set[KafkaConnection] = set()
+        self.bound_by_listener: dict[str, tuple[str, int]] = {}  # listener name -> its first bound address
         self._servers: list[asyncio.base_events.Server] = []
         self._idle_task: asyncio.Task[None] | None = None
 
     async def start(self) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
         bound: list[tuple[str, int]] = []
-        for listener in self.broker.config.listeners:
-            server = await loop.create_server(lambda: KafkaConnection(self), listener.host, listener.port,
-                                              reuse_address=True, backlog=1024)
+        for listener in self.broker.listeners:
+            tls = server_context(listener) if listener.tls else None
+            server = await loop.create_server(lambda v=listener: KafkaConnection(self, v),
+                                              listener.host, listener.port, reuse_address=True, backlog=1024,
+                                              ssl=tls)
             self._servers.append(server)
             for sock in server.sockets:
                 addr = sock.getsockname()
                 bound.append((addr[0], addr[1]))
+                self.bound_by_listener.setdefault(listener.name, (addr[0], addr[1]))
         self._idle_task = loop.create_task(self._close_idle())
         return bound
 

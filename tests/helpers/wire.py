@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from typing import Any
 
@@ -10,9 +11,10 @@ from tabletopic.protocol import codec
 
 
 class RawClient:
-    def __init__(self, bootstrap: str, timeout: float = 10.0) -> None:
+    def __init__(self, bootstrap: str, timeout: float = 10.0, tls: ssl.SSLContext | None = None) -> None:
         host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock: socket.socket = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
         self.corr = 0
 
     def close(self) -> None:
@@ -45,7 +47,7 @@ class RawClient:
         self.sock.settimeout(timeout)
         try:
             return self.sock.recv(1) == b""
-        except (ConnectionResetError, BrokenPipeError):
+        except (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError):
             return True
         except TimeoutError:
             return False

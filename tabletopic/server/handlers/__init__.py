@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs")
+_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs", "sasl", "scram")
 
 
 def load_all() -> None:

@@ -18,6 +18,7 @@ from tabletopic.protocol.codec import ApiKey, Message
 
 if TYPE_CHECKING:
     from tabletopic.broker import Broker
+    from tabletopic.server.session import Session
 
 
 @dataclass(slots=True)
@@ -30,6 +31,15 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     client_host: str
+    session: Session | None = None  # None: a request made inside the broker (tests), not over a connection
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """The (host, port) a client reaches this broker at: the advertised address of the listener it came in on
+        (Kafka answers Metadata and FindCoordinator per listener)."""
+        if self.session is not None:
+            return self.broker.endpoint(self.session.listener.name)
+        return self.broker.advertised_host, self.broker.advertised_port
 
     @property
     def response_class(self) -> type[Message]:

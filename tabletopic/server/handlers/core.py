@@ -96,8 +96,8 @@ async def metadata(ctx: RequestContext, req: Message) -> Message:
             else:
                 topics_out.append(_metadata_topic(ctx, info, name, info.topic_id))
     r = ctx.response_class
-    brokers = [r.MetadataResponseBroker(node_id=broker.node_id, host=broker.advertised_host,
-                                        port=broker.advertised_port, rack=None)]
+    brokers = [r.MetadataResponseBroker(node_id=broker.node_id, host=ctx.endpoint[0],
+                                        port=ctx.endpoint[1], rack=None)]
     return ctx.response(throttle_time_ms=0, brokers=brokers, cluster_id=broker.cluster_id,
                         controller_id=broker.node_id, topics=topics_out)
 
@@ -109,8 +109,8 @@ async def describe_cluster(ctx: RequestContext, req: Message) -> Message:
     return ctx.response(
         throttle_time_ms=0, error_code=0, error_message=None, cluster_id=broker.cluster_id,
         controller_id=broker.node_id,
-        brokers=[r.DescribeClusterBroker(broker_id=broker.node_id, host=broker.advertised_host,
-                                         port=broker.advertised_port, rack=None)],
+        brokers=[r.DescribeClusterBroker(broker_id=broker.node_id, host=ctx.endpoint[0],
+                                         port=ctx.endpoint[1], rack=None)],
     )
 
 

@@ -51,9 +51,9 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> Message:
 
     def lookup(key: str) -> _Coordinator:
         if key_type == _COORDINATOR_GROUP:
-            return _Coordinator(E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port)
+            return _Coordinator(E.NONE, None, broker.node_id, *ctx.endpoint)
         if key_type == _COORDINATOR_TRANSACTION:  # one broker: it coordinates every transactional id too
-            return _Coordinator(E.NONE, None, broker.node_id, broker.advertised_host, broker.advertised_port)
+            return _Coordinator(E.NONE, None, broker.node_id, *ctx.endpoint)
         return _Coordinator(E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
 
     if ctx.api_version < 4:
