@@ -163,12 +163,12 @@ def walk_records(data: bytes | memoryview, h: BatchHeader) -> list[WalkedRecord]
     return out
 
 
-def plain_batch(batch: bytes | memoryview, h: BatchHeader, section: bytes | memoryview) -> bytes:
+def plain_batch(batch: bytes | memoryview, h: BatchHeader, section: bytes | memoryview) -> bytes | memoryview:
     """Batch ``batch`` (header ``h`` at 0) with its records section replaced by ``section``, the uncompressed one,
     and the codec bits cleared: what aiokafka's Cython reader reads without a codec of its own (the CRC is left
-    stale: that reader does not check it)."""
+    stale: that reader does not check it). An uncompressed batch is given back as it is (no copy)."""
     if not h.compression:
-        return bytes(batch)
+        return batch
     plain = bytearray(batch[:HEADER_SIZE])
     plain += section
     _I32.pack_into(plain, 8, len(plain) - LOG_OVERHEAD)

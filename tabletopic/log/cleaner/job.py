@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tabletopic.log.cleaner.records import BatchRecords, Record
+from tabletopic.log.cleaner.records import BatchRecords
 from tabletopic.log.cleaner.swap import Checkpoint, SegmentName, cleaned_path, commit
 from tabletopic.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, fdatasync, file_name
 from tabletopic.protocol.batch_body import read_marker
@@ -127,9 +127,7 @@ def _key_map(directory: Path, job: CleanJob, txns: _Txns) -> tuple[dict[bytes, i
         for h, data in _batches(directory, ref):
             if h.is_control or h.last_offset < job.checkpoint.first_dirty or txns.is_aborted(h):
                 continue
-            for offset, key, _, _ in BatchRecords(data, h).records:
-                if key is not None:
-                    latest[key] = offset
+            BatchRecords(data, h).add_latest(latest)
         if len(latest) >= job.max_keys and following < job.end:
             return latest, following
     return latest, job.end
@@ -210,26 +208,17 @@ class _Pass:
         if h.is_transactional:
             (txns.aborted_batches if aborted else txns.committed_batches).add(h.producer_id)
         batch = BatchRecords(data, h)
-        records = batch.records
-        kept = [] if aborted else self._kept(records)
-        self.result.records_removed += len(records) - len(kept)
+        count = len(batch)
+        # the records that stay: keyed, the latest of their key (or past the key map), not a tombstone below the
+        # delete horizon
+        kept, tombstones = ([], 0) if aborted else batch.select(self.latest, self.remove_before)
+        self.result.tombstones_removed += tombstones
+        self.result.records_removed += count - len(kept)
         if not kept:  # an empty batch stays only as its producer's last (an aborted one's data is gone already)
             if h.producer_id < 0 or self.job.last_batch_of.get(h.producer_id) != h.last_offset:
                 return None
-            return data if not records else batch.rebuild(kept)
-        return data if len(kept) == len(records) else batch.rebuild(kept)
-
-    def _kept(self, records: list[Record]) -> list[Record]:
-        """The records that stay: keyed, the latest of their key (or past the key map), and not a tombstone below
-        the delete horizon."""
-        get, remove_before = self.latest.get, self.remove_before
-        kept = [r for r in records if r[1] is not None and get(r[1], r[0]) <= r[0]]
-        if any(r[2] for r in kept):
-            tombstones = sum(1 for r in kept if r[2] and r[0] < remove_before)
-            if tombstones:
-                self.result.tombstones_removed += tombstones
-                kept = [r for r in kept if not (r[2] and r[0] < remove_before)]
-        return kept
+            return data if not count else batch.rebuild(kept)
+        return data if len(kept) == count else batch.rebuild(kept)
 
     def _marker_goes(self, h: BatchHeader, data: memoryview) -> bool:
         """Kafka's rule: a marker goes once no batch of its transaction is left (none seen since the previous

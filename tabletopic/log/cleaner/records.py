@@ -49,19 +49,51 @@ class BatchRecords:
         if h.compression:
             self.section = decompress_records(h.compression, self.section)
         self.fast = True
+        self._walked: list[Record] | None = None
         try:
-            self.records = self._read_fast()
+            self._raw: list[Any] = list(DefaultRecordBatch(plain_batch(data, h, self.section)))
         except UnicodeDecodeError:  # a header key that is not UTF-8
             self.fast = False
-            self.records = list(walk_records(self.section, h))
+            self._raw = []
+            self._walked = list(walk_records(self.section, h))
 
-    def _read_fast(self) -> list[Record]:
-        source = plain_batch(self.data, self.h, self.section)
-        return [(r.offset, r.key, r.value is None, r) for r in DefaultRecordBatch(source)]
+    @property
+    def records(self) -> list[Record]:
+        """Every record as a :data:`Record` (the passes themselves use :meth:`add_latest` and :meth:`select`)."""
+        if self._walked is None:
+            self._walked = [(r.offset, r.key, r.value is None, r) for r in self._raw]
+        return self._walked
 
-    def rebuild(self, kept: list[Record]) -> bytes:
-        """The batch with only ``kept`` (some of :attr:`records`, in order); with none, an empty batch (no records,
-        uncompressed), as Kafka's cleaner keeps a producer's last batch."""
+    def __len__(self) -> int:
+        return len(self._raw) if self.fast else len(self.records)
+
+    def add_latest(self, latest: dict[bytes, int]) -> None:
+        """Record each keyed record's offset as its key's latest (the key map of a pass)."""
+        if self.fast:  # one C-level comprehension per batch: the key map's hot loop
+            latest.update({r.key: r.offset for r in self._raw})
+            latest.pop(None, None)  # type: ignore[call-overload]
+        else:
+            latest.update((key, offset) for offset, key, _, _ in self.records if key is not None)
+
+    def select(self, latest: dict[bytes, int], remove_before: int) -> tuple[list[Any], int]:
+        """(records kept, tombstones removed): keyed records that are the latest of their key (or past the key
+        map), less tombstones below ``remove_before``; in the form :meth:`rebuild` takes."""
+        get = latest.get
+        if self.fast:
+            kept = [r for r in self._raw if (k := r.key) is not None and get(k, r.offset) <= r.offset]
+            if any(r.value is None for r in kept):
+                before = len(kept)
+                kept = [r for r in kept if not (r.value is None and r.offset < remove_before)]
+                return kept, before - len(kept)
+            return kept, 0
+        walked = [r for r in self.records if r[1] is not None and get(r[1], r[0]) <= r[0]]
+        before = len(walked)
+        walked = [r for r in walked if not (r[2] and r[0] < remove_before)]
+        return walked, before - len(walked)
+
+    def rebuild(self, kept: list[Any]) -> bytes:
+        """The batch with only ``kept`` (what :meth:`select` keeps, or some of :attr:`records`, in order); with none,
+        an empty batch (no records, uncompressed), as Kafka's cleaner keeps a producer's last batch."""
         h = self.h
         if not kept:
             section = b""
@@ -69,7 +101,8 @@ class BatchRecords:
             b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=int(h.is_transactional),
                                           producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                                           base_sequence=h.base_sequence, batch_size=1 << 30)
-            for *_, a in kept:
+            for item in kept:
+                a = item[3] if isinstance(item, tuple) else item
                 b.append(a.offset - h.base_offset, a.timestamp, a.key, a.value, a.headers)
             built = b.build()
             section = bytes(memoryview(built)[HEADER_SIZE:])
