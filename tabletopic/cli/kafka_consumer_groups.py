@@ -836,30 +836,41 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 1 if cmd.failed else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point (``kafka-consumer-groups``); returns the exit code."""
-    parser = _parser()
+def run_tool(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+             body: Callable[[argparse.Namespace], int], failure: str) -> int:
+    """Parse ``argv`` and run ``body``: a :class:`UsageError` prints its message and the usage, another failure
+    ``failure`` followed by its text, both on stderr with exit code 1 (130 on Ctrl-C); the clients are closed after.
+    Shared by kafka-consumer-groups and kafka-acls."""
     args = parser.parse_args(argv)
     try:
-        check_args(args)
-        return _dispatch(args)
+        return body(args)
     except UsageError as exc:
         print(exc, file=sys.stderr)
         parser.print_usage(sys.stderr)
         return 1
     except (CommandError, InvalidConfigError, ValueError, TypeError) as exc:
         text = exc.message if isinstance(exc, InvalidConfigError) else str(exc)
-        print(f"\nError: Executing consumer group command failed due to {text}", file=sys.stderr)
+        print(f"{failure}{text}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         if type(exc).__name__ != "KafkaException":
             raise
-        print(f"\nError: Executing consumer group command failed due to {error_text(exc)}", file=sys.stderr)
+        print(f"{failure}{error_text(exc)}", file=sys.stderr)
         return 1
     finally:
         close_clients()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point (``kafka-consumer-groups``); returns the exit code."""
+
+    def body(args: argparse.Namespace) -> int:
+        check_args(args)
+        return _dispatch(args)
+
+    return run_tool(_parser(), argv, body, "\nError: Executing consumer group command failed due to ")
 
 
 if __name__ == "__main__":
