@@ -50,6 +50,8 @@ _NAMED: dict[str, str] = {
     "assignors_validator": "a list of `uniform`, `range` (or Kafka's assignor class names)",
     "protocol_map_validator": "`LISTENER_NAME:PROTOCOL` items (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
     "principal_rules_validator": "`DEFAULT` only",
+    "authorizer_validator": "empty, or `org.apache.kafka.metadata.authorizer.StandardAuthorizer`",
+    "super_users_validator": "principals (`User:name`) separated by `;`",
 }
 
 

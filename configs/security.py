@@ -46,6 +46,28 @@ def principal_rules_validator(name: str, v: Value) -> None:
                                                "supported")
 
 
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def authorizer_validator(name: str, v: Value) -> None:
+    if v not in ("", STANDARD_AUTHORIZER):
+        raise InvalidConfigError.invalid_value(name, v, f"this broker's authorizer is Kafka's {STANDARD_AUTHORIZER} "
+                                               "(or none: empty)")
+
+
+def super_users_validator(name: str, v: Value) -> None:
+    for item in super_users(v):
+        kind, sep, who = item.partition(":")
+        if not sep or not kind or not who:
+            raise InvalidConfigError.invalid_value(name, item, "expected principals such as User:admin, separated "
+                                                   "by ';'")
+
+
+def super_users(v: Value) -> list[str]:
+    """``super.users`` items (Kafka separates them with ';': a principal may hold commas, as a DN does)."""
+    return [x.strip() for x in v.split(";") if x.strip()] if isinstance(v, str) else []
+
+
 _SSL = (
     Setting("ssl.keystore.type", Type.STRING, "JKS", "Format of the key store: PEM or PKCS12 (Kafka's default, JKS, "
             "is refused at start when a listener uses TLS).", one_of("JKS", "PKCS12", "PEM"), dynamic=False),
@@ -87,6 +109,13 @@ _SASL = (
             "ends (KIP-368) or its connection is closed; 0: sessions do not end.", at_least(0), dynamic=False),
 )
 declare_broker(
+    Setting("authorizer.class.name", Type.STRING, "", "The authorizer: Kafka's "
+            "org.apache.kafka.metadata.authorizer.StandardAuthorizer checks every request against the ACLs "
+            "(CreateAcls, kafka-acls); empty: no authorization.", authorizer_validator, dynamic=False),
+    Setting("super.users", Type.STRING, None, "Principals allowed everything, separated by ';' (User:admin;"
+            "User:CN=ops,O=example).", super_users_validator, dynamic=False),
+    Setting("allow.everyone.if.no.acl.found", Type.BOOLEAN, False, "With an authorizer: allow a request on a resource "
+            "no ACL matches.", dynamic=False),
     Setting("listener.security.protocol.map", Type.LIST,
             ("PLAINTEXT:PLAINTEXT", "SSL:SSL", "SASL_PLAINTEXT:SASL_PLAINTEXT", "SASL_SSL:SASL_SSL"),
             "Security protocol of each listener name.", protocol_map_validator, dynamic=False),

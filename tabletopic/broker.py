@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from configs import InvalidConfigError, ListenerView
 from configs.model import BrokerConfig
-from configs.security import endpoint_listener, listener_views
+from configs.security import endpoint_listener, listener_views, super_users
 from tabletopic.catalog import open_broker_catalog
 from tabletopic.datadir import DataDirLock
 from tabletopic.groups import GroupConfig, GroupCoordinator
@@ -24,6 +24,7 @@ from tabletopic.log.manager import CleanerSettings, LogManager
 from tabletopic.metrics import MetricsServer, TableTopicMetrics, start_metrics_server
 from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
+from tabletopic.security.acls import Authorizer
 from tabletopic.security.credentials import ScramCredentialStore
 from tabletopic.security.jaas import parse_jaas, plain_users
 from tabletopic.server import handlers
@@ -81,6 +82,13 @@ class Broker:
         self.producer_ids = ProducerIdManager(data_dir / "__meta")
         self.scram_credentials = ScramCredentialStore(data_dir / "__meta" / "scram-credentials.json")
         self.plain_users = sasl_plain_users(self.listeners)  # listener name -> user -> password (their JAAS)
+        # Kafka's StandardAuthorizer when authorizer.class.name names it; None: every request allowed
+        self.authorizer: Authorizer | None = None
+        if config.values["authorizer.class.name"]:
+            self.authorizer = Authorizer(data_dir / "__meta" / "acls.json",
+                                         super_users=super_users(config.values["super.users"]),
+                                         allow_everyone_if_no_acl_found=bool(
+                                             config.values["allow.everyone.if.no.acl.found"]))
         self.groups = GroupCoordinator(
             GroupConfig(
                 initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,

@@ -58,7 +58,8 @@ def test_every_command_has_a_described_help(command: str, description: str, opti
     assert "example" in out.lower()
 
 
-@pytest.mark.parametrize("tool", ["kafka-topics", "kafka-configs", "kafka-consumer-groups", "kafka-transactions"])
+@pytest.mark.parametrize("tool", ["kafka-topics", "kafka-configs", "kafka-consumer-groups", "kafka-transactions",
+                                  "kafka-acls"])
 def test_kafka_tools_version_and_help_need_no_broker(tool: str) -> None:
     proc = run(tool, "--version")
     assert proc.returncode == 0, proc.stderr

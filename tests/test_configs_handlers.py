@@ -49,6 +49,7 @@ class FakeBroker:
     config: BrokerConfig
     topics: FakeTopics
     topic_config_checks: list[Any] = field(default_factory=list)
+    authorizer: None = None  # no authorizer: every request allowed, as on a broker without one
 
 
 @pytest.fixture

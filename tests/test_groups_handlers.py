@@ -26,6 +26,7 @@ class BrokerStub:
     node_id: int = 1
     advertised_host: str = "broker.local"
     advertised_port: int = 19092
+    authorizer: None = None  # no authorizer: every request allowed, as on a broker without one
 
 
 class Client:

@@ -76,6 +76,9 @@ class ApiKey(IntEnum):
     EndTxn = 26
     WriteTxnMarkers = 27
     TxnOffsetCommit = 28
+    DescribeAcls = 29
+    CreateAcls = 30
+    DeleteAcls = 31
     DescribeConfigs = 32
     AlterConfigs = 33
     SaslAuthenticate = 36
@@ -149,6 +152,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.SaslAuthenticate: (0, 2),
     ApiKey.DescribeUserScramCredentials: (0, 0),
     ApiKey.AlterUserScramCredentials: (0, 0),
+    # authorization: ACLs (Kafka 4's baseline is v1)
+    ApiKey.DescribeAcls: (1, 3),
+    ApiKey.CreateAcls: (1, 3),
+    ApiKey.DeleteAcls: (1, 3),
 }
 # Below this Produce version the request cannot carry magic v2 batches; answered UNSUPPORTED_VERSION.
 MIN_USABLE_PRODUCE_VERSION = 3

@@ -76,6 +76,7 @@ class KafkaConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.session.host = peer[0] if peer else ""
         if self.session.listener.tls:  # asyncio calls this once the TLS handshake is done
             self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
         self._server.connections.add(self)

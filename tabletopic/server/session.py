@@ -39,9 +39,10 @@ def _upper_snake(name: str) -> str:
 class Session:
     """The security state of one connection (module docstring)."""
 
-    def __init__(self, listener: ListenerView, principal_name: str = ANONYMOUS) -> None:
+    def __init__(self, listener: ListenerView, principal_name: str = ANONYMOUS, host: str = "") -> None:
         self.listener = listener
         self.principal = f"User:{principal_name}"
+        self.host = host  # the client's IP address, as ACLs' hosts name it
         self.state = SaslState.HANDSHAKE if listener.sasl else SaslState.COMPLETE
         self.mechanism: str | None = None
         self.server: SaslServer | None = None

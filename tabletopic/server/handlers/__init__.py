@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs", "sasl", "scram")
+_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs", "sasl", "scram", "acls")
 
 
 def load_all() -> None:

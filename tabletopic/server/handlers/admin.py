@@ -8,6 +8,8 @@ import uuid
 from configs.admin import describe_topic
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 from tabletopic.server.handlers.configs import run_topic_config_checks
 
@@ -30,6 +32,7 @@ async def create_topics(ctx: RequestContext, req: Message) -> Message:
     validate_only = bool(getattr(req, "validate_only", False))
     results = []
     seen: set[str] = set()
+    cluster_create = authz.cluster_allowed(ctx, AclOperation.CREATE)  # else CREATE on each topic (as Kafka)
     for t in req.topics:
         configs = {c.name: c.value for c in t.configs}
         partitions, rf = int(t.num_partitions), int(t.replication_factor)
@@ -38,6 +41,8 @@ async def create_topics(ctx: RequestContext, req: Message) -> Message:
             if t.name in seen:
                 raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"Duplicate topic name {t.name} in the request")
             seen.add(t.name)
+            if not (cluster_create or authz.allowed(ctx, AclOperation.CREATE, ResourceType.TOPIC, t.name)):
+                raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             if t.assignments:
                 if partitions != -1 or rf != -1:
                     raise KafkaApiError(ErrorCode.INVALID_REQUEST,
@@ -53,9 +58,12 @@ async def create_topics(ctx: RequestContext, req: Message) -> Message:
                 partitions = ctx.broker.config.num_partitions
             if not validate_only:
                 info = await topics.create(t.name, partitions, rf, configs)
+            # the settings echoed back only to a client that may describe them (Kafka's DESCRIBE_CONFIGS check)
+            shown = authz.allowed(ctx, AclOperation.DESCRIBE_CONFIGS, ResourceType.TOPIC, t.name)
             results.append(R(name=t.name, topic_id=info.topic_id if info else ZERO_UUID, error_code=0,
                              error_message=None, num_partitions=partitions, replication_factor=1,
-                             configs=_creatable_configs(ctx, overrides)))
+                             configs=_creatable_configs(ctx, overrides) if shown else None,
+                             topic_config_error_code=0 if shown else int(ErrorCode.TOPIC_AUTHORIZATION_FAILED)))
         except KafkaApiError as exc:
             log.info("CreateTopics %s refused: %s %s", t.name, exc.code.name, exc.message or "")
             results.append(R(name=t.name, topic_id=ZERO_UUID, error_code=int(exc.code), error_message=exc.message,
@@ -85,6 +93,8 @@ async def delete_topics(ctx: RequestContext, req: Message) -> Message:
                 name = info.name
             if name is None:
                 raise KafkaApiError(ErrorCode.INVALID_REQUEST, "Neither topic name nor id was given.")
+            if not authz.allowed(ctx, AclOperation.DELETE, ResourceType.TOPIC, name):  # DESCRIBE implied by it
+                raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
             info = await topics.delete(name)
             results.append(R(name=name, topic_id=info.topic_id, error_code=0, error_message=None))
         except KafkaApiError as exc:
@@ -100,6 +110,8 @@ async def create_partitions(ctx: RequestContext, req: Message) -> Message:
     results = []
     for t in req.topics:
         try:
+            if not authz.allowed(ctx, AclOperation.ALTER, ResourceType.TOPIC, t.name):
+                raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "The topic authorization is failed.")
             if t.assignments is not None:
                 bad = [a for a in t.assignments if list(a.broker_ids) != [ctx.broker.node_id]]
                 if bad:

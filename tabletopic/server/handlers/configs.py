@@ -25,6 +25,8 @@ from configs.model import BrokerConfig
 from configs.validation import validate_topic_configs
 from tabletopic.errors import ConfigError, ErrorCode, InvalidConfigError, KafkaApiError, config_error
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,16 @@ def _describe(broker: ConfigsBroker, resource_type: int, name: str, keys: list[s
     raise _unsupported(resource_type)
 
 
+def _authorize(ctx: RequestContext, resource_type: int, name: str, operation: AclOperation) -> None:
+    """DESCRIBE_CONFIGS / ALTER_CONFIGS on the topic, or on the cluster for a broker's (and its loggers')
+    settings, as Kafka's ConfigHelper and KafkaApis check them; raises Kafka's error for the resource."""
+    if resource_type == RESOURCE_TOPIC:
+        if not authz.allowed(ctx, operation, ResourceType.TOPIC, name):
+            raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+    elif resource_type in (RESOURCE_BROKER, RESOURCE_BROKER_LOGGER) and not authz.cluster_allowed(ctx, operation):
+        raise KafkaApiError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+
+
 @handles(ApiKey.DescribeConfigs)
 async def handle_describe_configs(ctx: RequestContext, req: Message) -> Message:
     broker = _broker(ctx)
@@ -141,6 +153,7 @@ async def handle_describe_configs(ctx: RequestContext, req: Message) -> Message:
     results = []
     for res in req.resources:
         try:
+            _authorize(ctx, res.resource_type, res.resource_name, AclOperation.DESCRIBE_CONFIGS)
             entries = _describe(broker, res.resource_type, res.resource_name, res.configuration_keys)
         except KafkaApiError as exc:
             results.append(result_cls(error_code=exc.code, error_message=exc.message, resource_type=res.resource_type,
@@ -218,6 +231,7 @@ async def _alter(ctx: RequestContext, req: Message, incremental: bool) -> Messag
         try:
             if counts[(res.resource_type, res.resource_name)] > 1:
                 raise KafkaApiError(ErrorCode.INVALID_REQUEST, f"Duplicate resource {res.resource_name}")
+            _authorize(ctx, res.resource_type, res.resource_name, AclOperation.ALTER_CONFIGS)
             await _alter_one(broker, res, incremental, bool(req.validate_only))
         except KafkaApiError as exc:
             code, message = exc.code, exc.message

@@ -15,6 +15,8 @@ from tabletopic.groups.assignors import Assignment
 from tabletopic.groups.consumer_api import ConsumerApi, HeartbeatRequest
 from tabletopic.groups.consumer_group import ConsumerMember
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 
 E = ErrorCode
@@ -66,6 +68,12 @@ async def consumer_group_heartbeat(ctx: RequestContext, req: Message) -> Message
         client_host=ctx.client_host)
     if ctx.api_version >= 1 and not hb.member_id:
         return _error(ctx, E.INVALID_REQUEST, "MemberId can't be empty.", req.member_id)
+    if not authz.allowed(ctx, AclOperation.READ, ResourceType.GROUP, hb.group_id):
+        return _error(ctx, E.GROUP_AUTHORIZATION_FAILED, None, req.member_id)
+    _, denied = authz.split(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, hb.topics or [], lambda n: n)
+    if denied:  # as Kafka 4: a subscription naming a topic the member may not describe is refused
+        return _error(ctx, E.TOPIC_AUTHORIZATION_FAILED, f"The group member is not authorized to describe "
+                      f"topics: {', '.join(sorted(denied))}", req.member_id)
     try:
         result = _consumer(ctx).heartbeat(hb)
     except KafkaApiError as e:
@@ -104,6 +112,10 @@ async def consumer_group_describe(ctx: RequestContext, req: Message) -> Message:
     groups = ctx.broker.groups.consumer.groups if ctx.broker.groups.loaded else None
     out = []
     for group_id in req.group_ids:
+        if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id):
+            out.append(cls(error_code=E.GROUP_AUTHORIZATION_FAILED, group_id=group_id, group_state="",
+                           group_epoch=-1, assignment_epoch=-1, assignor_name="", members=[]))
+            continue
         if groups is None:
             out.append(cls(error_code=E.COORDINATOR_LOAD_IN_PROGRESS, group_id=group_id, group_state="",
                            group_epoch=-1, assignment_epoch=-1, assignor_name="", members=[]))
@@ -118,14 +130,17 @@ async def consumer_group_describe(ctx: RequestContext, req: Message) -> Message:
         out.append(cls(error_code=E.NONE, error_message=None, group_id=group_id, group_state=group.state,
                        group_epoch=group.epoch, assignment_epoch=group.assignment_epoch,
                        assignor_name=group.assignor or "", members=members,
-                       authorized_operations=_OPERATIONS if req.include_authorized_operations else _NOT_ASKED))
+                       authorized_operations=_bits(authz.authorized_operations(ctx, ResourceType.GROUP, group_id))
+                       if req.include_authorized_operations else _NOT_ASKED))
     return ctx.response(throttle_time_ms=0, groups=out)
 
 
-# AclOperation codes READ(3), DELETE(6), DESCRIBE(8) as a bit field: what a client may do with a group (no
-# authorizer); INT32_MIN when the request did not ask
-_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
-_NOT_ASKED = -(2**31)
+_NOT_ASKED = -(2**31)  # the authorized operations of a request that did not ask for them
+
+
+def _bits(operations: set[int]) -> int:
+    """Operation codes as Kafka's 32-bit field (this message's schema is ours: the codec takes the int)."""
+    return sum(1 << op for op in operations)
 
 
 def _member(ctx: RequestContext, cls: type[Message], m: ConsumerMember, target: Assignment) -> Message:

@@ -9,6 +9,8 @@ from typing import TypedDict
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import HANDLERS, RequestContext, handles
 from tabletopic.topics import TopicInfo, check_topic_name
@@ -64,51 +66,76 @@ async def metadata(ctx: RequestContext, req: Message) -> Message:
     topics_out: list[Message] = []
     requested = req.topics
     if requested is None or (ctx.api_version == 0 and not requested):
-        topics_out = [_metadata_topic(ctx, t, t.name, t.topic_id) for t in broker.topics.all()]
+        # every topic the client may describe; the others are not disclosed at all (as Kafka)
+        topics_out = [_metadata_topic(ctx, t, t.name, t.topic_id) for t in broker.topics.all()
+                      if authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, t.name)]
     else:
         allow_auto = broker.config.auto_create_topics_enable and (
             ctx.api_version < 4 or bool(req.allow_auto_topic_creation)
         )
         for t in requested:
-            name = t.name
-            tid = getattr(t, "topic_id", None)
-            if name is None and tid is not None and tid != ZERO_UUID:
-                info = broker.topics.get_by_id(tid)
-                topics_out.append(_metadata_topic(ctx, info, None, tid, ErrorCode.UNKNOWN_TOPIC_ID))
-                continue
-            if name is None:
-                topics_out.append(_metadata_topic(ctx, None, None, tid, ErrorCode.INVALID_REQUEST))
-                continue
-            info = broker.topics.get(name)
-            if info is None and allow_auto:
-                try:
-                    info = await broker.topics.create(name)
-                except KafkaApiError as exc:
-                    topics_out.append(_metadata_topic(ctx, None, name, None, exc.code))
-                    continue
-            if info is None:
-                try:
-                    check_topic_name(name)
-                    err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                except KafkaApiError as exc:
-                    err = exc.code
-                topics_out.append(_metadata_topic(ctx, None, name, None, err))
-            else:
-                topics_out.append(_metadata_topic(ctx, info, name, info.topic_id))
+            topics_out.append(await _requested_topic(ctx, t, allow_auto))
+    if getattr(req, "include_topic_authorized_operations", False):
+        for t in topics_out:
+            if t.error_code == 0:
+                t.authorized_operations = authz.authorized_operations(ctx, ResourceType.TOPIC, t.name)
     r = ctx.response_class
     brokers = [r.MetadataResponseBroker(node_id=broker.node_id, host=ctx.endpoint[0],
                                         port=ctx.endpoint[1], rack=None)]
+    extra: dict[str, set[int]] = {}
+    if 8 <= ctx.api_version <= 10 and req.include_cluster_authorized_operations:
+        extra["authorized_operations"] = (
+            authz.authorized_operations(ctx, ResourceType.CLUSTER, authz.CLUSTER_NAME)
+            if authz.cluster_allowed(ctx, AclOperation.DESCRIBE) else set())
     return ctx.response(throttle_time_ms=0, brokers=brokers, cluster_id=broker.cluster_id,
-                        controller_id=broker.node_id, topics=topics_out)
+                        controller_id=broker.node_id, topics=topics_out, **extra)
+
+
+async def _requested_topic(ctx: RequestContext, t: Message, allow_auto: bool) -> Message:
+    """One topic a Metadata request names (by name or by id), as Kafka answers it: DESCRIBE first (a denied
+    client learns nothing else), auto-creation with CREATE on the cluster or the topic."""
+    broker = ctx.broker
+    name = t.name
+    tid = getattr(t, "topic_id", None)
+    if name is None and tid is not None and tid != ZERO_UUID:
+        info = broker.topics.get_by_id(tid)
+        if info is not None and not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, info.name):
+            return _metadata_topic(ctx, None, None, tid, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        return _metadata_topic(ctx, info, None, tid, ErrorCode.UNKNOWN_TOPIC_ID)
+    if name is None:
+        return _metadata_topic(ctx, None, None, tid, ErrorCode.INVALID_REQUEST)
+    if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, name):
+        return _metadata_topic(ctx, None, name, None, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+    info = broker.topics.get(name)
+    if info is None and allow_auto:
+        if not (authz.cluster_allowed(ctx, AclOperation.CREATE)
+                or authz.allowed(ctx, AclOperation.CREATE, ResourceType.TOPIC, name)):
+            return _metadata_topic(ctx, None, name, None, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+        try:
+            info = await broker.topics.create(name)
+        except KafkaApiError as exc:
+            return _metadata_topic(ctx, None, name, None, exc.code)
+    if info is None:
+        try:
+            check_topic_name(name)
+            err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        except KafkaApiError as exc:
+            err = exc.code
+        return _metadata_topic(ctx, None, name, None, err)
+    return _metadata_topic(ctx, info, name, info.topic_id)
 
 
 @handles(ApiKey.DescribeCluster)
 async def describe_cluster(ctx: RequestContext, req: Message) -> Message:
     broker = ctx.broker
     r = ctx.response_class
+    extra: dict[str, set[int]] = {}
+    if req.include_cluster_authorized_operations:
+        extra["authorized_operations"] = (authz.authorized_operations(ctx, ResourceType.CLUSTER, authz.CLUSTER_NAME)
+                                          if authz.cluster_allowed(ctx, AclOperation.DESCRIBE) else set())
     return ctx.response(
         throttle_time_ms=0, error_code=0, error_message=None, cluster_id=broker.cluster_id,
-        controller_id=broker.node_id,
+        controller_id=broker.node_id, **extra,
         brokers=[r.DescribeClusterBroker(broker_id=broker.node_id, host=ctx.endpoint[0],
                                          port=ctx.endpoint[1], rack=None)],
     )
@@ -118,6 +145,10 @@ async def describe_cluster(ctx: RequestContext, req: Message) -> Message:
 async def init_producer_id(ctx: RequestContext, req: Message) -> Message:
     if req.transactional_id is not None:
         return await transactions.init_transactional(ctx, req)
+    if not (authz.cluster_allowed(ctx, AclOperation.IDEMPOTENT_WRITE)
+            or authz.allowed_by_type(ctx, AclOperation.WRITE, ResourceType.TOPIC)):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+                            producer_id=-1, producer_epoch=-1)
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)
     if pid is not None and pid >= 0 and epoch is not None and epoch >= 0:

@@ -17,6 +17,8 @@ from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 
 log = logging.getLogger(__name__)
@@ -110,11 +112,15 @@ def _fetch_topics(ctx: RequestContext, req: Message) -> list[_FetchTopic]:
             info = broker.topics.get(t.topic)
             missing = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         name = info.name if info else (t.topic if not by_id else "")
+        # by name, checked before existence (a denied client learns nothing); an unknown id has no name to check
+        denied = bool(name) and not authz.allowed(ctx, AclOperation.READ, ResourceType.TOPIC, name)
         parts = []
         for p in t.partitions:
             plog = broker.logs.get(info.name, p.partition) if info else None
             err = ErrorCode.NONE
-            if info is None:
+            if denied:
+                err, plog = ErrorCode.TOPIC_AUTHORIZATION_FAILED, None
+            elif info is None:
                 err = missing
             elif plog is None:
                 err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -176,7 +182,10 @@ async def fetch(ctx: RequestContext, req: Message) -> Message:
     return ctx.response(throttle_time_ms=0, error_code=0, session_id=0, responses=responses)
 
 
-def _partition_log(ctx: RequestContext, topic: str, partition: int) -> PartitionLog:
+def _partition_log(ctx: RequestContext, topic: str, partition: int, operation: AclOperation) -> PartitionLog:
+    """The partition's log, once the client may do ``operation`` on its topic (checked first, as Kafka)."""
+    if not authz.allowed(ctx, operation, ResourceType.TOPIC, topic):
+        raise KafkaApiError(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
     plog = ctx.broker.logs.get(topic, partition) if ctx.broker.topics.get(topic) else None
     if plog is None:
         raise KafkaApiError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
@@ -194,7 +203,7 @@ async def list_offsets(ctx: RequestContext, req: Message) -> Message:
         for p in t.partitions:
             err, ts, off = ErrorCode.NONE, -1, -1
             try:
-                plog = _partition_log(ctx, t.name, p.partition_index)
+                plog = _partition_log(ctx, t.name, p.partition_index, AclOperation.DESCRIBE)
                 if p.current_leader_epoch > 0:
                     raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
                 off, ts = await _offset_for(plog, p.timestamp)
@@ -234,7 +243,7 @@ async def offset_for_leader_epoch(ctx: RequestContext, req: Message) -> Message:
         parts = []
         for p in t.partitions:
             try:
-                plog = _partition_log(ctx, t.topic, p.partition)
+                plog = _partition_log(ctx, t.topic, p.partition, AclOperation.DESCRIBE)
                 if p.current_leader_epoch > 0:
                     raise KafkaApiError(ErrorCode.UNKNOWN_LEADER_EPOCH)
                 epoch, end = plog.end_offset_for_epoch(p.leader_epoch)
@@ -255,7 +264,7 @@ async def delete_records(ctx: RequestContext, req: Message) -> Message:
         parts = []
         for p in t.partitions:
             try:
-                plog = _partition_log(ctx, t.name, p.partition_index)
+                plog = _partition_log(ctx, t.name, p.partition_index, AclOperation.DELETE)
                 low = plog.delete_records_before(p.offset)
                 await plog.sync()  # the new log start offset is durable before we answer
                 log.info("DeleteRecords %s-%d before %d: log start offset now %d", t.name, p.partition_index,

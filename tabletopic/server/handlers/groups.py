@@ -14,6 +14,8 @@ from tabletopic.errors import ErrorCode
 from tabletopic.groups import CommitRequestOffset, GroupCoordinator, TopicPartition
 from tabletopic.groups.offsets_api import UNSTABLE_OFFSET
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 
 E = ErrorCode
@@ -23,9 +25,6 @@ _COORDINATOR_GROUP = 0
 _COORDINATOR_TRANSACTION = 1
 # AclOperation codes READ(3), DELETE(6), DESCRIBE(8): what a client may do with a group (no authorizer).
 # The codec takes a bitfield as the set of its bit positions; None encodes "not requested" (INT32_MIN).
-_GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
-
-
 class _Coordinator(NamedTuple):
     """A FindCoordinator answer for one key, fields named as in the response."""
 
@@ -51,8 +50,12 @@ async def find_coordinator(ctx: RequestContext, req: Message) -> Message:
 
     def lookup(key: str) -> _Coordinator:
         if key_type == _COORDINATOR_GROUP:
+            if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, key):
+                return _Coordinator(E.GROUP_AUTHORIZATION_FAILED, None)
             return _Coordinator(E.NONE, None, broker.node_id, *ctx.endpoint)
         if key_type == _COORDINATOR_TRANSACTION:  # one broker: it coordinates every transactional id too
+            if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, key):
+                return _Coordinator(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None)
             return _Coordinator(E.NONE, None, broker.node_id, *ctx.endpoint)
         return _Coordinator(E.INVALID_REQUEST, f"unknown coordinator key type {key_type}")
 
@@ -73,9 +76,18 @@ def member_host(peer: str) -> str:
     return address if address.startswith("/") else "/" + address
 
 
+def _may_read(ctx: RequestContext, group_id: str) -> bool:
+    """READ on the group: what Kafka asks of a member (join, sync, heartbeat, leave, commit)."""
+    return authz.allowed(ctx, AclOperation.READ, ResourceType.GROUP, group_id)
+
+
 @handles(ApiKey.JoinGroup)
 async def join_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
+    if not _may_read(ctx, req.group_id):
+        return ctx.response(error_code=E.GROUP_AUTHORIZATION_FAILED, generation_id=-1, protocol_type=None,
+                            protocol_name=None if v >= 7 else "", leader="", skip_assignment=False, member_id="",
+                            members=[])
     result = await _groups(ctx).join_group(
         req.group_id,
         member_id=req.member_id,
@@ -112,6 +124,9 @@ async def join_group(ctx: RequestContext, req: Message) -> Message:
 @handles(ApiKey.SyncGroup)
 async def sync_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
+    if not _may_read(ctx, req.group_id):
+        return ctx.response(error_code=E.GROUP_AUTHORIZATION_FAILED, protocol_type=None, protocol_name=None,
+                            assignment=b"")
     result = await _groups(ctx).sync_group(
         req.group_id,
         generation_id=req.generation_id,
@@ -131,6 +146,8 @@ async def sync_group(ctx: RequestContext, req: Message) -> Message:
 
 @handles(ApiKey.Heartbeat)
 async def heartbeat(ctx: RequestContext, req: Message) -> Message:
+    if not _may_read(ctx, req.group_id):
+        return ctx.response(error_code=E.GROUP_AUTHORIZATION_FAILED)
     error = _groups(ctx).heartbeat(
         req.group_id,
         req.member_id,
@@ -143,6 +160,8 @@ async def heartbeat(ctx: RequestContext, req: Message) -> Message:
 @handles(ApiKey.LeaveGroup)
 async def leave_group(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
+    if not _may_read(ctx, req.group_id):
+        return ctx.response(error_code=E.GROUP_AUTHORIZATION_FAILED, members=[])
     if v < 3:
         top, errors = _groups(ctx).leave_group(req.group_id, [(req.member_id, None)])
         if top == E.NONE:
@@ -167,20 +186,31 @@ async def leave_group(ctx: RequestContext, req: Message) -> Message:
 @handles(ApiKey.OffsetCommit)
 async def offset_commit(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
+    group_ok = _may_read(ctx, req.group_id)
+    _, denied = authz.split(ctx, AclOperation.READ, ResourceType.TOPIC, [t.name for t in req.topics], lambda n: n)
     offsets: dict[TopicPartition, CommitRequestOffset] = {}
     for t in req.topics:
         for p in t.partitions:
-            offsets[(t.name, p.partition_index)] = CommitRequestOffset(
-                p.committed_offset, p.committed_leader_epoch if v >= 6 else -1, p.committed_metadata
-            )
-    errors = await _groups(ctx).commit_offsets(
-        req.group_id,
-        generation_id=req.generation_id_or_member_epoch,
-        member_id=req.member_id,
-        group_instance_id=req.group_instance_id if v >= 7 else None,
-        offsets=offsets,
-        api_version=v,
-    )
+            if t.name not in denied:
+                offsets[(t.name, p.partition_index)] = CommitRequestOffset(
+                    p.committed_offset, p.committed_leader_epoch if v >= 6 else -1, p.committed_metadata
+                )
+    errors: dict[TopicPartition, ErrorCode] = {}
+    if not group_ok:  # as Kafka: nothing committed, every partition answered so
+        offsets = {}
+        errors = {(t.name, p.partition_index): E.GROUP_AUTHORIZATION_FAILED for t in req.topics for p in t.partitions}
+    else:
+        errors = dict(await _groups(ctx).commit_offsets(
+            req.group_id,
+            generation_id=req.generation_id_or_member_epoch,
+            member_id=req.member_id,
+            group_instance_id=req.group_instance_id if v >= 7 else None,
+            offsets=offsets,
+            api_version=v,
+        ))
+    for t in req.topics:
+        if t.name in denied and group_ok:
+            errors.update({(t.name, p.partition_index): E.TOPIC_AUTHORIZATION_FAILED for p in t.partitions})
     topic_cls = ctx.response_class.OffsetCommitResponseTopic
     part_cls = topic_cls.OffsetCommitResponsePartition
     return ctx.response(
@@ -208,17 +238,31 @@ class _FetchedOffset(NamedTuple):
 
 
 def _fetch_group(
-    coordinator: GroupCoordinator, group_id: str, topics: list[Message] | None, require_stable: bool = False
+    ctx: RequestContext, group_id: str, topics: list[Message] | None, require_stable: bool = False
 ) -> tuple[ErrorCode, dict[str, list[_FetchedOffset]]]:
     """Committed offsets of one group by topic (the requested topics first, in request order); with
     ``require_stable``, partitions with offsets pending in a transaction answer UNSTABLE_OFFSET_COMMIT (the
-    consumer retries until the transaction ends), as Kafka's."""
-    wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
-    error, found = coordinator.fetch_offsets(group_id, wanted, require_stable=require_stable)
+    consumer retries until the transaction ends), as Kafka's. DESCRIBE on the group, and on each topic: a
+    requested topic the client may not describe answers TOPIC_AUTHORIZATION_FAILED, an unrequested one is left out."""
+    if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id):
+        return E.GROUP_AUTHORIZATION_FAILED, {}
+    denied: set[str] = set()
+    if topics is not None:
+        denied = set(authz.split(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, [t.name for t in topics],
+                                 lambda n: n)[1])
+    wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes
+                                          if t.name not in denied]
+    error, found = _groups(ctx).fetch_offsets(group_id, wanted, require_stable=require_stable)
     by_topic: dict[str, list[_FetchedOffset]] = {}
     if topics is not None:
         for t in topics:
             by_topic.setdefault(t.name, [])
+            if t.name in denied:
+                by_topic[t.name] = [_FetchedOffset(p, error_code=E.TOPIC_AUTHORIZATION_FAILED)
+                                    for p in t.partition_indexes]
+    else:
+        found = {tp: c for tp, c in found.items()
+                 if authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TOPIC, tp[0])}
     for (topic, partition), c in found.items():
         if c is UNSTABLE_OFFSET:
             row = _FetchedOffset(partition, error_code=E.UNSTABLE_OFFSET_COMMIT)
@@ -242,10 +286,9 @@ def _offset_topics(topic_cls: type[Message], part_cls: type[Message], by_topic: 
 @handles(ApiKey.OffsetFetch)
 async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
     v = ctx.api_version
-    coordinator = _groups(ctx)
     if v < 8:
         stable = v >= 7 and bool(req.require_stable)
-        error, by_topic = _fetch_group(coordinator, req.group_id, req.topics, stable)
+        error, by_topic = _fetch_group(ctx, req.group_id, req.topics, stable)
         topic_cls = ctx.response_class.OffsetFetchResponseTopic
         part_cls = topic_cls.OffsetFetchResponsePartition
         part_error = error if v < 2 else E.NONE
@@ -255,7 +298,7 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
     part_cls = topic_cls.OffsetFetchResponsePartitions
     groups = []
     for g in req.groups:
-        error, by_topic = _fetch_group(coordinator, g.group_id, g.topics, bool(req.require_stable))
+        error, by_topic = _fetch_group(ctx, g.group_id, g.topics, bool(req.require_stable))
         groups.append(group_cls(group_id=g.group_id, error_code=error,
                                 topics=_offset_topics(topic_cls, part_cls, by_topic, E.NONE)))
     return ctx.response(groups=groups)
@@ -263,8 +306,13 @@ async def offset_fetch(ctx: RequestContext, req: Message) -> Message:
 
 @handles(ApiKey.OffsetDelete)
 async def offset_delete(ctx: RequestContext, req: Message) -> Message:
-    wanted = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
+    if not authz.allowed(ctx, AclOperation.DELETE, ResourceType.GROUP, req.group_id):
+        return ctx.response(error_code=E.GROUP_AUTHORIZATION_FAILED, topics=[])
+    _, denied = authz.split(ctx, AclOperation.READ, ResourceType.TOPIC, [t.name for t in req.topics], lambda n: n)
+    wanted = [(t.name, p.partition_index) for t in req.topics for p in t.partitions if t.name not in denied]
     error, per_partition = await _groups(ctx).delete_offsets(req.group_id, wanted)
+    per_partition = {**per_partition, **{(t.name, p.partition_index): E.TOPIC_AUTHORIZATION_FAILED
+                                         for t in req.topics if t.name in denied for p in t.partitions}}
     if error != E.NONE:
         return ctx.response(error_code=error, topics=[])
     topic_cls = ctx.response_class.OffsetDeleteResponseTopic
@@ -294,6 +342,8 @@ async def list_groups(ctx: RequestContext, req: Message) -> Message:
         req.states_filter if v >= 4 else None, req.types_filter if v >= 5 else None
     )
     cls = ctx.response_class.ListedGroup
+    if not authz.cluster_allowed(ctx, AclOperation.DESCRIBE):  # else only the groups the client may describe
+        listings = [g for g in listings if authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, g.group_id)]
     return ctx.response(
         error_code=error,
         groups=[
@@ -311,6 +361,10 @@ async def describe_groups(ctx: RequestContext, req: Message) -> Message:
     member_cls = group_cls.DescribedGroupMember
     described = []
     for group_id in req.groups:
+        if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.GROUP, group_id):
+            described.append(group_cls(error_code=E.GROUP_AUTHORIZATION_FAILED, group_id=group_id, group_state="",
+                                       protocol_type="", protocol_data="", members=[]))
+            continue
         d = coordinator.describe_group(group_id)
         described.append(
             group_cls(
@@ -330,7 +384,8 @@ async def describe_groups(ctx: RequestContext, req: Message) -> Message:
                     )
                     for m in d.members
                 ],
-                authorized_operations=set(_GROUP_AUTHORIZED_OPERATIONS) if include_ops else None,
+                authorized_operations=authz.authorized_operations(ctx, ResourceType.GROUP, group_id)
+                if include_ops else None,
             )
         )
     return ctx.response(groups=described)
@@ -339,7 +394,9 @@ async def describe_groups(ctx: RequestContext, req: Message) -> Message:
 @handles(ApiKey.DeleteGroups)
 async def delete_groups(ctx: RequestContext, req: Message) -> Message:
     names = list(req.groups_names)
-    results = await _groups(ctx).delete_groups(names)
+    allowed_names, denied = authz.split(ctx, AclOperation.DELETE, ResourceType.GROUP, names, lambda n: n)
+    results = {**await _groups(ctx).delete_groups(allowed_names),
+               **dict.fromkeys(denied, E.GROUP_AUTHORIZATION_FAILED)}
     cls = ctx.response_class.DeletableGroupResult
     return ctx.response(results=[cls(group_id=name, error_code=results[name]) for name in dict.fromkeys(names)])
 

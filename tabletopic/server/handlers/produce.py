@@ -22,6 +22,8 @@ from tabletopic.logs import ConditionLog
 from tabletopic.protocol import records as rb
 from tabletopic.protocol.batch_body import keyless_records
 from tabletopic.protocol.codec import MIN_USABLE_PRODUCE_VERSION, ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers import transactions
 from tabletopic.server.handlers.base import RequestContext, handles
 
@@ -55,6 +57,9 @@ def _refusal(ctx: RequestContext, req: Message, acks: int) -> tuple[ErrorCode, s
         return ErrorCode.UNSUPPORTED_VERSION, None
     if acks not in (-1, 0, 1):
         return ErrorCode.INVALID_REQUIRED_ACKS, None
+    if req.transactional_id is not None and not authz.allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                                               req.transactional_id):
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None
     return ErrorCode.NONE, None
 
 
@@ -143,11 +148,15 @@ def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutc
         # No auto-creation here (as in Kafka: producers create topics through Metadata).
         info = broker.topics.get(name)
         parts: list[_PartitionOutcome] = []
+        denied = refusal == ErrorCode.NONE and not authz.allowed(ctx, AclOperation.WRITE, ResourceType.TOPIC, name)
         for pdata in topic.partition_data:
             out = _PartitionOutcome(pdata.index)
             parts.append(out)
             if refusal != ErrorCode.NONE:
                 out.error, out.message = refusal, refusal_message
+                continue
+            if denied:  # checked before existence, as Kafka: a denied client learns nothing of the topic
+                out.error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
                 continue
             plog = broker.logs.get(name, pdata.index) if info is not None else None
             if plog is None:

@@ -11,8 +11,10 @@ from collections.abc import Callable
 
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation
 from tabletopic.security.credentials import CredentialChange
 from tabletopic.security.sasl import SCRAM_MECHANISMS, ScramCredential, credential_from_salted
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 
 _BY_TYPE = {m.type: name for name, m in SCRAM_MECHANISMS.items()}  # Kafka's ScramMechanism type -> name
@@ -20,6 +22,9 @@ _BY_TYPE = {m.type: name for name, m in SCRAM_MECHANISMS.items()}  # Kafka's Scr
 
 @handles(ApiKey.DescribeUserScramCredentials)
 async def describe_user_scram_credentials(ctx: RequestContext, req: Message) -> Message:
+    if not authz.cluster_allowed(ctx, AclOperation.DESCRIBE):
+        code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        return ctx.response(throttle_time_ms=0, error_code=int(code), error_message=authz.MESSAGES[code], results=[])
     store = ctx.broker.scram_credentials
     R = ctx.response_class.DescribeUserScramCredentialsResult
     requested = [u.name for u in req.users] if req.users else store.users()
@@ -41,6 +46,12 @@ async def describe_user_scram_credentials(ctx: RequestContext, req: Message) -> 
 
 @handles(ApiKey.AlterUserScramCredentials)
 async def alter_user_scram_credentials(ctx: RequestContext, req: Message) -> Message:
+    R = ctx.response_class.AlterUserScramCredentialsResult
+    if not authz.cluster_allowed(ctx, AclOperation.ALTER):
+        code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        users = dict.fromkeys([d.name for d in req.deletions] + [u.name for u in req.upsertions])
+        return ctx.response(throttle_time_ms=0, results=[R(user=u, error_code=int(code),
+                                                           error_message=authz.MESSAGES[code]) for u in users])
     store = ctx.broker.scram_credentials
     changes: dict[str, CredentialChange] = {}
     errors: dict[str, tuple[ErrorCode, str]] = {}
@@ -51,7 +62,6 @@ async def alter_user_scram_credentials(ctx: RequestContext, req: Message) -> Mes
     if changes:
         # durable before the answer, off the event loop (one file write for the whole request)
         await asyncio.to_thread(store.apply, list(changes.values()))
-    R = ctx.response_class.AlterUserScramCredentialsResult
     results = [R(user=user, error_code=0, error_message=None) for user in changes]
     results += [R(user=user, error_code=int(code), error_message=message) for user, (code, message) in errors.items()]
     return ctx.response(throttle_time_ms=0, results=results)

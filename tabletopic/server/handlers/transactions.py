@@ -13,6 +13,8 @@ import logging
 from tabletopic.errors import ErrorCode
 from tabletopic.groups import CommitRequestOffset
 from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
 from tabletopic.transactions.coordinator import (
     OFFSETS_TOPIC,
@@ -23,6 +25,10 @@ from tabletopic.transactions.coordinator import (
 
 log = logging.getLogger(__name__)
 
+def _txn_allowed(ctx: RequestContext, transactional_id: str) -> bool:
+    return authz.allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id)
+
+
 def _coordinator(ctx: RequestContext) -> TransactionCoordinator:
     coordinator: TransactionCoordinator = ctx.broker.transactions
     return coordinator
@@ -31,6 +37,9 @@ def _coordinator(ctx: RequestContext) -> TransactionCoordinator:
 async def init_transactional(ctx: RequestContext, req: Message) -> Message:
     """InitProducerId with a transactional id: the coordinator's producer id and epoch (KIP-360: the producer
     it continues, when the request names one; only one of id and epoch given is INVALID_REQUEST, as Kafka)."""
+    if not _txn_allowed(ctx, req.transactional_id):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+                            producer_id=-1, producer_epoch=-1)
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)
     if (pid == -1) != (epoch == -1):
@@ -48,8 +57,15 @@ async def add_partitions_to_txn(ctx: RequestContext, req: Message) -> Message:
     get UNKNOWN_TOPIC_OR_PARTITION and the others OPERATION_NOT_ATTEMPTED, as Kafka answers."""
     requested = [(t.name, int(p)) for t in req.v3_and_below_topics for p in t.partitions]
     missing = {tp for tp in requested if ctx.broker.logs.get(*tp) is None}
+    _, denied_topics = authz.split(ctx, AclOperation.WRITE, ResourceType.TOPIC, {t for t, _ in requested},
+                                   lambda t: t)
     errors: dict[tuple[str, int], ErrorCode]
-    if missing:
+    if not _txn_allowed(ctx, req.v3_and_below_transactional_id):
+        errors = dict.fromkeys(requested, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    elif denied_topics:  # as Kafka: the denied topics fail, the rest is not attempted
+        errors = {tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED if tp[0] in denied_topics
+                  else ErrorCode.OPERATION_NOT_ATTEMPTED for tp in requested}
+    elif missing:
         errors = {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in missing else ErrorCode.OPERATION_NOT_ATTEMPTED
                   for tp in requested}
     else:
@@ -67,6 +83,10 @@ async def add_partitions_to_txn(ctx: RequestContext, req: Message) -> Message:
 
 @handles(ApiKey.AddOffsetsToTxn)
 async def add_offsets_to_txn(ctx: RequestContext, req: Message) -> Message:
+    if not _txn_allowed(ctx, req.transactional_id):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
+    if not authz.allowed(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.GROUP_AUTHORIZATION_FAILED))
     error = await _coordinator(ctx).add_offsets(req.transactional_id, int(req.producer_id), int(req.producer_epoch),
                                                 req.group_id)
     return ctx.response(throttle_time_ms=0, error_code=int(error))
@@ -84,12 +104,21 @@ async def txn_offset_commit(ctx: RequestContext, req: Message) -> Message:
     error, added = _coordinator(ctx).verify(req.transactional_id, pid, epoch)
     if error == ErrorCode.NONE and (OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITION) not in added:
         error = ErrorCode.INVALID_TXN_STATE
+    if not _txn_allowed(ctx, req.transactional_id):
+        error = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    elif not authz.allowed(ctx, AclOperation.READ, ResourceType.GROUP, req.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    denied: set[str] = set()
+    if error == ErrorCode.NONE:
+        denied = set(authz.split(ctx, AclOperation.READ, ResourceType.TOPIC, {t for t, _ in requested},
+                                 lambda t: t)[1])
+        requested_ok = [(t, p) for t, p in requested if t not in denied]
     if error != ErrorCode.NONE:
         errors: dict[tuple[str, int], int] = {(t, p.partition_index): error for t, p in requested}
     else:
         offsets = {(t, p.partition_index): CommitRequestOffset(
             int(p.committed_offset), int(p.committed_leader_epoch) if v >= 2 else -1, p.committed_metadata)
-            for t, p in requested}
+            for t, p in requested_ok}
         errors = dict(await ctx.broker.groups.txn_offset_commit(
             req.group_id, producer_id=pid, producer_epoch=epoch, offsets=offsets,
             generation_id=int(req.generation_id) if v >= 3 else -1, member_id=req.member_id if v >= 3 else "",
@@ -97,6 +126,8 @@ async def txn_offset_commit(ctx: RequestContext, req: Message) -> Message:
         if v < 2:  # as Kafka's KafkaApis: older clients do not know this code
             errors = {tp: ErrorCode.COORDINATOR_NOT_AVAILABLE if e == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS else e
                       for tp, e in errors.items()}
+        errors.update({(t, p.partition_index): ErrorCode.TOPIC_AUTHORIZATION_FAILED for t, p in requested
+                       if t in denied})
     T = ctx.response_class.TxnOffsetCommitResponseTopic
     P = T.TxnOffsetCommitResponsePartition
     by_topic: dict[str, list[Message]] = {}
@@ -107,6 +138,8 @@ async def txn_offset_commit(ctx: RequestContext, req: Message) -> Message:
 
 @handles(ApiKey.EndTxn)
 async def end_txn(ctx: RequestContext, req: Message) -> Message:
+    if not _txn_allowed(ctx, req.transactional_id):
+        return ctx.response(throttle_time_ms=0, error_code=int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
     error = await _coordinator(ctx).end_txn(req.transactional_id, int(req.producer_id), int(req.producer_epoch),
                                             bool(req.committed))
     return ctx.response(throttle_time_ms=0, error_code=int(error))
@@ -117,6 +150,11 @@ async def describe_transactions(ctx: RequestContext, req: Message) -> Message:
     S = ctx.response_class.TransactionState
     states = []
     for tid in req.transactional_ids:
+        if not authz.allowed(ctx, AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, tid):
+            states.append(S(error_code=int(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED), transactional_id=tid,
+                            transaction_state="", transaction_timeout_ms=0, transaction_start_time_ms=-1,
+                            producer_id=-1, producer_epoch=-1, topics=[]))
+            continue
         d = _coordinator(ctx).describe(tid)
         states.append(S(error_code=int(d.error), transactional_id=tid, transaction_state=d.state,
                         transaction_timeout_ms=d.timeout_ms, transaction_start_time_ms=d.start_time_ms,
@@ -133,7 +171,9 @@ async def list_transactions(ctx: RequestContext, req: Message) -> Message:
     return ctx.response(throttle_time_ms=0, error_code=int(listing.error),
                         unknown_state_filters=listing.unknown_state_filters,
                         transaction_states=[S(transactional_id=t.transactional_id, producer_id=t.producer_id,
-                                              transaction_state=t.state) for t in listing.transactions])
+                                              transaction_state=t.state) for t in listing.transactions
+                                            if authz.allowed(ctx, AclOperation.DESCRIBE,
+                                                             ResourceType.TRANSACTIONAL_ID, t.transactional_id)])
 
 
 def verify_produce(ctx: RequestContext, transactional_id: str, producer_id: int, producer_epoch: int,
@@ -160,6 +200,12 @@ async def write_txn_markers(ctx: RequestContext, req: Message) -> Message:
 
     writer = LogMarkerWriter(ctx.broker.logs.get)
     R = ctx.response_class.WritableTxnMarkerResult
+    if not (authz.cluster_allowed(ctx, AclOperation.ALTER) or authz.cluster_allowed(ctx, AclOperation.CLUSTER_ACTION)):
+        denied_markers = R.WritableTxnMarkerTopicResult
+        return ctx.response(markers=[R(producer_id=int(m.producer_id), topics=[denied_markers(
+            name=t.name, partitions=[denied_markers.WritableTxnMarkerPartitionResult(
+                partition_index=int(p), error_code=int(ErrorCode.CLUSTER_AUTHORIZATION_FAILED))
+                for p in t.partition_indexes]) for t in m.topics]) for m in req.markers])
     T = R.WritableTxnMarkerTopicResult
     P = T.WritableTxnMarkerPartitionResult
     results = []
@@ -184,8 +230,13 @@ async def describe_producers(ctx: RequestContext, req: Message) -> Message:
     topics = []
     for t in req.topics:
         partitions = []
+        readable = authz.allowed(ctx, AclOperation.READ, ResourceType.TOPIC, t.name)
         for p in t.partition_indexes:
             plog = ctx.broker.logs.get(t.name, int(p))
+            if not readable:
+                partitions.append(P(partition_index=int(p), error_code=int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                                    error_message=None, active_producers=[]))
+                continue
             if plog is None:
                 partitions.append(P(partition_index=int(p), error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
                                     error_message=None, active_producers=[]))
