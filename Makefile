@@ -18,4 +18,4 @@ lint: setup
 	$(VENV)/bin/mypy
 
 bench: setup
-	$(PY) bench/produce.py && $(PY) bench/convert.py && $(PY) bench/e2e.py && $(PY) bench/idle.py && $(PY) bench/registry.py && $(PY) bench/avro.py && $(PY) bench/s3_catchup.py && $(PY) bench/attach_catchup.py && $(PY) bench/transactions.py && $(PY) bench/compaction.py
+	$(PY) bench/produce.py && $(PY) bench/convert.py && $(PY) bench/e2e.py && $(PY) bench/idle.py && $(PY) bench/registry.py && $(PY) bench/avro.py && $(PY) bench/s3_catchup.py && $(PY) bench/attach_catchup.py && $(PY) bench/transactions.py && $(PY) bench/compaction.py && $(PY) bench/security.py

@@ -103,6 +103,8 @@ def main() -> int:
     ap.add_argument("--segment-mb", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-cleaner", action="store_true", help="log.cleaner.enable=false (what the cleaner costs)")
+    ap.add_argument("--cleaner-io-mb", type=float, default=0.0,
+                    help="log.cleaner.io.max.bytes.per.second in MB/s (Kafka's cleaner throttle; 0: unlimited)")
     args = ap.parse_args()
     keys = [b"key-%08d" % i for i in range(args.keys)]
     value = os.urandom(args.size)  # incompressible, and no codec is set anyway
@@ -111,13 +113,17 @@ def main() -> int:
     compact = {"cleanup.policy": "compact", **segments}
     print(f"commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M')}, load average before "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    cleaner = ("off" if args.no_cleaner else
+               f"throttled to {args.cleaner_io_mb:.0f} MB/s" if args.cleaner_io_mb else "unthrottled")
     print(f"{args.keys:,} keys, values of {args.size} B (~{args.keys * args.size / 1e6:.0f} MB of latest values), "
-          f"one partition, segments of {args.segment_mb} MiB, {args.seconds:.0f} s per run")
+          f"one partition, segments of {args.segment_mb} MiB, {args.seconds:.0f} s per run, cleaner {cleaner}")
     rates: dict[str, list[float]] = {"peer": [], "compacted": []}
     with tempfile.TemporaryDirectory(prefix="tabletopic-bench-compaction-") as tmp:
         data = Path(tmp) / "data"
         log_path = Path(tmp) / "broker.log"
         overrides = {"log.cleaner.enable": "false"} if args.no_cleaner else {}
+        if args.cleaner_io_mb:
+            overrides["log.cleaner.io.max.bytes.per.second"] = str(args.cleaner_io_mb * 1e6)
         with brokers.start_tabletopic(data, log_path=log_path, overrides=overrides) as broker:
             for rep in range(args.repeat):
                 for kind in (("peer", "compacted") if rep % 2 == 0 else ("compacted", "peer")):
@@ -129,6 +135,8 @@ def main() -> int:
                     print(f"  rep {rep} {kind:10s} {n / elapsed:>10,.0f} rec/s {mbs:6.1f} MB/s"
                           f"  (size on disk {_size(data, topic) / 1e6:,.0f} MB)")
                     _delete(broker.bootstrap, topic)
+        # the paced run on a broker of its own: no backlog of the runs above competes with it
+        with brokers.start_tabletopic(data, log_path=log_path, overrides=overrides) as broker:
             topic = "paced"
             _create(broker.bootstrap, topic, compact)
             samples: list[tuple[float, int]] = []

@@ -286,6 +286,34 @@ def key_value_list_validator(name: str, v: Value) -> None:
 _LISTENER = re.compile(r"^(?:(?P<name>[A-Za-z0-9_]+)://)?(?P<host>\[[^\]]*\]|[^:]*):(?P<port>\d+)$")
 
 
+_HOST_PATTERN = re.compile(r"[0-9a-zA-Z\-%._:]*")  # Kafka's Utils.validHostPattern
+
+
+def parse_connection_overrides(text: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides`` as Kafka's Csv.parseCsvMap reads it: ``host:n`` items split on their
+    last ``:`` (so IPv6 addresses work), blanks around commas ignored; ValueError naming the bad item."""
+    out: dict[str, int] = {}
+    if not text:
+        return out
+    for item in re.split(r"\s*,\s*", text):
+        host, sep, count = item.rpartition(":")
+        host = host.strip()
+        if not sep or not _HOST_PATTERN.fullmatch(host):
+            raise ValueError(f"expected host:count items, got {item!r}")
+        try:
+            out[host] = int(count.strip())
+        except ValueError:
+            raise ValueError(f"expected host:count items, got {item!r}") from None
+    return out
+
+
+def connection_overrides_validator(name: str, v: Value) -> None:
+    try:
+        parse_connection_overrides(str(v or ""))
+    except ValueError as e:
+        raise InvalidConfigError.invalid_value(name, v, str(e)) from None
+
+
 def non_blank(name: str, v: Value) -> None:
     if not _text(name, v).strip():
         raise InvalidConfigError.invalid_value(name, v, "must not be blank")
@@ -435,6 +463,10 @@ _broker(
             "the end of the segment where they are reached, as Kafka's does.", at_least(1 << 20), dynamic=False),
     Setting("log.cleaner.threads", Type.INT, 1, "Cleaner processes: one (a pass runs in a process of its own; "
             "more are refused).", between(1, 1), dynamic=False),
+    Setting("log.cleaner.io.max.bytes.per.second", Type.DOUBLE, 1.7976931348623157e308, "The log cleaner's read "
+            "and write bytes per second, at most (Kafka's Throttler: checked every 300 ms); a limit keeps cleaning "
+            "from taking the CPU and disk produce and fetch need, and lets a log grow while it holds the cleaner "
+            "back.", at_least(1), dynamic=False),
     Setting("log.index.interval.bytes", Type.INT, 4096, "Bytes between offset index entries.", at_least(0)),
     Setting("log.flush.threads", Type.INT, 4,
             "Threads that fsync partition logs in parallel (group commit within each partition). Not a Kafka "
@@ -452,8 +484,17 @@ _broker(
             "operating system's buffer sizes.", at_least(-1), applied=False),
     Setting("socket.receive.buffer.bytes", Type.INT, 102400, "SO_RCVBUF. Accepted; not applied: sockets keep the "
             "operating system's buffer sizes.", at_least(-1), applied=False),
-    Setting("connections.max.idle.ms", Type.LONG, 600000, "Idle connections are closed after this.",
-            at_least(1)),
+    Setting("connections.max.idle.ms", Type.LONG, 600000, "A connection with no request in progress and no "
+            "bytes read or written for this long is closed (before authentication too: Kafka has no other "
+            "handshake time-out).", at_least(1)),
+    Setting("max.connections", Type.INT, INT_MAX, "Most connections the broker holds at once, over all listeners; "
+            "a connection beyond it is closed when accepted (Kafka's acceptor waits for a free slot instead).",
+            at_least(0)),
+    Setting("max.connections.per.ip", Type.INT, INT_MAX, "Most connections from one IP address; a connection "
+            "beyond it is closed when accepted. 0 only with max.connections.per.ip.overrides.", at_least(0)),
+    Setting("max.connections.per.ip.overrides", Type.STRING, "", "Per-IP or host name limits instead of "
+            "max.connections.per.ip, e.g. `hostName:100,127.0.0.1:200` (names are resolved at start).",
+            connection_overrides_validator),
     Setting("group.initial.rebalance.delay.ms", Type.INT, 3000, "Delay of the first rebalance of a group.",
             at_least(0)),
     Setting("group.min.session.timeout.ms", Type.INT, 6000, "Smallest session timeout accepted.", at_least(0)),
@@ -1017,10 +1058,13 @@ class BrokerConfig:
     log_cleaner_enable = _setting("log.cleaner.enable", bool)
     log_cleaner_backoff_ms = _setting("log.cleaner.backoff.ms", int)
     log_cleaner_dedupe_buffer_size = _setting("log.cleaner.dedupe.buffer.size", int)
+    log_cleaner_io_max_bytes_per_second = _setting("log.cleaner.io.max.bytes.per.second", float)
     log_flush_threads = _setting("log.flush.threads", int)
     log_flush_interval_ms = _optional_setting("log.flush.interval.ms", int)
     socket_request_max_bytes = _setting("socket.request.max.bytes", int)
     connections_max_idle_ms = _setting("connections.max.idle.ms", int)
+    max_connections = _setting("max.connections", int)
+    max_connections_per_ip = _setting("max.connections.per.ip", int)
     group_initial_rebalance_delay_ms = _setting("group.initial.rebalance.delay.ms", int)
     group_min_session_timeout_ms = _setting("group.min.session.timeout.ms", int)
     group_max_session_timeout_ms = _setting("group.max.session.timeout.ms", int)
@@ -1101,6 +1145,11 @@ class BrokerConfig:
     def consumer_group_assignors(self) -> tuple[str, ...]:
         """group.consumer.assignors by their short names."""
         return tuple(ASSIGNOR_CLASSES.get(x, x) for x in typed_list(self.values, "group.consumer.assignors"))
+
+    @property
+    def max_connections_per_ip_overrides(self) -> dict[str, int]:
+        """``max.connections.per.ip.overrides``: host (name or address) -> most connections from it."""
+        return parse_connection_overrides(typed(self.values, "max.connections.per.ip.overrides", str))
 
     @property
     def log_dir(self) -> Path:

@@ -76,7 +76,8 @@ class Broker:
             retention_check_interval_ms=config.log_retention_check_interval_ms,
             flusher_threads=config.log_flush_threads,
             cleaner=CleanerSettings(config.log_cleaner_enable, config.log_cleaner_backoff_ms,
-                                    config.log_cleaner_dedupe_buffer_size),
+                                    config.log_cleaner_dedupe_buffer_size,
+                                    config.log_cleaner_io_max_bytes_per_second),
         )
         self.topics = TopicManager(config, self.logs)
         self.producer_ids = ProducerIdManager(data_dir / "__meta")

@@ -48,6 +48,7 @@ class CleanerSettings:
     enable: bool = True
     backoff_ms: int = 15_000
     dedupe_buffer_size: int = 128 << 20
+    io_max_bytes_per_second: float = float("inf")
 
 
 class LogManager:
@@ -80,7 +81,8 @@ class LogManager:
         if cleaner is None or cleaner.enable:
             cleaner = cleaner or CleanerSettings()
             self.cleaner = LogCleaner(self.logs, backoff_ms=cleaner.backoff_ms,
-                                      dedupe_buffer_size=cleaner.dedupe_buffer_size)
+                                      dedupe_buffer_size=cleaner.dedupe_buffer_size,
+                                      io_max_bytes_per_second=cleaner.io_max_bytes_per_second)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from tabletopic.protocol.records import HEADER_SIZE, BatchHeader, parse_header
 
 READ_CHUNK = 8 << 20
 WRITE_CHUNK = 4 << 20
+THROTTLE_CHECK_S = 0.3  # Kafka's cleaner Throttler checks every 300 ms
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class CleanJob:
     segment_bytes: int
     index_interval: int
     max_keys: int
+    io_max_bytes_per_second: float = float("inf")  # log.cleaner.io.max.bytes.per.second
 
 
 @dataclass
@@ -70,6 +73,33 @@ class CleanResult:
     tombstones_removed: int = 0
     markers_removed: int = 0
     keys: int = 0
+    throttled_s: float = 0.0  # slept to keep log.cleaner.io.max.bytes.per.second
+
+
+class Throttler:
+    """Kafka's cleaner Throttler: every ``check_interval_s`` of I/O, sleep so that the bytes read and written since
+    the last check come to at most ``rate`` per second (the cleaner process sleeps; the broker does not)."""
+
+    def __init__(self, rate: float, check_interval_s: float | None = None) -> None:
+        self.rate = rate
+        self.check_interval_s = THROTTLE_CHECK_S if check_interval_s is None else check_interval_s
+        self._start = time.monotonic()
+        self._observed = 0.0
+        self.slept = 0.0
+
+    def maybe_throttle(self, observed: int) -> None:
+        if self.rate >= 1.7e308:  # Kafka's default, Double.MAX_VALUE (or infinity): no limit
+            return
+        self._observed += observed
+        elapsed = time.monotonic() - self._start
+        if elapsed > self.check_interval_s and self._observed > 0:
+            if self._observed / elapsed > self.rate:
+                nap = self._observed / self.rate - elapsed
+                if nap > 0:
+                    time.sleep(nap)
+                    self.slept += nap
+            self._start = time.monotonic()
+            self._observed = 0.0
 
 
 @dataclass
@@ -88,14 +118,16 @@ class _Txns:
         return i >= 0 and spans[i][0] <= h.base_offset <= spans[i][1]
 
 
-def _batches(directory: Path, ref: SegmentRef) -> Iterator[tuple[BatchHeader, memoryview]]:
+def _batches(directory: Path, ref: SegmentRef, throttler: Throttler) -> Iterator[tuple[BatchHeader, memoryview]]:
     """The batches of a segment with their bytes (each batch's header parsed at 0 of its own bytes), read in large
-    chunks. The segment is closed and was written whole: a batch cut short ends it (raised: never expected)."""
+    chunks (each counted by ``throttler``). The segment is closed and was written whole: a batch cut short ends it
+    (raised: never expected)."""
     fd = os.open(directory / file_name(ref.base, LOG_SUFFIX, ref.generation), os.O_RDONLY | os.O_CLOEXEC)
     try:
         pos = 0
         while pos < ref.size:
             chunk = memoryview(os.pread(fd, min(READ_CHUNK, ref.size - pos), pos))
+            throttler.maybe_throttle(len(chunk))
             at = 0
             while len(chunk) - at >= HEADER_SIZE:
                 size = parse_header(chunk, at).size
@@ -116,7 +148,7 @@ def _batches(directory: Path, ref: SegmentRef) -> Iterator[tuple[BatchHeader, me
         os.close(fd)
 
 
-def _key_map(directory: Path, job: CleanJob, txns: _Txns) -> tuple[dict[bytes, int], int]:
+def _key_map(directory: Path, job: CleanJob, txns: _Txns, throttler: Throttler) -> tuple[dict[bytes, int], int]:
     """Step 1: the latest offset per key in the dirty part, and where the pass ends (maybe before ``job.end``)."""
     latest: dict[bytes, int] = {}
     refs = job.segments
@@ -124,7 +156,7 @@ def _key_map(directory: Path, job: CleanJob, txns: _Txns) -> tuple[dict[bytes, i
         following = refs[i + 1].base if i + 1 < len(refs) else job.end
         if following <= job.checkpoint.first_dirty:
             continue
-        for h, data in _batches(directory, ref):
+        for h, data in _batches(directory, ref, throttler):
             if h.is_control or h.last_offset < job.checkpoint.first_dirty or txns.is_aborted(h):
                 continue
             BatchRecords(data, h).add_latest(latest)
@@ -150,8 +182,10 @@ def _groups(refs: list[SegmentRef], segment_bytes: int) -> list[list[SegmentRef]
 class _Pass:
     """Step 2 for one job: rewrites groups of segments, counting what it removes."""
 
-    def __init__(self, job: CleanJob, latest: dict[bytes, int], txns: _Txns, result: CleanResult) -> None:
+    def __init__(self, job: CleanJob, latest: dict[bytes, int], txns: _Txns, result: CleanResult,
+                 throttler: Throttler | None = None) -> None:
         self.job = job
+        self.throttler = throttler or Throttler(job.io_max_bytes_per_second)
         self.directory = Path(job.directory)
         self.latest = latest
         self.txns = txns
@@ -178,7 +212,7 @@ class _Pass:
         placed: list[tuple[int, int, int, int, int]] = []  # what LogSegment.append indexes
         for ref in group:
             self.result.bytes_before += ref.size
-            for h, data in _batches(self.directory, ref):
+            for h, data in _batches(self.directory, ref, self.throttler):
                 kept = self._clean_batch(h, data)
                 if kept is None:
                     continue
@@ -187,6 +221,7 @@ class _Pass:
                 buf += kept
                 if len(buf) >= WRITE_CHUNK:
                     seg.append(buf, placed, self.job.index_interval)
+                    self.throttler.maybe_throttle(len(buf))
                     buf, placed = bytearray(), []
         if buf:
             seg.append(buf, placed, self.job.index_interval)
@@ -248,12 +283,13 @@ def run(job: CleanJob) -> CleanResult:
     for spans in aborted.values():
         spans.sort()
     txns = _Txns(aborted)
-    latest, end = _key_map(directory, job, txns)
+    throttler = Throttler(job.io_max_bytes_per_second)
+    latest, end = _key_map(directory, job, txns, throttler)
     refs = [r for i, r in enumerate(job.segments)
             if (job.segments[i + 1].base if i + 1 < len(job.segments) else job.end) <= end]
     checkpoint = job.checkpoint.advanced(end, job.now_ms, job.delete_retention_ms)
     result = CleanResult([(r.base, r.generation) for r in refs], [], checkpoint, keys=len(latest))
-    cleaning = _Pass(job, latest, txns, result)
+    cleaning = _Pass(job, latest, txns, result, throttler)
     try:
         for group in _groups(refs, job.segment_bytes):
             result.written.append(cleaning.write_group(group))
@@ -263,4 +299,5 @@ def run(job: CleanJob) -> CleanResult:
                 cleaned_path(directory, name, suffix).unlink(missing_ok=True)
         raise
     commit(directory, result.replaced, result.written, checkpoint)
+    result.throttled_s = throttler.slept
     return result

@@ -47,7 +47,8 @@ class Plan:
     reason: str
 
 
-def plan(lg: PartitionLog, now_ms: int, max_keys: int, hold: int | None = None) -> Plan | None:
+def plan(lg: PartitionLog, now_ms: int, max_keys: int, hold: int | None = None,
+         io_max_bytes_per_second: float = float("inf")) -> Plan | None:
     """The pass to make on ``lg`` now, or None (module docstring); ``hold``: an offset not to clean past."""
     cfg = lg.config
     if not cfg.compacted or lg.high_watermark <= lg.log_start_offset:
@@ -89,7 +90,7 @@ def plan(lg: PartitionLog, now_ms: int, max_keys: int, hold: int | None = None) 
                       if a.first_offset < end),
         last_batch_of={pid: e.last_offset for pid, e in producers.entries.items() if e.last_offset >= 0},
         now_ms=now_ms, delete_retention_ms=cfg.delete_retention_ms, segment_bytes=cfg.segment_bytes,
-        index_interval=cfg.index_interval_bytes, max_keys=max_keys,
+        index_interval=cfg.index_interval_bytes, max_keys=max_keys, io_max_bytes_per_second=io_max_bytes_per_second,
     )
     return Plan(lg, job, ratio, reason)
 
@@ -112,10 +113,11 @@ class LogCleaner:
     ``backoff_ms`` or at :meth:`wake` (a log's segment became durable), whichever comes first."""
 
     def __init__(self, logs: Callable[[], list[PartitionLog]], *, backoff_ms: int = 15_000,
-                 dedupe_buffer_size: int = 128 << 20) -> None:
+                 dedupe_buffer_size: int = 128 << 20, io_max_bytes_per_second: float = float("inf")) -> None:
         self._logs = logs
         self.backoff_ms = backoff_ms
         self.max_keys = max(1, dedupe_buffer_size // KEY_COST_BYTES)
+        self.io_max_bytes_per_second = io_max_bytes_per_second
         self._pool: ProcessPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
         self.hold: Callable[[str, int], int | None] | None = None  # (topic, partition) -> offset not to clean past
@@ -173,7 +175,8 @@ class LogCleaner:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         hold = self.hold
         plans = [p for lg in self._logs()
-                 if (p := plan(lg, now_ms, self.max_keys, hold(lg.topic, lg.partition) if hold else None)) is not None]
+                 if (p := plan(lg, now_ms, self.max_keys, hold(lg.topic, lg.partition) if hold else None,
+                               self.io_max_bytes_per_second)) is not None]
         if not plans:
             return None
         chosen = max(plans, key=lambda p: p.ratio)
@@ -181,9 +184,10 @@ class LogCleaner:
         result = await asyncio.get_running_loop().run_in_executor(self._executor(), jobs.run, chosen.job)
         await self._install(chosen.lg, result)
         log.info("cleaned %s (%s) in %.2f s: %d -> %d bytes, %d record(s), %d tombstone(s), %d marker(s) removed, "
-                 "%d key(s); clean up to offset %d", chosen.lg.name, chosen.reason, time.monotonic() - t0,
+                 "%d key(s); clean up to offset %d%s", chosen.lg.name, chosen.reason, time.monotonic() - t0,
                  result.bytes_before, result.bytes_after, result.records_removed, result.tombstones_removed,
-                 result.markers_removed, result.keys, result.checkpoint.first_dirty)
+                 result.markers_removed, result.keys, result.checkpoint.first_dirty,
+                 f"; throttled {result.throttled_s:.2f} s" if result.throttled_s else "")
         return result
 
     async def _install(self, lg: PartitionLog, result: jobs.CleanResult) -> None:
