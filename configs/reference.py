@@ -44,6 +44,7 @@ _NAMED: dict[str, str] = {
     "http_listeners_validator": "`http://host:port` items",
     "jvm_size_validator": "a JVM memory size (`512m`, `2g`)",
     "non_blank": "not blank",
+    "connection_overrides_validator": "`host:count` items (a host name or IP address)",
     "throttled_replicas_validator": "`*` or `partitionId:brokerId` items",
     "metadata_version_validator": "a message format version Kafka 3.9 knows (`2.8`, `3.0-IV1`)",
     "protocols_validator": "a list of `classic`, `consumer`; `classic` must be there",

@@ -9,18 +9,28 @@ arrival order, which is what keeps pipelined idempotent produce requests in sequ
 Bad input never takes the broker down: an oversized or negative frame, an unknown API key or an
 undecodable request closes that connection (Kafka does the same) after one log line; an unsupported
 version of a known API gets Kafka's answer (ApiVersions v0 fallback; UNSUPPORTED_VERSION elsewhere).
+
+Limits, with Kafka's settings (:class:`ConnectionLimits`): ``max.connections`` and ``max.connections.per.ip``
+(``.overrides``) close a connection beyond them as soon as it is accepted; ``connections.max.idle.ms`` closes a
+connection with no request in progress and no bytes read or written for that long (authenticated or not: Kafka's
+only time-out for a client that never authenticates); ``socket.request.max.bytes`` bounds a frame. A connection
+costs the loop O(1) per read whatever its size (a client dribbling a frame byte by byte re-reads one header).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import struct
 import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
+from configs import InvalidConfigError
 from tabletopic.errors import ErrorCode
+from tabletopic.logs import ConditionLog
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import Message
 from tabletopic.security.sasl import AuthenticationError
@@ -29,7 +39,7 @@ from tabletopic.server.handlers.base import HANDLERS, Handler, RequestContext
 from tabletopic.server.session import SaslState, Session
 
 if TYPE_CHECKING:
-    from configs import ListenerView
+    from configs import BrokerConfig, ListenerView
     from tabletopic.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -37,6 +47,90 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 MAX_PENDING_PER_CONNECTION = 128  # pause reading beyond this many unanswered requests
 MAX_PENDING_BYTES_PER_CONNECTION = 8 * 1024 * 1024  # ... or beyond this many bytes of them (memory bound)
+
+
+MAX_CONNECTIONS = "max.connections"
+MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
+
+
+def ip_key(host: str) -> str:
+    """The canonical text of an IP address (an IPv4-mapped IPv6 address as its IPv4 address, as Java's
+    InetAddress sees it), so that a peer and an override name the same address the same way."""
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+class ConnectionLimits:
+    """Kafka's ConnectionQuotas for ``max.connections`` and ``max.connections.per.ip`` (``.overrides``): the
+    connections held per IP address and in all; :meth:`admit` says whether one more may be held.
+
+    As in Kafka a connection is admitted while fewer than the limit are held (a limit of 0 admits none), the
+    broker-wide limit is checked first, and an override names a host whose address is resolved once, at start.
+    Unlike Kafka's acceptor, which waits for a slot under the broker-wide limit (the new connections waiting in
+    the listen backlog), a connection beyond it is closed at once. Refusals are counted in :attr:`refused` (by
+    setting) and logged through a ConditionLog (a flood writes a line a minute, not a line a connection).
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.max_total = config.max_connections
+        self.max_per_ip = config.max_connections_per_ip
+        self._override_hosts = config.max_connections_per_ip_overrides
+        if self.max_per_ip == 0 and not self._override_hosts:
+            # Kafka's KafkaConfig refuses the same at start
+            raise InvalidConfigError("max.connections.per.ip can be set to zero only if "
+                                     "max.connections.per.ip.overrides property is set.",
+                                     key="max.connections.per.ip")
+        self.overrides: dict[str, int] = {}
+        self.total = 0
+        self.per_ip: dict[str, int] = {}
+        self.refused = {MAX_CONNECTIONS: 0, MAX_CONNECTIONS_PER_IP: 0}
+        self._log = ConditionLog(log)
+
+    async def resolve_overrides(self) -> None:
+        """Resolve the overrides' host names (Kafka's InetAddress.getByName at start; here every address a name
+        has); InvalidConfigError for a name that does not resolve, as Kafka's broker fails to start."""
+        loop = asyncio.get_running_loop()
+        for host, count in self._override_hosts.items():
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as e:
+                raise InvalidConfigError(f"max.connections.per.ip.overrides: cannot resolve {host}: {e}",
+                                         key="max.connections.per.ip.overrides") from e
+            for info in infos:
+                self.overrides[ip_key(str(info[4][0]))] = count
+
+    def admit(self, ip: str) -> bool:
+        """Count one more connection from ``ip`` and return True, or count a refusal, log it (rate-limited)
+        and return False: the caller closes the connection then."""
+        if self.total >= self.max_total:
+            setting, limit, held = MAX_CONNECTIONS, self.max_total, self.total
+        else:
+            limit = self.overrides.get(ip, self.max_per_ip)
+            held = self.per_ip.get(ip, 0)
+            if held < limit:
+                self.per_ip[ip] = held + 1
+                self.total += 1
+                return True
+            setting = MAX_CONNECTIONS_PER_IP
+        self.refused[setting] += 1
+        # one condition per setting, not per address: a flood from many addresses stays one line a minute
+        self._log.log(setting, logging.INFO, "Rejected connection from %s: %d connection(s) held, %s=%d "
+                      "(%d refused so far)", ip, held, setting, limit, self.refused[setting])
+        return False
+
+    def release(self, ip: str) -> None:
+        """A connection :meth:`admit` counted has closed."""
+        self.total -= 1
+        held = self.per_ip.get(ip, 0) - 1
+        if held > 0:
+            self.per_ip[ip] = held
+        else:
+            self.per_ip.pop(ip, None)
 
 
 class _Slot:
@@ -68,7 +162,8 @@ class KafkaConnection(asyncio.Protocol):
         self._reading_paused = False
         self._pending_bytes = 0
         self._warned = False
-        self._last_activity = time.monotonic()
+        self._last_activity = time.monotonic()  # last bytes read or written (connections.max.idle.ms)
+        self._ip: str | None = None  # set once ConnectionLimits counted this connection
 
     # ---- asyncio.Protocol ----
 
@@ -76,6 +171,13 @@ class KafkaConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        ip = ip_key(peer[0]) if peer else ""
+        if not self._server.limits.admit(ip):
+            # over max.connections(.per.ip): closed before anything is read, as Kafka's acceptor closes it
+            self._closing = True
+            self._transport.close()
+            return
+        self._ip = ip
         self.session.host = peer[0] if peer else ""
         if self.session.listener.tls:  # asyncio calls this once the TLS handshake is done
             self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
@@ -84,6 +186,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._ip is not None:
+            self._server.limits.release(self._ip)
+            self._ip = None
         self._server.connections.discard(self)
         for slot in self._queue:
             if slot.task is not None and not slot.task.done():
@@ -196,6 +301,7 @@ class KafkaConnection(asyncio.Protocol):
             self._pending_bytes -= slot.size
             if slot.data is not None:
                 transport.write(slot.data)
+                self._last_activity = time.monotonic()  # Kafka's idle clock counts writes as well as reads
             if slot.close_after:  # a failed authentication: its answer goes out, then the connection closes
                 self._bad_input(slot.close_after)
                 return
@@ -272,9 +378,15 @@ class KafkaConnection(asyncio.Protocol):
                     self._transport.write(slot.data)
             self._transport.close()
 
+    def idle_deadline(self, max_idle_s: float) -> float | None:
+        """The monotonic time this connection has been idle too long (``connections.max.idle.ms``), or None while
+        a request is in progress (Kafka mutes a connection while its request is handled and times it from the
+        answer: a long-poll Fetch is not idleness) or once it is closing."""
+        return None if self._queue or self._closing else self._last_activity + max_idle_s
+
     @property
-    def idle_seconds(self) -> float:
-        return time.monotonic() - self._last_activity if not self._queue else 0.0
+    def peer(self) -> str:
+        return self._peer
 
     @property
     def pending(self) -> int:
@@ -312,9 +424,12 @@ class KafkaServer:
         self.bound_by_listener: dict[str, tuple[str, int]] = {}  # listener name -> its first bound address
         self._servers: list[asyncio.base_events.Server] = []
         self._idle_task: asyncio.Task[None] | None = None
+        self.limits = ConnectionLimits(broker.config)
+        self.idle_closed = 0  # connections closed by connections.max.idle.ms
 
     async def start(self) -> list[tuple[str, int]]:
         loop = asyncio.get_running_loop()
+        await self.limits.resolve_overrides()
         bound: list[tuple[str, int]] = []
         for listener in self.broker.listeners:
             tls = server_context(listener) if listener.tls else None
@@ -330,13 +445,32 @@ class KafkaServer:
         return bound
 
     async def _close_idle(self) -> None:
+        """Close connections idle longer than ``connections.max.idle.ms``, at most ``slack`` late.
+
+        Like Kafka's IdleExpiryManager it wakes at the earliest idle connection's deadline, not on a fixed
+        period (a period of max idle let a connection live twice as long). It adds a slack (5% of the limit,
+        10 ms to 1 s) so that connections whose deadlines are spread out (a flood of them) cost one scan of
+        the connections per slack, not one per connection.
+        """
         max_idle = self.broker.config.connections_max_idle_ms / 1000
+        slack = min(max(max_idle / 20, 0.01), 1.0)
         while True:
-            await asyncio.sleep(min(max_idle, 30))
-            for conn in list(self.connections):
-                if conn.idle_seconds > max_idle:
-                    log.info("closing idle connection")
-                    conn.close()
+            now = time.monotonic()
+            wake = now + max_idle  # a busy connection's deadline is at least this far: it starts at its answer
+            expired: list[KafkaConnection] = []
+            for conn in self.connections:
+                deadline = conn.idle_deadline(max_idle)
+                if deadline is None:
+                    continue
+                if deadline < now:
+                    expired.append(conn)
+                elif deadline < wake:
+                    wake = deadline
+            for conn in expired:
+                log.debug("closing connection from %s: idle for connections.max.idle.ms", conn.peer)
+                conn.close()
+            self.idle_closed += len(expired)
+            await asyncio.sleep(wake - now + slack)
 
     def stop_accepting(self) -> None:
         for server in self._servers:

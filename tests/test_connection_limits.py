@@ -1,0 +1,224 @@
+"""Connection limits with Kafka's settings: max.connections, max.connections.per.ip (and .overrides) close what is
+over them at accept; connections.max.idle.ms closes silent and half-sent connections but not busy ones; slow
+clients and floods of connections leave other clients' acks=all produce working (its latency is measured by
+bench/connection_flood.py, not asserted here).
+
+Every attack comes from its own loopback address (127.0.0.2 and up) so that the producer on 127.0.0.1 is only
+subject to the broker-wide limit."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from configs import BrokerConfig, InvalidConfigError
+from configs.model import parse_connection_overrides
+from tabletopic.protocol import codec
+from tabletopic.protocol.codec import ApiKey
+from tabletopic.server.network import ConnectionLimits, ip_key
+from tests.helpers.procs import BrokerProcess
+from tests.test_clients import create_topic, produce_confluent
+
+MAX_CONNECTIONS = 60
+PER_IP = 30
+IDLE_MS = 5000
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = BrokerProcess(tmp_path_factory.mktemp("limits") / "data", {
+        "max.connections": str(MAX_CONNECTIONS),
+        "max.connections.per.ip": str(PER_IP),
+        # a host name (resolved at start) and an address, as Kafka's example writes them
+        "max.connections.per.ip.overrides": "localhost:40, 127.0.0.2:3",
+        "connections.max.idle.ms": str(IDLE_MS),
+    })
+    b.start()
+    yield b
+    b.stop()
+
+
+def _api_versions(corr: int = 1) -> bytes:
+    req = codec.request_class(ApiKey.ApiVersions)[0]()
+    req.with_header(correlation_id=corr, client_id="limits-test")
+    data: bytes = req.encode(header=True, framed=True)
+    return data
+
+
+def _connect(b: BrokerProcess, source: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", b.port), timeout=10, source_address=(source, 0))
+
+
+def _served(sock: socket.socket) -> bool:
+    """Whether the broker answers an ApiVersions on ``sock`` (False: it closed the connection)."""
+    try:
+        sock.sendall(_api_versions())
+        head = sock.recv(4)
+        if len(head) < 4:
+            return False
+        (size,) = struct.unpack(">i", head)
+        while size > 0:
+            chunk = sock.recv(size)
+            if not chunk:
+                return False
+            size -= len(chunk)
+        return True
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+
+
+def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _open(b: BrokerProcess, source: str, n: int) -> tuple[list[socket.socket], int]:
+    """Open ``n`` connections from ``source``, one after the other; (all of them, how many the broker serves)."""
+    socks = [_connect(b, source) for _ in range(n)]
+    return socks, sum(_served(s) for s in socks)
+
+
+def _close_all(socks: list[socket.socket]) -> None:
+    for s in socks:
+        s.close()
+
+
+def _wait_admitted(b: BrokerProcess, source: str, timeout: float = 20.0) -> None:
+    """Wait until a connection from ``source`` is served again (the broker counted the closed ones down)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _connect(b, source) as s:
+            if _served(s):
+                return
+        assert time.monotonic() < deadline, f"connections from {source} still refused"
+        time.sleep(0.1)
+
+
+def _topic(b: BrokerProcess) -> str:
+    name = f"limits-{uuid.uuid4().hex[:8]}"
+    create_topic(b, name)
+    return name
+
+
+def test_settings_as_kafka_reads_them() -> None:
+    # Csv.parseCsvMap: split on the last ':' (IPv6), blanks around commas dropped
+    assert parse_connection_overrides("hostName:100, 127.0.0.1:200,::1:5") == {
+        "hostName": 100, "127.0.0.1": 200, "::1": 5}
+    for bad in ("host", "host:x", "a b:1", "[::1]:1"):
+        with pytest.raises(InvalidConfigError):
+            BrokerConfig.from_properties({"max.connections.per.ip.overrides": bad})
+    # KafkaConfig: 0 only with overrides
+    with pytest.raises(InvalidConfigError, match="can be set to zero only if"):
+        ConnectionLimits(BrokerConfig.from_properties({"max.connections.per.ip": "0"}))
+    limits = ConnectionLimits(BrokerConfig.from_properties({"max.connections": "2", "max.connections.per.ip": "1"}))
+    assert [limits.admit(ip_key(a)) for a in ("10.0.0.1", "::ffff:10.0.0.1", "10.0.0.2", "10.0.0.3")] == [
+        True, False, True, False]
+    assert limits.refused == {"max.connections": 1, "max.connections.per.ip": 1}
+    limits.release("10.0.0.1")
+    assert limits.admit("10.0.0.3") and limits.total == 2
+
+
+def test_per_ip_override_and_default(limited: BrokerProcess) -> None:
+    topic = _topic(limited)
+    socks, served = _open(limited, "127.0.0.2", 10)  # the override: 3
+    more, served_default = _open(limited, "127.0.0.3", PER_IP + 5)  # the default
+    try:
+        assert served == 3
+        assert served_default == PER_IP
+        produce_confluent(limited, topic, [b"a", b"b"])  # 127.0.0.1 is another address
+    finally:
+        _close_all(socks + more)
+    _wait_admitted(limited, "127.0.0.2")
+    assert "max.connections.per.ip=3" in limited.log_text()
+
+
+def test_broker_wide_limit(limited: BrokerProcess) -> None:
+    topic = _topic(limited)
+    held: list[socket.socket] = []
+    served = 0
+    try:
+        for source in ("127.0.0.4", "127.0.0.5", "127.0.0.6"):
+            socks, n = _open(limited, source, PER_IP)
+            held += socks
+            served += n
+        # what else is connected (a producer's connections the client has not closed yet) takes slots too
+        assert MAX_CONNECTIONS - 5 <= served <= MAX_CONNECTIONS
+        with _connect(limited, "127.0.0.1") as s:
+            assert not _served(s)  # the broker-wide limit holds for every address
+    finally:
+        _close_all(held)
+    _wait_admitted(limited, "127.0.0.1")
+    produce_confluent(limited, topic, [b"after"])
+    assert f"max.connections={MAX_CONNECTIONS}" in limited.log_text()
+
+
+def test_idle_connections_closed_busy_kept(limited: BrokerProcess) -> None:
+    silent = _connect(limited, "127.0.0.7")
+    partial = _connect(limited, "127.0.0.7")
+    busy = _connect(limited, "127.0.0.7")
+    try:
+        partial.sendall(struct.pack(">i", 100) + b"x" * 10)  # a frame begun and never finished
+        # the busy one sends a request every second for longer than connections.max.idle.ms: never idle
+        end = time.monotonic() + IDLE_MS / 1000 * 1.6
+        while time.monotonic() < end:
+            assert _served(busy)
+            time.sleep(1.0)
+        # the others were idle all along: closed by now or soon (generous: a loaded machine)
+        assert _closed_by_peer(silent, 15)
+        assert _closed_by_peer(partial, 15)
+        assert not _closed_by_peer(busy, 0.1)
+    finally:
+        _close_all([silent, partial, busy])
+
+
+def _dribble(b: BrokerProcess, source: str, answered: list[bool]) -> None:
+    """A slow client: an ApiVersions request one byte at a time, then its answer read."""
+    with _connect(b, source) as s:
+        for byte in _api_versions():
+            s.sendall(bytes([byte]))
+            time.sleep(0.05)
+        answered.append(_served(s))  # the dribbled request's answer arrives first, then this one's
+
+
+def _flood(b: BrokerProcess, source: str, stop: threading.Event, opened: list[int]) -> None:
+    """Connections opened and closed in a loop as fast as one thread can."""
+    while not stop.is_set():
+        try:
+            socket.create_connection(("127.0.0.1", b.port), timeout=5, source_address=(source, 0)).close()
+            opened[0] += 1
+        except OSError:
+            time.sleep(0.01)  # the client ran out of ports: TIME_WAIT
+
+
+def test_slow_clients_and_floods_leave_produce_working(limited: BrokerProcess) -> None:
+    topic = _topic(limited)
+    stop = threading.Event()
+    answered: list[bool] = []
+    opened = [0]
+    held, held_served = _open(limited, "127.0.0.8", PER_IP + 70)  # 70 refused at accept
+    threads = [threading.Thread(target=_dribble, args=(limited, "127.0.0.9", answered)) for _ in range(5)]
+    threads.append(threading.Thread(target=_flood, args=(limited, "127.0.0.10", stop, opened)))
+    for t in threads:
+        t.start()
+    try:
+        offsets = produce_confluent(limited, topic, [f"v{i}".encode() for i in range(300)], **{"linger.ms": 0})
+        assert [o for _, o in offsets] == list(range(300))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        _close_all(held)
+    assert held_served == PER_IP
+    assert answered == [True] * 5
+    assert opened[0] > 0
