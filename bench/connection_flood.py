@@ -197,7 +197,8 @@ def main() -> int:
 
 def _run(broker: brokers.Broker, args: argparse.Namespace) -> int:
     topic = f"flood-{uuid.uuid4().hex[:8]}"
-    AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})  # referenced: its futures fail once it is gone
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     print(f"tabletopic, {args.rate:.0f} records/s acks=all for {args.seconds:.0f} s per phase; attack: "
           f"{args.held} held, {args.churn_rate:.0f} connections/s opened and closed, {args.slow} slow, "
           f"{args.partial} half-sent", flush=True)
