@@ -7,8 +7,54 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from fuzz.kafka_fuzz import Options, api_versions, garbage, generate_valid, mutate, run
 from tabletopic.protocol import codec
+from tabletopic.protocol.codec import ApiKey
+from tests.helpers.procs import BrokerProcess
+from tests.helpers.wire import RawClient
+
+
+def _offset_commit(version: int, topics: object) -> bytes:
+    req = codec.request_class(ApiKey.OffsetCommit)[version](group_id="g", generation_id_or_member_epoch=-1,
+                                                            member_id="", topics=topics)
+    req.with_header(correlation_id=7, client_id="t")
+    data: bytes = req.encode(header=True, framed=True)
+    return data
+
+
+@pytest.mark.parametrize("version", [2, 8])  # int32 length -1 and compact length 0: both say null
+def test_null_in_a_non_nullable_field_is_a_malformed_request(version: int) -> None:
+    """Kafka's readers refuse null where the schema does not allow it; kafka-python's decoder let it through and
+    handlers iterated a None (found by the fuzzer in a dozen APIs)."""
+    with pytest.raises(codec.RequestDecodeError, match="non-nullable field topics was serialized as null"):
+        codec.decode_request(_offset_commit(version, None)[4:])
+    T = codec.request_class(ApiKey.OffsetCommit)[version].OffsetCommitRequestTopic
+    with pytest.raises(codec.RequestDecodeError, match=r"non-nullable field topics\.partitions was"):
+        codec.decode_request(_offset_commit(version, [T(name="t", partitions=None)])[4:])
+    assert codec.decode_request(_offset_commit(version, [T(name="t", partitions=[])])[4:]).body.topics[0].name == "t"
+
+
+def test_null_array_closes_the_connection_without_a_handler_failure(broker: BrokerProcess) -> None:
+    before = broker.log_text().count("handler for API key 8 ")
+    with RawClient(broker.bootstrap) as c:
+        c.send_raw(_offset_commit(8, None))
+        assert c.is_closed_by_peer()
+    assert broker.log_text().count("handler for API key 8 ") == before
+
+
+def test_error_message_too_long_for_a_string_is_cut() -> None:
+    """A handler's message quoting a 32 KB topic name does not fit a non-flexible string: the response is sent
+    with the message's head instead of failing to encode."""
+    R = codec.response_class(ApiKey.CreateTopics)[2]
+    resp = R(throttle_time_ms=0, topics=[R.CreatableTopicResult(name="x", error_code=17,
+                                                                error_message="Topic name " + "\u00e9" * 30000)])
+    frame = codec.encode_response(ApiKey.CreateTopics, 2, 5, resp)
+    back = codec.response_class(ApiKey.CreateTopics).decode(frame[4:], version=2, header=True)
+    assert back.topics[0].error_code == 17
+    assert back.topics[0].error_message.startswith("Topic name \u00e9")
+    assert len(back.topics[0].error_message) <= 1003
 
 
 def test_generated_frames_are_valid_requests_of_every_api_and_version() -> None:

@@ -242,12 +242,58 @@ def is_supported(api_key: int, api_version: int) -> bool:
     return rng is not None and rng[0] <= api_version <= rng[1]
 
 
+_MAX_REASON_CHARS = 300  # a decoder's complaint can quote the whole bad field (32 KB strings): logs get a head
+
+
 def _decode(frame: bytes | memoryview, info: RequestHeaderInfo) -> Message:
     cls = _REQUESTS[info.api_key]
     try:
-        return cls.decode(frame, version=info.api_version, header=True)
+        msg = cls.decode(frame, version=info.api_version, header=True)
     except Exception as exc:  # the generic decoder raises struct.error, ValueError, IndexError...
-        raise RequestDecodeError(f"malformed {cls.__name__} v{info.api_version}: {exc!r}", info) from exc
+        raise RequestDecodeError(f"malformed {cls.__name__} v{info.api_version}: {exc!r}"[:_MAX_REASON_CHARS],
+                                 info) from exc
+    null = _null_in_non_nullable(cls._struct, msg, info.api_version)
+    if null is not None:
+        raise RequestDecodeError(f"malformed {cls.__name__} v{info.api_version}: non-nullable field {null} was "
+                                 "serialized as null", info)
+    return msg
+
+
+_NullableSlots: TypeAlias = tuple[tuple[str, bool, object], ...]
+_NULLABLE_SLOTS: dict[tuple[int, int], _NullableSlots] = {}
+
+
+def _nullable_slots(struct: object, version: int) -> _NullableSlots:
+    """The untagged fields of ``struct`` at ``version`` whose wire form can say null (strings, bytes, arrays,
+    structs): (name, nullable at this version, the element struct of a struct array or the struct, else None)."""
+    key = (id(struct), version)
+    slots = _NULLABLE_SLOTS.get(key)
+    if slots is None:
+        found = []
+        for f in struct.untagged_fields(version):  # type: ignore[attr-defined]
+            if f.is_struct_array() or f.is_struct():
+                found.append((f.name, f.nullable_for_version_q(version), f.array_of if f.is_array() else f))
+            elif f.is_array() or f.type_str in ("string", "bytes", "records"):
+                found.append((f.name, f.nullable_for_version_q(version), None))
+        slots = _NULLABLE_SLOTS[key] = tuple(found)
+    return slots
+
+
+def _null_in_non_nullable(struct: object, obj: Message, version: int) -> str | None:
+    """The name of a field that is null although its schema does not allow it at ``version``, or None. Kafka's
+    generated readers refuse such a request ("non-nullable field ... was serialized as null"); kafka-python's
+    decoder accepts it and a handler would iterate or compare a None."""
+    for name, nullable, child in _nullable_slots(struct, version):
+        value = getattr(obj, name)
+        if value is None:
+            if not nullable:
+                return name
+        elif child is not None:
+            for item in value if isinstance(value, list) else (value,):
+                inner = _null_in_non_nullable(child, item, version)
+                if inner is not None:
+                    return f"{name}.{inner}"
+    return None
 
 
 def decode_request(frame: bytes | memoryview) -> DecodedRequest:
@@ -272,8 +318,32 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
     if api_version != response.API_VERSION:
         response.API_VERSION = api_version  # set before the header: the setter trips over response headers
     response.with_header(correlation_id=correlation_id)
-    data: bytes = response.encode(header=True, framed=True)
+    try:
+        data: bytes = response.encode(header=True, framed=True)
+    except struct.error:
+        # an error message quoting the client's input (a 32 KB topic name) beyond a string's int16 length
+        if not _clip_error_messages(response):
+            raise
+        data = response.encode(header=True, framed=True)
     return data
+
+
+_MAX_ERROR_MESSAGE_CHARS = 1000
+
+
+def _clip_error_messages(obj: Message) -> bool:
+    """Cut every ``error_message`` in ``obj`` (nested structs and arrays included) to a readable head; returns
+    whether one was cut."""
+    clipped = False
+    for name, f in obj._struct.fields.items():
+        value = getattr(obj, name, None)
+        if isinstance(value, str) and name.endswith("error_message") and len(value) > _MAX_ERROR_MESSAGE_CHARS:
+            setattr(obj, name, value[:_MAX_ERROR_MESSAGE_CHARS] + "...")
+            clipped = True
+        elif value is not None and (f.is_struct() or f.is_struct_array()):
+            for item in value if isinstance(value, list) else (value,):
+                clipped = _clip_error_messages(item) or clipped
+    return clipped
 
 
 def make_response(api_key: int, api_version: int, **fields: object) -> Message:
