@@ -73,7 +73,8 @@ def _valid_batch() -> bytes:
 
 
 def _int_strategy(lo: int, hi: int) -> st.SearchStrategy[int]:
-    return st.one_of(st.sampled_from([lo, hi, -1, 0, 1]), st.integers(-1, 64), st.integers(lo, hi))
+    return st.one_of(st.sampled_from([v for v in (lo, hi, -1, 0, 1) if lo <= v <= hi]), st.integers(max(lo, -1), 64),
+                     st.integers(lo, hi))
 
 
 def _simple_strategy(type_str: str, huge: bool = True) -> st.SearchStrategy[Any]:
@@ -444,6 +445,7 @@ class Canary:
         self._thread.join()
         self.round()
         self._consumer.close()
+        del self._producer  # destroyed now: it would complain about the stopped broker until collected
 
     def _loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -494,18 +496,30 @@ class Canary:
 
 
 _HANDLER_FAILED = re.compile(r"handler for API key (\d+) v(\d+) .* failed")
-_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning)\b.*)$")
+_RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d ")
+_PROJECT_FRAME = re.compile(r'File ".*/((?:tabletopic|worker|coordinator|configs)/[^"]+)", line (\d+)')
+
+
+def _traceback_of(lines: list[str], start: int) -> str:
+    """The exception line of the traceback after ``lines[start]`` and the project's innermost frame."""
+    tb: list[str] = []
+    for line in lines[start + 1:start + 200]:
+        if _RECORD_START.match(line):
+            break
+        tb.append(line)
+    frames = [m for m in map(_PROJECT_FRAME.search, tb) if m]
+    where = f" at {frames[-1].group(1)}:{frames[-1].group(2)}" if frames else ""
+    return (tb[-1].strip()[:160] if tb else "?") + where
 
 
 def scan_log(text: str, report: Report) -> None:
-    """Handler exceptions by API key (with the exception's last traceback line) and other ERROR records."""
+    """Handler exceptions by API key (the exception and where it was raised) and other ERROR records."""
     lines = text.splitlines()
     for i, line in enumerate(lines):
         m = _HANDLER_FAILED.search(line)
         if m:
-            exc = next((e.group(1)[:160] for e in map(_EXCEPTION_LINE.match, lines[i + 1:i + 80]) if e), "?")
-            report.handler_errors[(int(m.group(1)), exc)] += 1
-        elif " ERROR " in line or line.startswith("Traceback"):
+            report.handler_errors[(int(m.group(1)), _traceback_of(lines, i))] += 1
+        elif " ERROR " in line:
             report.other_errors[re.sub(r"\d+", "N", line)[:160]] += 1
 
 

@@ -36,6 +36,16 @@ def test_null_in_a_non_nullable_field_is_a_malformed_request(version: int) -> No
     assert codec.decode_request(_offset_commit(version, [T(name="t", partitions=[])])[4:]).body.topics[0].name == "t"
 
 
+@pytest.mark.parametrize("version", [4, 5])
+def test_null_string_in_an_array_is_a_malformed_request(version: int) -> None:
+    """ListGroups' states filter with a null element: refused as Kafka's readers do (the handler called
+    ``.lower()`` on it)."""
+    req = codec.request_class(ApiKey.ListGroups)[version](states_filter=["Stable", None])
+    req.with_header(correlation_id=1, client_id="t")
+    with pytest.raises(codec.RequestDecodeError, match="non-nullable field states_filter element was"):
+        codec.decode_request(req.encode(header=True, framed=True)[4:])
+
+
 def test_null_array_closes_the_connection_without_a_handler_failure(broker: BrokerProcess) -> None:
     before = broker.log_text().count("handler for API key 8 ")
     with RawClient(broker.bootstrap) as c:

@@ -260,12 +260,14 @@ def _decode(frame: bytes | memoryview, info: RequestHeaderInfo) -> Message:
 
 
 _NullableSlots: TypeAlias = tuple[tuple[str, bool, object], ...]
+_ELEMENTS = object()  # the "child" of an array of strings or bytes: its elements must not be null
 _NULLABLE_SLOTS: dict[tuple[int, int], _NullableSlots] = {}
 
 
 def _nullable_slots(struct: object, version: int) -> _NullableSlots:
     """The untagged fields of ``struct`` at ``version`` whose wire form can say null (strings, bytes, arrays,
-    structs): (name, nullable at this version, the element struct of a struct array or the struct, else None)."""
+    structs): (name, nullable at this version, the element struct of a struct array or the struct, ``_ELEMENTS``
+    for an array of strings or bytes, else None)."""
     key = (id(struct), version)
     slots = _NULLABLE_SLOTS.get(key)
     if slots is None:
@@ -273,7 +275,10 @@ def _nullable_slots(struct: object, version: int) -> _NullableSlots:
         for f in struct.untagged_fields(version):  # type: ignore[attr-defined]
             if f.is_struct_array() or f.is_struct():
                 found.append((f.name, f.nullable_for_version_q(version), f.array_of if f.is_array() else f))
-            elif f.is_array() or f.type_str in ("string", "bytes", "records"):
+            elif f.is_array():  # Kafka's readers refuse a null string or bytes element as well
+                elements = _ELEMENTS if f.array_of.type_str in ("string", "bytes") else None
+                found.append((f.name, f.nullable_for_version_q(version), elements))
+            elif f.type_str in ("string", "bytes", "records"):
                 found.append((f.name, f.nullable_for_version_q(version), None))
         slots = _NULLABLE_SLOTS[key] = tuple(found)
     return slots
@@ -288,6 +293,9 @@ def _null_in_non_nullable(struct: object, obj: Message, version: int) -> str | N
         if value is None:
             if not nullable:
                 return name
+        elif child is _ELEMENTS:
+            if None in value:
+                return f"{name} element"
         elif child is not None:
             for item in value if isinstance(value, list) else (value,):
                 inner = _null_in_non_nullable(child, item, version)
