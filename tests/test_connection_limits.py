@@ -22,8 +22,9 @@ from configs.model import parse_connection_overrides
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import ApiKey
 from tabletopic.server.network import ConnectionLimits, ip_key
-from tests.helpers.procs import BrokerProcess
+from tests.helpers.procs import BrokerProcess, free_port
 from tests.test_clients import create_topic, produce_confluent
+from tests.test_security import PLAIN_JAAS
 
 MAX_CONNECTIONS = 60
 PER_IP = 30
@@ -32,13 +33,19 @@ IDLE_MS = 5000
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    port, sasl_port = free_port(), free_port()
     b = BrokerProcess(tmp_path_factory.mktemp("limits") / "data", {
+        # a SASL listener beside: a connection that never authenticates is subject to the idle time
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},SASL_PLAINTEXT://127.0.0.1:{sasl_port}",
+        "sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS,
         "max.connections": str(MAX_CONNECTIONS),
         "max.connections.per.ip": str(PER_IP),
         # a host name (resolved at start) and an address, as Kafka's example writes them
         "max.connections.per.ip.overrides": "localhost:40, 127.0.0.2:3",
         "connections.max.idle.ms": str(IDLE_MS),
-    })
+    }, port=port)
+    b.sasl_port = sasl_port  # type: ignore[attr-defined]
     b.start()
     yield b
     b.stop()
@@ -51,26 +58,34 @@ def _api_versions(corr: int = 1) -> bytes:
     return data
 
 
-def _connect(b: BrokerProcess, source: str) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", b.port), timeout=10, source_address=(source, 0))
+def _connect(b: BrokerProcess, source: str, port: int | None = None) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port or b.port), timeout=10, source_address=(source, 0))
 
 
 def _served(sock: socket.socket) -> bool:
     """Whether the broker answers an ApiVersions on ``sock`` (False: it closed the connection)."""
     try:
         sock.sendall(_api_versions())
-        head = sock.recv(4)
-        if len(head) < 4:
-            return False
-        (size,) = struct.unpack(">i", head)
-        while size > 0:
-            chunk = sock.recv(size)
-            if not chunk:
-                return False
-            size -= len(chunk)
-        return True
+        return _answered(sock)
     except (ConnectionResetError, BrokenPipeError):
         return False
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Read one answer frame whole; False when the connection closes first."""
+    head = b""
+    while len(head) < 4:
+        chunk = sock.recv(4 - len(head))
+        if not chunk:
+            return False
+        head += chunk
+    (size,) = struct.unpack(">i", head)
+    while size > 0:
+        chunk = sock.recv(size)
+        if not chunk:
+            return False
+        size -= len(chunk)
+    return True
 
 
 def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
@@ -167,8 +182,14 @@ def test_idle_connections_closed_busy_kept(limited: BrokerProcess) -> None:
     silent = _connect(limited, "127.0.0.7")
     partial = _connect(limited, "127.0.0.7")
     busy = _connect(limited, "127.0.0.7")
+    unauthenticated = _connect(limited, "127.0.0.7", limited.sasl_port)  # type: ignore[attr-defined]
     try:
         partial.sendall(struct.pack(">i", 100) + b"x" * 10)  # a frame begun and never finished
+        # a SASL handshake answered, then no authentication: Kafka has no time-out but the idle one for it
+        handshake = codec.request_class(ApiKey.SaslHandshake)[1](mechanism="PLAIN")
+        handshake.with_header(correlation_id=1, client_id="limits-test")
+        unauthenticated.sendall(handshake.encode(header=True, framed=True))
+        assert _answered(unauthenticated)
         # the busy one sends a request every second for longer than connections.max.idle.ms: never idle
         end = time.monotonic() + IDLE_MS / 1000 * 1.6
         while time.monotonic() < end:
@@ -177,9 +198,10 @@ def test_idle_connections_closed_busy_kept(limited: BrokerProcess) -> None:
         # the others were idle all along: closed by now or soon (generous: a loaded machine)
         assert _closed_by_peer(silent, 15)
         assert _closed_by_peer(partial, 15)
+        assert _closed_by_peer(unauthenticated, 15)
         assert not _closed_by_peer(busy, 0.1)
     finally:
-        _close_all([silent, partial, busy])
+        _close_all([silent, partial, busy, unauthenticated])
 
 
 def _dribble(b: BrokerProcess, source: str, answered: list[bool]) -> None:
