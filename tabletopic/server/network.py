@@ -380,8 +380,9 @@ class KafkaConnection(asyncio.Protocol):
 
     def idle_deadline(self, max_idle_s: float) -> float | None:
         """The monotonic time this connection has been idle too long (``connections.max.idle.ms``), or None while
-        a request is in progress (Kafka mutes a connection while its request is handled and times it from the
-        answer: a long-poll Fetch is not idleness) or once it is closing."""
+        a request is in progress or once it is closing. Kafka's clock also stands still while a request is handled
+        (the connection is muted) and restarts at the answer, but Kafka would close a connection whose request
+        outlasted the limit; here a request in progress is never idleness."""
         return None if self._queue or self._closing else self._last_activity + max_idle_s
 
     @property
