@@ -116,6 +116,10 @@ declare_broker(
             "User:CN=ops,O=example).", super_users_validator, dynamic=False),
     Setting("allow.everyone.if.no.acl.found", Type.BOOLEAN, False, "With an authorizer: allow a request on a resource "
             "no ACL matches.", dynamic=False),
+    Setting("quota.window.num", Type.INT, 11, "Samples of a client quota's rate (producer_byte_rate, "
+            "consumer_byte_rate).", at_least(1), dynamic=False),
+    Setting("quota.window.size.seconds", Type.INT, 1, "Length of each sample of a client quota's rate.", at_least(1),
+            dynamic=False),
     Setting("listener.security.protocol.map", Type.LIST,
             ("PLAINTEXT:PLAINTEXT", "SSL:SSL", "SASL_PLAINTEXT:SASL_PLAINTEXT", "SASL_SSL:SASL_SSL"),
             "Security protocol of each listener name.", protocol_map_validator, dynamic=False),
@@ -160,6 +164,14 @@ class ListenerView:
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"setting {key} is {value!r}, not an int")
         return value
+
+
+def quota_window(config: BrokerConfig) -> tuple[int, int]:
+    """(quota.window.num, quota.window.size.seconds)."""
+    num, size = config.values["quota.window.num"], config.values["quota.window.size.seconds"]
+    if not isinstance(num, int) or not isinstance(size, int):
+        raise TypeError(f"quota.window.* are {num!r}, {size!r}")
+    return num, size
 
 
 def protocol_map(config: BrokerConfig) -> dict[str, str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from configs import InvalidConfigError, ListenerView
 from configs.model import BrokerConfig
-from configs.security import endpoint_listener, listener_views, super_users
+from configs.security import endpoint_listener, listener_views, quota_window, super_users
 from tabletopic.catalog import open_broker_catalog
 from tabletopic.datadir import DataDirLock
 from tabletopic.groups import GroupConfig, GroupCoordinator
@@ -27,6 +27,7 @@ from tabletopic.producer_ids import ProducerIdManager
 from tabletopic.security.acls import Authorizer
 from tabletopic.security.credentials import ScramCredentialStore
 from tabletopic.security.jaas import parse_jaas, plain_users
+from tabletopic.security.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaManager, QuotaStore
 from tabletopic.server import handlers
 from tabletopic.server.handlers.configs import TopicConfigCheck
 from tabletopic.server.network import KafkaServer
@@ -83,6 +84,11 @@ class Broker:
         self.producer_ids = ProducerIdManager(data_dir / "__meta")
         self.scram_credentials = ScramCredentialStore(data_dir / "__meta" / "scram-credentials.json")
         self.plain_users = sasl_plain_users(self.listeners)  # listener name -> user -> password (their JAAS)
+        # client quotas (AlterClientQuotas), applied to produce and fetch
+        self.client_quotas = QuotaStore(data_dir / "__meta" / "client-quotas.json")
+        samples, window = quota_window(config)
+        self.produce_quota = QuotaManager(self.client_quotas, PRODUCER_BYTE_RATE, samples=samples, window_s=window)
+        self.fetch_quota = QuotaManager(self.client_quotas, CONSUMER_BYTE_RATE, samples=samples, window_s=window)
         # Kafka's StandardAuthorizer when authorizer.class.name names it; None: every request allowed
         self.authorizer: Authorizer | None = None
         if config.values["authorizer.class.name"]:

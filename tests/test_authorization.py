@@ -197,6 +197,8 @@ def test_acls_are_described_and_deleted_and_need_the_cluster(authz_broker: Broke
         assert (refused.error_code, refused.resources) == (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, [])
         created = raw.request(ApiKey.CreateAcls, 3, creations=[])
         assert created.results == []
+        quotas = raw.request(ApiKey.DescribeClientQuotas, 1, components=[], strict=False)  # nor quotas
+        assert quotas.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     (deleted,) = admin.delete_acls([match]).values()
     assert deleted.result(30) == [binding]
     assert admin.describe_acls(match).result(30) == []

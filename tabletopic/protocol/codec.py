@@ -86,6 +86,8 @@ class ApiKey(IntEnum):
     DeleteGroups = 42
     IncrementalAlterConfigs = 44
     OffsetDelete = 47
+    DescribeClientQuotas = 48
+    AlterClientQuotas = 49
     DescribeUserScramCredentials = 50
     AlterUserScramCredentials = 51
     DescribeCluster = 60
@@ -156,6 +158,9 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {  # keyed by ApiKey
     ApiKey.DescribeAcls: (1, 3),
     ApiKey.CreateAcls: (1, 3),
     ApiKey.DeleteAcls: (1, 3),
+    # client quotas (produce and fetch byte rates per user and client id)
+    ApiKey.DescribeClientQuotas: (0, 1),
+    ApiKey.AlterClientQuotas: (0, 1),
 }
 # Below this Produce version the request cannot carry magic v2 batches; answered UNSUPPORTED_VERSION.
 MIN_USABLE_PRODUCE_VERSION = 3

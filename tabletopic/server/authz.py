@@ -1,4 +1,5 @@
-"""The handlers' one door to authorization: may the client of this request do ``operation`` on a resource?
+"""The handlers' one door to authorization (may the client of this request do ``operation`` on a resource?) and to
+client quotas (:func:`throttle`).
 
 Without an authorizer (``authorizer.class.name`` empty) everything is allowed, as in Kafka; a request made inside
 the broker (no connection: ``ctx.session`` None) too. With one, the connection's principal and host are checked
@@ -8,11 +9,13 @@ code for each kind of resource, and the texts its exceptions carry, are here so 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from tabletopic.errors import ErrorCode
 from tabletopic.security.acls import AclOperation, ResourceType
+from tabletopic.security.quotas import QuotaManager
 from tabletopic.server.handlers.base import RequestContext
 
 CLUSTER_NAME = "kafka-cluster"  # Kafka's one CLUSTER resource
@@ -68,6 +71,18 @@ def authorized_operations(ctx: RequestContext, resource_type: ResourceType, name
     """Kafka's AuthHelper.authorizedOperations: the codes of the supported operations allowed (the codec writes
     them as Kafka's bit field, one bit per code)."""
     return {int(op) for op in SUPPORTED[resource_type] if allowed(ctx, op, resource_type, name)}
+
+
+def throttle(ctx: RequestContext, manager: QuotaManager, value: float) -> int:
+    """Count ``value`` bytes against the client's quota (its user and client id); the throttle time in ms Kafka would
+    answer (0 within the quota), the connection muted for it once the answer is written (KIP-219)."""
+    session = ctx.session
+    if session is None:
+        return 0
+    ms = manager.record(session.user, ctx.client_id or "", value, time.time() * 1000)
+    if ms > 0:
+        session.throttle(ms)
+    return ms
 
 
 def split(ctx: RequestContext, operation: AclOperation, resource_type: ResourceType, items: Iterable[_T],

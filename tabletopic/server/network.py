@@ -160,6 +160,7 @@ class KafkaConnection(asyncio.Protocol):
         self._peer = "?"
         self._closing = False
         self._reading_paused = False
+        self._throttled = False  # not read for a quota's throttle time
         self._pending_bytes = 0
         self._warned = False
         self._last_activity = time.monotonic()  # last bytes read or written (connections.max.idle.ms)
@@ -254,7 +255,7 @@ class KafkaConnection(asyncio.Protocol):
             self._bad_input(str(exc))
             return
         ctx = RequestContext(self._broker, req.api_key, req.api_version, req.correlation_id, req.client_id,
-                             self._peer, self.session)
+                             self._peer, self.session, len(frame) + 4)
         slot = _Slot(len(frame))
         self._queue.append(slot)
         self._pending_bytes += slot.size
@@ -265,8 +266,9 @@ class KafkaConnection(asyncio.Protocol):
                 or self._pending_bytes > MAX_PENDING_BYTES_PER_CONNECTION)
         if over and not self._reading_paused and self._transport:
             # back-pressure: the client's requests wait in its socket, not in our memory
+            if not self._throttled:
+                self._transport.pause_reading()
             self._reading_paused = True
-            self._transport.pause_reading()
 
     async def _run(self, slot: _Slot, ctx: RequestContext, handler: Handler, body: Message) -> None:
         t0 = time.perf_counter()
@@ -308,7 +310,28 @@ class KafkaConnection(asyncio.Protocol):
         if (self._reading_paused and len(q) <= MAX_PENDING_PER_CONNECTION // 2
                 and self._pending_bytes <= MAX_PENDING_BYTES_PER_CONNECTION // 2):
             self._reading_paused = False
-            transport.resume_reading()
+            if not self._throttled:
+                transport.resume_reading()
+        self._throttle()
+
+    def _throttle(self) -> None:
+        """A quota's throttle (KIP-219): its answer is out; the connection is not read until the throttle ends."""
+        wait = self.session.mute_until - time.monotonic()
+        if wait <= 0 or self._throttled or self._transport is None or self._closing:
+            return
+        self._throttled = True
+        if not self._reading_paused:
+            self._transport.pause_reading()
+        asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        wait = self.session.mute_until - time.monotonic()
+        if wait > 0 and not self._closing:  # throttled again meanwhile: still not read
+            asyncio.get_running_loop().call_later(wait, self._unthrottle)
+            return
+        self._throttled = False
+        if not self._reading_paused and self._transport is not None and not self._closing:
+            self._transport.resume_reading()
 
     def _raw_sasl_token(self, token: bytes) -> None:
         """A raw SASL token after SaslHandshake v0: answered by a length-prefixed token; a failure closes the

@@ -51,6 +51,7 @@ class Session:
         self.reauthenticating = False
         self.bad_mechanism: str | None = None  # a re-authentication that asked for another mechanism
         self.close_reason: str | None = None  # set by a handler: close the connection after its answer
+        self.mute_until = 0.0  # monotonic time before which the connection is not read (a quota's throttle, KIP-219)
 
     @property
     def authenticated(self) -> bool:
@@ -72,6 +73,15 @@ class Session:
         except ValueError:
             name = str(api_key)
         return f"Unexpected Kafka request of type {_upper_snake(name)} during SASL handshake."
+
+    @property
+    def user(self) -> str:
+        """The principal's name, as Kafka's quotas name a user (``alice`` of ``User:alice``)."""
+        return self.principal.split(":", 1)[1]
+
+    def throttle(self, ms: int) -> None:
+        """Stop reading this connection for ``ms`` once the answer that carries the throttle time is written."""
+        self.mute_until = max(self.mute_until, time.monotonic() + ms / 1000)
 
     def expired(self) -> bool:
         return self.expires_at is not None and time.monotonic() >= self.expires_at

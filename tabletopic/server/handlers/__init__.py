@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs", "sasl", "scram", "acls")
+_MODULES = ("core", "produce", "fetch", "admin", "groups", "consumer_groups", "configs", "sasl", "scram", "acls",
+            "quotas")
 
 
 def load_all() -> None:

@@ -32,6 +32,7 @@ class RequestContext:
     client_id: str | None
     client_host: str
     session: Session | None = None  # None: a request made inside the broker (tests), not over a connection
+    request_size: int = 0  # the request's bytes on the wire (what Kafka's produce quota counts)
 
     @property
     def endpoint(self) -> tuple[str, int]:

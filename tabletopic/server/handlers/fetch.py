@@ -134,6 +134,9 @@ def _fetch_topics(ctx: RequestContext, req: Message) -> list[_FetchTopic]:
 async def _long_poll(ctx: RequestContext, req: Message, topics: list[_FetchTopic]) -> None:
     """Read until min_bytes are gathered, a partition has an error, or max_wait_ms has passed."""
     max_bytes = int(req.max_bytes) if ctx.api_version >= 3 else 0x7FFFFFFF
+    if ctx.session is not None:  # as Kafka: no more than the client's quota lets through in one window
+        cap = ctx.broker.fetch_quota.max_in_window(ctx.session.user, ctx.client_id or "")
+        max_bytes = min(max_bytes, cap)
     min_bytes = max(int(req.min_bytes), 0)
     deadline = time.monotonic() + max(int(req.max_wait_ms), 0) / 1000
     read_committed = ctx.api_version >= 4 and int(req.isolation_level) == READ_COMMITTED
@@ -161,6 +164,12 @@ async def fetch(ctx: RequestContext, req: Message) -> Message:
                             session_id=0, responses=[])
     topics = _fetch_topics(ctx, req)
     await _long_poll(ctx, req, topics)
+    size = sum(len(fp.data) for t in topics for fp in t.partitions if fp.error == ErrorCode.NONE)
+    throttle_ms = authz.throttle(ctx, ctx.broker.fetch_quota, size)
+    if throttle_ms:  # as Kafka: a throttled fetch answers nothing (its bytes taken back) and the throttle time
+        ctx.broker.fetch_quota.unrecord(ctx.session.user if ctx.session else "", ctx.client_id or "", size,
+                                        time.time() * 1000)
+        return ctx.response(throttle_time_ms=throttle_ms, error_code=0, session_id=0, responses=[])
 
     r = ctx.response_class
     T = r.FetchableTopicResponse

@@ -171,6 +171,7 @@ def _append_all(ctx: RequestContext, req: Message, acks: int) -> list[_TopicOutc
 async def produce(ctx: RequestContext, req: Message) -> Message | None:
     acks = int(req.acks)
     outcomes = _append_all(ctx, req, acks)
+    throttle_ms = authz.throttle(ctx, ctx.broker.produce_quota, ctx.request_size)
     if acks == 0:
         return None
 
@@ -180,7 +181,7 @@ async def produce(ctx: RequestContext, req: Message) -> Message | None:
     if waiting:
         await _wait_durable(ctx, req, waiting)
 
-    return _response(ctx, outcomes)
+    return _response(ctx, outcomes, throttle_ms)
 
 
 async def _wait_durable(
@@ -210,7 +211,7 @@ async def _wait_durable(
                      res.base_offset, res.last_offset, ctx.client_host, ctx.client_id, o.error.name, o.message or "")
 
 
-def _response(ctx: RequestContext, outcomes: list[_TopicOutcome]) -> Message:
+def _response(ctx: RequestContext, outcomes: list[_TopicOutcome], throttle_ms: int) -> Message:
     r = ctx.response_class
     T = r.TopicProduceResponse
     P = T.PartitionProduceResponse
@@ -232,4 +233,4 @@ def _response(ctx: RequestContext, outcomes: list[_TopicOutcome]) -> Message:
                 error_message=o.message,
             ))
         responses.append(T(name=topic.name, partition_responses=presp))
-    return ctx.response(responses=responses, throttle_time_ms=0)
+    return ctx.response(responses=responses, throttle_time_ms=throttle_ms)
