@@ -327,6 +327,7 @@ class Report:
     unencodable: int = 0
     reconnects: int = 0
     stalled: int = 0
+    topics_deleted: int = 0
     crashes: int = 0
     hangs: list[str] = field(default_factory=list)
     canary_rounds: int = 0
@@ -347,6 +348,7 @@ class Report:
             f"(unencodable draws skipped: {self.unencodable})",
             f"by kind            {dict(self.by_kind.most_common())}",
             f"reconnects         {self.reconnects} (broker closed the connection), stalled sends {self.stalled}",
+            f"janitor            {self.topics_deleted} topics the fuzz frames created deleted",
             f"crashes            {self.crashes}",
             f"hangs              {len(self.hangs)} {self.hangs[:5]}",
             f"canary rounds      {self.canary_rounds}",
@@ -428,7 +430,7 @@ class Canary:
         common = {"bootstrap.servers": broker.bootstrap, "socket.timeout.ms": int(hang_s * 1000)}
         self._producer = Producer({**common, "acks": "all", "linger.ms": 0,
                                    "message.timeout.ms": int(hang_s * 1000)})
-        self._consumer = Consumer({**common, "group.id": f"canary-{uuid.uuid4().hex[:8]}",
+        self._consumer = Consumer({**common, "group.id": topic,
                                    "auto.offset.reset": "earliest", "enable.auto.commit": False})
         self._consumer.subscribe([topic])
         self._stop = threading.Event()
@@ -467,6 +469,8 @@ class Canary:
             if problem is not None:
                 self._report.hangs.append(f"round {self._round}: {problem}")
         self._report.canary_rounds += 1
+        if self._round % JANITOR_ROUNDS == 0:
+            self._report.topics_deleted += clean_up(self._broker, self._topic, self._hang_s)
 
     def _produce_consume(self) -> str | None:
         value = f"canary-{self._round}".encode()
@@ -523,6 +527,30 @@ def scan_log(text: str, report: Report) -> None:
             report.other_errors[re.sub(r"\d+", "N", line)[:160]] += 1
 
 
+JANITOR_ROUNDS = 5
+"""Every this many canary rounds the topics and groups the fuzz frames created are deleted: the broker's state
+stays small, so that its RSS shows leaks rather than the thousands of topics Kafka would keep as well."""
+
+
+def clean_up(broker: BrokerProcess, canary_topic: str, timeout: float) -> int:
+    """Delete every topic and consumer group but the fuzzer's own and the internal ones; returns the topics
+    deleted. Best effort: failures here are the fuzz frames' doing (a group they keep alive...), not hangs."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    try:
+        topics = [t for t in admin.list_topics(timeout=timeout).topics
+                  if t not in (*FUZZ_TOPICS, canary_topic) and not t.startswith("__")]
+        for future in admin.delete_topics(topics, operation_timeout=timeout).values() if topics else ():
+            future.exception(timeout)
+        groups = [g.group_id for g in admin.list_consumer_groups().result(timeout).valid if g.group_id != canary_topic]
+        for future in admin.delete_consumer_groups(groups).values() if groups else ():
+            future.exception(timeout)
+    except Exception:  # the broker's answer to the janitor is not what the fuzzer checks
+        return 0
+    return len(topics)
+
+
 def _setup_topics(broker: BrokerProcess, canary_topic: str) -> None:
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
@@ -577,8 +605,9 @@ def _fuzz(opts: Options, broker: BrokerProcess, report: Report) -> None:
             break
         if not opts.quiet and elapsed - progress >= 30:
             progress = elapsed
+            rss = _rss_kb(broker.proc.pid) // 1024 if broker.proc is not None else 0
             print(f"[{elapsed:.0f} s] {report.frames} frames, {report.reconnects} reconnects, "
-                  f"{len(report.hangs)} hangs, {report.crashes} crashes", flush=True)
+                  f"{len(report.hangs)} hangs, {report.crashes} crashes, RSS {rss} MB", flush=True)
     for c in conns:
         c.close()
     report.seconds = time.monotonic() - t0
