@@ -346,15 +346,15 @@ def listeners_validator(name: str, v: Value) -> None:
             raise InvalidConfigError.invalid_value(name, item, "expected NAME://host:port")
 
 
-_HTTP_LISTENER = re.compile(r"^http://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+)/?$")
+_HTTP_LISTENER = re.compile(r"^https?://(?P<host>\[[^\]]+\]|[^:/\[\]]+):(?P<port>\d+)/?$")
 
 
 def http_listener(spec: str) -> tuple[str, int]:
-    """``http://host:port`` → (host, port); InvalidConfigError otherwise (no TLS, no path)."""
+    """``http://host:port`` or ``https://host:port`` → (host, port); InvalidConfigError otherwise (no path)."""
     m = _HTTP_LISTENER.match(spec.strip())
     port = int(m.group("port")) if m else -1
     if m is None or port > 65535:
-        raise InvalidConfigError(f"Invalid HTTP listener {spec}: expected http://host:port")
+        raise InvalidConfigError(f"Invalid HTTP listener {spec}: expected http(s)://host:port")
     return m.group("host").strip("[]"), port
 
 
@@ -363,7 +363,8 @@ def http_listeners_validator(name: str, v: Value) -> None:
         try:
             http_listener(item)
         except InvalidConfigError:
-            raise InvalidConfigError.invalid_value(name, item, "expected http://host:port") from None
+            raise InvalidConfigError.invalid_value(name, item, "expected http://host:port or https://host:port") \
+                from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,6 +563,14 @@ _broker(
             "Where the broker serves its Confluent-compatible schema registry, e.g. http://127.0.0.1:8081 "
             "(schemas kept in the _schemas topic); unset or blank: no registry. Not a Kafka setting: "
             "tabletopic's own.", http_listeners_validator, dynamic=False, origin=Origin.TABLETOPIC),
+    # Confluent Schema Registry's authentication.method / authentication.realm, prefixed schema.registry.
+    Setting("schema.registry.authentication.method", Type.STRING, "NONE",
+            "HTTP authentication of the broker's schema registry: NONE, or BASIC (users and passwords are the "
+            "broker's SCRAM users and the PLAIN users of the listeners' JAAS texts). Confluent Schema Registry's "
+            "authentication.method.", one_of("NONE", "BASIC"), dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("schema.registry.authentication.realm", Type.STRING, "SchemaRegistry",
+            "The realm named in the registry's WWW-Authenticate answer. Confluent Schema Registry's "
+            "authentication.realm (there: a JAAS section).", dynamic=False, origin=Origin.TABLETOPIC),
     Setting("table.topic.conversion.pool.size", Type.INT, os.cpu_count() or 1,
             "Processes that convert table topic records into Parquet files, shared by all table topics "
             "(default: the number of CPU cores). Not an AutoMQ setting: tabletopic's own.",
@@ -1169,6 +1178,17 @@ class BrokerConfig:
         """``schema.registry.listeners`` as (host, port) pairs; empty: the registry is off."""
         return [http_listener(s) for s in typed_list(self.values, "schema.registry.listeners")]
 
+    @property
+    def schema_registry_https(self) -> list[bool]:
+        """For each of ``schema.registry.listeners``: whether it is https:// (TLS with the broker's key store)."""
+        return [s.strip().startswith("https://") for s in typed_list(self.values, "schema.registry.listeners")]
+
+    @property
+    def schema_registry_auth(self) -> tuple[str, str]:
+        """(``schema.registry.authentication.method``, ``schema.registry.authentication.realm``)."""
+        return (str(self.values["schema.registry.authentication.method"]),
+                str(self.values["schema.registry.authentication.realm"]))
+
     # ---- table topic ----
 
     @property
@@ -1199,7 +1219,8 @@ class BrokerConfig:
         listeners = self.schema_registry_listeners
         if not listeners:
             return None
-        return local_http_url(*listeners[0])
+        local = local_http_url(*listeners[0])
+        return local.replace("http://", "https://", 1) if self.schema_registry_https[0] else local
 
     @property
     def schema_registry_config(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,8 @@ from tabletopic.transactions.markers import LogMarkerWriter
 from tabletopic.transactions.store import TransactionStateStore
 
 if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
+
     from tabletopic.registry.server import RegistryServer
 
 log = logging.getLogger(__name__)
@@ -147,6 +150,19 @@ class Broker:
     def cluster_id(self) -> str:
         return self.topics.cluster_id
 
+    def _registry_security(self) -> tuple[list[ssl.SSLContext | None], Middleware | None]:
+        """The registry's TLS contexts (https:// listeners: the broker's key store) and its guard (basic
+        authentication when schema.registry.authentication.method=BASIC; ACLs on _schemas with an authorizer)."""
+        from tabletopic.registry.security import BasicAuth, broker_tls_context, registry_guard
+
+        tls = [broker_tls_context(self.config, "schema.registry.listeners") if https else None
+               for https in self.config.schema_registry_https]
+        method, realm = self.config.schema_registry_auth
+        auth = BasicAuth(self.scram_credentials, self.plain_users) if method == "BASIC" else None
+        if auth is None and self.authorizer is None:
+            return tls, None
+        return tls, registry_guard(auth, realm, self.authorizer)
+
     async def start(self) -> None:
         t0 = time.monotonic()
         await self.logs.start()
@@ -158,7 +174,8 @@ class Broker:
         if self.config.schema_registry_listeners:
             from tabletopic.registry.server import RegistryServer  # aiohttp loads only when the registry is on
 
-            self.registry = RegistryServer(self.topics, self.logs, self.config.schema_registry_listeners)
+            self.registry = RegistryServer(self.topics, self.logs, self.config.schema_registry_listeners,
+                                           *self._registry_security())
             await self.registry.start()
         # the broker is the one process that creates the catalog (readers only open it)
         catalog = await asyncio.to_thread(open_broker_catalog, self.config)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import ssl
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
 
 from tabletopic.log.manager import LogManager
 from tabletopic.registry.api import make_app
@@ -38,12 +40,16 @@ http_log.addFilter(_ClientFaults())
 
 class RegistryServer:
     """The registry served on ``listeners`` ((host, port) pairs): :meth:`start` replays ``_schemas`` and binds,
-    :meth:`stop` closes the listeners after in-flight requests (bounded)."""
+    :meth:`stop` closes the listeners after in-flight requests (bounded). ``tls``: per listener, the TLS context
+    of an https:// one (None: plain HTTP); ``guard``: middleware run before every request (authentication)."""
 
-    def __init__(self, topics: TopicManager, logs: LogManager, listeners: list[tuple[str, int]]) -> None:
+    def __init__(self, topics: TopicManager, logs: LogManager, listeners: list[tuple[str, int]],
+                 tls: list[ssl.SSLContext | None] | None = None, guard: Middleware | None = None) -> None:
         self.store = SchemaStore(topics, logs)
         self.service = RegistryService(self.store)
         self._listeners = listeners
+        self._tls = tls or [None] * len(listeners)
+        self._guard = guard
         self._runner: web.AppRunner | None = None
         self.bound: list[tuple[str, int]] = []
 
@@ -51,18 +57,21 @@ class RegistryServer:
         """Replay the store, then bind every listener; returns the bound (host, port) pairs. Raises OSError when
         a listener cannot be bound (the broker does not start half-configured)."""
         await self.store.start()
-        runner = web.AppRunner(make_app(self.service), access_log=None, logger=http_log,
+        app = make_app(self.service)
+        if self._guard is not None:
+            app.middlewares.insert(0, self._guard)  # outermost: refuse before anything is parsed
+        runner = web.AppRunner(app, access_log=None, logger=http_log,
                                shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runner = runner
         try:
-            for host, port in self._listeners:
-                await web.TCPSite(runner, host, port, reuse_address=True).start()
+            for (host, port), tls in zip(self._listeners, self._tls, strict=True):
+                await web.TCPSite(runner, host, port, reuse_address=True, ssl_context=tls).start()
         except OSError:
             await self.stop()
             raise
         self.bound = [(str(a[0]), int(a[1])) for a in runner.addresses]
-        log.info("schema registry listening on %s", ", ".join(f"http://{h}:{p}" for h, p in self.bound))
+        log.info("schema registry listening on %s", ", ".join(f"{h}:{p}" for h, p in self.bound))
         return self.bound
 
     async def stop(self) -> None:
