@@ -102,3 +102,17 @@ def test_broker_survives_fuzzing(tmp_path: Path) -> None:
     assert set(report.by_api) == set(api_versions())
     assert report.rss_end_kb - report.rss_start_kb < 200 * 1024, report.summary()
     assert not report.handler_errors, report.summary()
+
+
+def test_alter_client_quotas_with_a_type_given_twice_once_as_default(broker: BrokerProcess) -> None:
+    """The fuzzer's find: (user, null) beside (user, "a") made the handler compare None with a string and close the
+    connection; Kafka answers INVALID_REQUEST for the duplicate entity type."""
+    R = codec.request_class(ApiKey.AlterClientQuotas)[1]
+    E = R.EntryData
+    with RawClient(broker.bootstrap) as raw:
+        resp = raw.request(ApiKey.AlterClientQuotas, 1, validate_only=True, entries=[E(
+            entity=[E.EntityData(entity_type="user", entity_name="a"), E.EntityData(entity_type="user",
+                                                                                   entity_name=None)],
+            ops=[E.OpData(key="producer_byte_rate", value=1000.0, remove=False)])])
+        assert resp.entries[0].error_code == 42, resp  # INVALID_REQUEST
+        assert "duplicate entity entry user" in resp.entries[0].error_message

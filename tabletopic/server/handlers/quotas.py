@@ -17,7 +17,10 @@ _DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
 def _entity(components: list[Message]) -> Entity:
-    return tuple(sorted((c.entity_type, c.entity_name) for c in components))
+    """The entity's (type, name) pairs in a canonical order. A type given twice, once with the default (null)
+    name, reaches the quota store's "duplicate entity entry" answer instead of comparing None with a string."""
+    return tuple(sorted(((c.entity_type, c.entity_name) for c in components),
+                        key=lambda tn: (tn[0], tn[1] is not None, tn[1] or "")))
 
 
 @handles(ApiKey.DescribeClientQuotas)
