@@ -6,9 +6,11 @@ without WRITE on ``_schemas`` gets Confluent's 403 on register while reads with 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from tests.helpers.procs import BrokerProcess, free_port
 from tests.helpers.tls import Pki, make_pki
+from worker.schema_source import RegistryUnavailableError, SchemaSource
 
 JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" '
         'password="admin-secret" user_admin="admin-secret" user_alice="alice-secret" user_bob="bob-secret";')
@@ -121,3 +124,23 @@ def test_acls_on_schemas_topic(secured: tuple[BrokerProcess, Pki, str]) -> None:
     assert bob.get_latest_version("s-acl-value").version == 1
     # admin is a super user: anything goes without ACLs
     assert _client(secured, "admin", "admin-secret").register_schema("s-admin-value", Schema(AVRO, "AVRO")) > 0
+
+
+def test_table_topic_registry_client_with_configured_credentials(secured: tuple[BrokerProcess, Pki, str]) -> None:
+    """The converters' client (SchemaSource, configured by automq.table.topic.schema.registry.config.*) reads the
+    protected registry with basic.auth.user.info and ssl.ca.location; without credentials it is refused."""
+    _, pki, url = secured
+    sid = _client(secured, "carol", "carol-secret").register_schema("s-conv-value", Schema(AVRO, "AVRO"))
+
+    async def read(config: dict[str, str], wait_s: float = 10) -> tuple[object, object]:
+        source = SchemaSource(url, config)
+        try:
+            deadline = time.monotonic() + wait_s
+            return (await source.schemas({sid}, deadline))[sid], await source.latest("s-conv-value", deadline)
+        finally:
+            await source.close()
+
+    by_id, latest = asyncio.run(read({"basic.auth.user.info": "carol:carol-secret", "ssl.ca.location": str(pki.ca)}))
+    assert by_id is not None and latest is not None
+    with pytest.raises(RegistryUnavailableError, match=r"401"):
+        asyncio.run(read({"ssl.ca.location": str(pki.ca)}, wait_s=1))
