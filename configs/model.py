@@ -561,7 +561,8 @@ _broker(
     # tabletopic's own (not an AutoMQ name: AutoMQ converts inside the broker's JVM)
     Setting("schema.registry.listeners", Type.LIST, None,
             "Where the broker serves its Confluent-compatible schema registry, e.g. http://127.0.0.1:8081 "
-            "(schemas kept in the _schemas topic); unset or blank: no registry. Not a Kafka setting: "
+            "(schemas kept in the _schemas topic), or https://host:port (TLS with the broker's key store, "
+            "ssl.keystore.*); unset or blank: no registry. Not a Kafka setting: "
             "tabletopic's own.", http_listeners_validator, dynamic=False, origin=Origin.TABLETOPIC),
     # Confluent Schema Registry's authentication.method / authentication.realm, prefixed schema.registry.
     Setting("schema.registry.authentication.method", Type.STRING, "NONE",

@@ -41,7 +41,7 @@ _NAMED: dict[str, str] = {
     "field_path_validator": "a field path (dots between levels)",
     "key_value_list_validator": "`key=value` items, no key twice",
     "listeners_validator": "`NAME://host:port` items",
-    "http_listeners_validator": "`http://host:port` items",
+    "http_listeners_validator": "`http://host:port` or `https://host:port` items",
     "jvm_size_validator": "a JVM memory size (`512m`, `2g`)",
     "non_blank": "not blank",
     "connection_overrides_validator": "`host:count` items (a host name or IP address)",
