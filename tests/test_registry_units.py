@@ -503,7 +503,11 @@ def test_the_listeners_setting() -> None:
     parse = lambda v: BrokerConfig.from_properties({"schema.registry.listeners": v}).schema_registry_listeners  # noqa: E731
     assert parse("") == [] and BrokerConfig.from_properties({}).schema_registry_listeners == []
     assert parse("http://127.0.0.1:8081,http://[::1]:0") == [("127.0.0.1", 8081), ("::1", 0)]
-    for bad in ("https://127.0.0.1:8081", "http://127.0.0.1", "127.0.0.1:8081", "http://h:70000", "http://h:1/x"):
+    tls = BrokerConfig.from_properties({"schema.registry.listeners": "https://0.0.0.0:8443,http://127.0.0.1:1"})
+    assert tls.schema_registry_listeners == [("0.0.0.0", 8443), ("127.0.0.1", 1)]
+    assert tls.schema_registry_https == [True, False]
+    assert tls.converter_registry_url == "https://127.0.0.1:8443"
+    for bad in ("ftp://127.0.0.1:8081", "http://127.0.0.1", "127.0.0.1:8081", "http://h:70000", "http://h:1/x"):
         with pytest.raises(InvalidConfigError, match=r"schema\.registry\.listeners"):
             parse(bad)
 
