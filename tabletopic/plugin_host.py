@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from pyiceberg.catalog import Catalog
 
-from configs.model import local_http_url
 from configs.table_topic import TableTopicConfig
 from coordinator.coordinator import TableTopicCoordinator
 from tabletopic.metrics import TableTopicMetrics
@@ -135,9 +134,7 @@ class TableTopicHost:
         if config.schema_registry_url is not None:
             return config.schema_registry_url
         registry = self._broker.registry
-        if registry is None or not registry.bound:
-            return None
-        return local_http_url(*registry.bound[0])
+        return registry.local_url() if registry is not None else None
 
     def coordinator(self, topic: str) -> TableTopicCoordinator | None:
         running = self._running.get(topic)

@@ -9,6 +9,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
 
+from configs.model import local_http_url
 from tabletopic.log.manager import LogManager
 from tabletopic.registry.api import make_app
 from tabletopic.registry.service import RegistryService
@@ -73,6 +74,13 @@ class RegistryServer:
         self.bound = [(str(a[0]), int(a[1])) for a in runner.addresses]
         log.info("schema registry listening on %s", ", ".join(f"{h}:{p}" for h, p in self.bound))
         return self.bound
+
+    def local_url(self) -> str | None:
+        """The URL a client on this host reaches the first bound listener at (https:// when it serves TLS)."""
+        if not self.bound:
+            return None
+        url = local_http_url(*self.bound[0])
+        return url.replace("http://", "https://", 1) if self._tls[0] is not None else url
 
     async def stop(self) -> None:
         if self._runner is not None:
