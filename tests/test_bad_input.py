@@ -121,6 +121,17 @@ def test_malformed_frames_close_the_connection(setup: tuple[BrokerProcess, str, 
     _still_healthy(b, topic, values)
 
 
+def test_a_negative_api_version_is_bad_input(setup: tuple[BrokerProcess, str, list[bytes]]) -> None:
+    """Found by the fuzzer: a negative version went to the unsupported-version answer, whose versioned lookup took
+    it as a list index (or raised inside the transport). It is bad input: the connection closes, with a log line."""
+    b, topic, values = setup
+    with RawClient(b.bootstrap) as c:
+        c.send_raw(struct.pack(">ihhih", 10, ApiKey.CreatePartitions, -7, 1, -1))
+        assert c.is_closed_by_peer()
+    assert "unsupported version -7 of API key 37" in b.log_text()
+    _still_healthy(b, topic, values)
+
+
 def test_unsupported_versions(setup: tuple[BrokerProcess, str, list[bytes]]) -> None:
     b, topic, values = setup
     with RawClient(b.bootstrap) as c:

@@ -138,7 +138,8 @@ class JoinApi:
             fut.set_result(JoinResult(E.INCONSISTENT_GROUP_PROTOCOL, a.member_id))
             return
         prefix = a.group_instance_id if a.group_instance_id is not None else a.client_id
-        new_id = f"{prefix}-{uuid.uuid4()}"
+        # a Kafka string holds at most 32767 bytes: a huge client id must not make the member id unanswerable
+        new_id = f"{prefix.encode()[:1000].decode(errors='ignore')}-{uuid.uuid4()}"
         if a.group_instance_id is not None:
             old_id = group.static_members.get(a.group_instance_id)
             if old_id is not None:

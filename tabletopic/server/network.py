@@ -49,6 +49,8 @@ MAX_PENDING_PER_CONNECTION = 128  # pause reading beyond this many unanswered re
 MAX_PENDING_BYTES_PER_CONNECTION = 8 * 1024 * 1024  # ... or beyond this many bytes of them (memory bound)
 
 
+_bad_inputs = ConditionLog(log)
+
 MAX_CONNECTIONS = "max.connections"
 MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
 
@@ -367,7 +369,7 @@ class KafkaConnection(asyncio.Protocol):
             resp = codec.make_response(info.api_key, 0, **api_versions_body(ErrorCode.UNSUPPORTED_VERSION))
             self._respond_now(codec.encode_response(info.api_key, 0, info.correlation_id, resp))
             return
-        if info.api_version <= codec.schema_max_version(info.api_key):
+        if 0 <= info.api_version <= codec.schema_max_version(info.api_key):  # a negative one is just bad input
             resp = _top_level_error_response(info, frame)
             if resp is not None:
                 self._log_once(logging.INFO, "unsupported version %d of API key %d from %s: UNSUPPORTED_VERSION",
@@ -386,7 +388,10 @@ class KafkaConnection(asyncio.Protocol):
             log.debug(msg, *args)
 
     def _bad_input(self, reason: str) -> None:
-        self._log_once(logging.WARNING, "closing connection from %s: %s", self._peer, reason)
+        # a line at once per kind of reason, then at most one a minute with the count: a flood of bad connections
+        # must not flood the log
+        _bad_inputs.log(reason.split(":", 1)[0][:60], logging.WARNING, "closing connection from %s: %s", self._peer,
+                        reason[:300])
         self.close()
 
     def close(self) -> None:
