@@ -471,7 +471,7 @@ def test_broker_settings_are_typed_attributes() -> None:
     assert b.cluster_id is None and b.delete_topic_enable and b.table_namespace == "default"
     assert BrokerConfig.from_properties({}).log_flush_interval_ms is None
     # every typed attribute gives its declared setting's value, with the type the declaration parses to
-    kinds = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.STRING: str}
+    kinds = {Type.BOOLEAN: bool, Type.INT: int, Type.LONG: int, Type.DOUBLE: float, Type.STRING: str}
     attributes = {name: a for name, a in vars(BrokerConfig).items() if isinstance(a, model._Read)}
     assert len(attributes) >= 20
     for name, attribute in attributes.items():
