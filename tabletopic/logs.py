@@ -26,6 +26,10 @@ THIRD_PARTY_LOGGERS = ("pyiceberg",)
 REPEATING_LOGGERS = ("aiokafka", "aiokafka.conn", "aiokafka.consumer.fetcher", "aiokafka.producer.sender")
 
 DEFAULT_EVERY_S = 60.0
+# conditions a ConditionLog remembers at most: keys can come from clients (topic names, bad-input reasons), so past
+# this the ones quiet for ``every_s`` are forgotten (their next occurrence is logged at once, as if new), then the
+# oldest half
+MAX_CONDITIONS = 4096
 
 
 def quiet_third_party(level: int = logging.INFO) -> None:
@@ -89,6 +93,8 @@ class ConditionLog:
         now = self._clock()
         cond = self._active.get(key)
         if cond is None or cond.state != state:
+            if cond is None and len(self._active) >= MAX_CONDITIONS:
+                self._forget(now)
             self._active[key] = _Condition(state, now)
             self._logger.log(level, msg, *args, exc_info=exc_info)
             return True
@@ -101,6 +107,15 @@ class ConditionLog:
         cond.logged_at, cond.suppressed = now, 0
         self._logger.log(level, msg, *args)
         return True
+
+    def _forget(self, now: float) -> None:
+        """Bound the memory: drop conditions logged ``every_s`` ago or more, else the oldest half."""
+        quiet = [k for k, c in self._active.items() if now - c.logged_at >= self.every_s]
+        if not quiet:
+            oldest = sorted(self._active.items(), key=lambda kc: kc[1].logged_at)
+            quiet = [k for k, _ in oldest[: len(oldest) // 2]]
+        for k in quiet:
+            del self._active[k]
 
     def clear(self, key: Hashable, level: int = logging.INFO, msg: str | None = None, *args: object) -> bool:
         """End condition ``key``: its next occurrence is logged at once. Logs ``msg`` (if given) only when the

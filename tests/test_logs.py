@@ -78,3 +78,22 @@ def test_a_library_repeating_a_failure_per_retry_is_heard_once_per_interval() ->
     assert f.filter(rec("Unable connect to node with id %s", logging.WARNING))  # nor the same at another level
     now[0] = 61.0
     assert f.filter(rec("Unable connect to node with id %s"))
+
+
+def test_condition_log_forgets_quiet_conditions_beyond_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys can come from clients (topic names, bad-input reasons; the fuzzer sends millions): the log remembers at
+    most MAX_CONDITIONS, forgetting those quiet for a period first, else the oldest half; a recent one still holds."""
+    import tabletopic.logs as logs
+
+    monkeypatch.setattr(logs, "MAX_CONDITIONS", 100)
+    now = [0.0]
+    cl = ConditionLog(logging.getLogger("tt.test.bound"), every_s=60.0, clock=lambda: now[0])
+    for i in range(100):
+        cl.log(("old", i), logging.INFO, "x")
+    now[0] = 61.0
+    cl.log("recent", logging.INFO, "x")  # the old ones are quiet for a period now: forgotten
+    assert len(cl._active) == 1 and cl.active("recent")
+    for i in range(10_000):  # a flood of distinct keys within one period
+        cl.log(("new", i), logging.INFO, "x")
+    assert len(cl._active) <= 100
+    assert cl.active(("new", 9_999)) and not cl.log(("new", 9_999), logging.INFO, "x")  # still rate-limited

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 import socket
 import struct
 import time
@@ -390,8 +391,8 @@ class KafkaConnection(asyncio.Protocol):
     def _bad_input(self, reason: str) -> None:
         # a line at once per kind of reason, then at most one a minute with the count: a flood of bad connections
         # must not flood the log
-        _bad_inputs.log(reason.split(":", 1)[0][:60], logging.WARNING, "closing connection from %s: %s", self._peer,
-                        reason[:300])
+        kind = re.sub(r"-?\d+", "N", reason.split(":", 1)[0])[:60]  # one condition per kind, whatever the numbers
+        _bad_inputs.log(kind, logging.WARNING, "closing connection from %s: %s", self._peer, reason[:300])
         self.close()
 
     def close(self) -> None:
