@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import brokers
-from confluent_kafka import Producer
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
@@ -35,29 +34,10 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
-from transactions import _commit
+from transactions import _commit, _plain
 
 from tests.helpers.procs import free_port
 from tests.helpers.tls import make_pki
-
-
-def _produce(conf: dict[str, object], topic: str, values: list[bytes]) -> float:
-    p = Producer({**conf, "linger.ms": 5, "enable.idempotence": True, "queue.buffering.max.messages": 1_000_000,
-                  "delivery.report.only.error": True})
-    failed: list[object] = []
-    t0 = time.perf_counter()
-    for v in values:
-        while True:
-            try:
-                p.produce(topic, v, on_delivery=lambda e, _m: e and failed.append(e))
-                break
-            except BufferError:
-                p.poll(0.01)
-    p.flush(120)
-    elapsed = time.perf_counter() - t0
-    if failed:
-        raise RuntimeError(f"{len(failed)} deliveries failed: {failed[0]}")
-    return len(values) / elapsed
 
 
 def main() -> int:
@@ -90,7 +70,8 @@ def main() -> int:
                 for kind in (("PLAINTEXT", "SASL_SSL") if rep % 2 == 0 else ("SASL_SSL", "PLAINTEXT")):
                     topic = f"{kind.lower()}-{uuid.uuid4().hex[:6]}"
                     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-                    rate = _produce(confs[kind], topic, values)
+                    conf = dict(confs[kind])
+                    rate = len(values) / _plain(str(conf.pop("bootstrap.servers")), topic, values, conf)
                     rates[kind].append(rate)
                     print(f"  rep {rep} {kind:10s} {rate:>10,.0f} rec/s {rate * args.size / 1e6:6.1f} MB/s")
     plain_rate, secure_rate = statistics.median(rates["PLAINTEXT"]), statistics.median(rates["SASL_SSL"])

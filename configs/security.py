@@ -93,8 +93,9 @@ _SSL = (
             "given) or none.", one_of("required", "requested", "none"), dynamic=False),
     Setting("ssl.enabled.protocols", Type.LIST, TLS_VERSIONS, "TLS versions a listener accepts.",
             list_of(*TLS_VERSIONS), dynamic=False),
-    Setting("ssl.protocol", Type.STRING, "TLSv1.3", "The TLS protocol of the context (TLS, TLSv1.2 or TLSv1.3); "
-            "the versions accepted are ssl.enabled.protocols.", one_of("TLS", *TLS_VERSIONS), dynamic=False),
+    Setting("ssl.protocol", Type.STRING, "TLSv1.3", "Accepted for Kafka's properties files, not applied: Java "
+            "builds its TLS context for this protocol, Python's server context negotiates; the versions a listener "
+            "accepts are ssl.enabled.protocols.", one_of("TLS", *TLS_VERSIONS), dynamic=False, applied=False),
     Setting("ssl.principal.mapping.rules", Type.STRING, "DEFAULT", "How a client certificate's distinguished name "
             "becomes the principal's name (DEFAULT: the name itself, as RFC 2253 writes it).",
             principal_rules_validator, dynamic=False),

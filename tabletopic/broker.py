@@ -50,6 +50,15 @@ def sasl_plain_users(listeners: list[ListenerView]) -> dict[str, dict[str, str]]
     ``user_<name>="<password>"`` options); InvalidConfigError for a JAAS text Kafka would not read."""
     out: dict[str, dict[str, str]] = {}
     for view in listeners:
+        for mechanism, text in view.jaas.items():
+            if mechanism != "PLAIN":  # read for its syntax: a single broker has no inter-broker client to log in
+                key = f"listener.name.{view.name.lower()}.{mechanism.lower()}.sasl.jaas.config"
+                try:
+                    parse_jaas(text)
+                except ValueError as e:
+                    raise InvalidConfigError(f"{key}: {e}", key=key) from e
+                log.info("%s is read for its syntax only: a single broker has no inter-broker client that would "
+                         "log in with it", key)
         if view.sasl and "PLAIN" in view.mechanisms:
             try:
                 out[view.name] = plain_users(parse_jaas(view.jaas["PLAIN"]))

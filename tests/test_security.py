@@ -403,3 +403,16 @@ def test_kafka_configs_manages_scram_users_as_kafkas_does(secured: Secured, tmp_
     missing = run("--entity-name", _t("nobody"), "--describe")
     assert "Error retrieving SCRAM credential configs for user-principal" in missing.stdout
     assert "ResourceNotFoundException: Attempt to describe a user credential that does not exist" in missing.stdout
+
+
+def test_a_scram_jaas_text_is_checked_and_a_bad_one_refused() -> None:
+    """Kafka's properties files carry a SCRAM JAAS text for the inter-broker client: read for its syntax (a single
+    broker has no such client), a malformed one refused at start rather than accepted unread."""
+    from tabletopic.broker import sasl_plain_users
+
+    props = {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "SCRAM-SHA-512"}
+    good = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="a" password="b";'
+    key = "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"
+    assert sasl_plain_users(listener_views(BrokerConfig.from_properties({**props, key: good}))) == {}
+    with pytest.raises(InvalidConfigError, match="scram-sha-512.sasl.jaas.config"):
+        sasl_plain_users(listener_views(BrokerConfig.from_properties({**props, key: good.rstrip(";")})))
