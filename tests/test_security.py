@@ -414,5 +414,5 @@ def test_a_scram_jaas_text_is_checked_and_a_bad_one_refused() -> None:
     good = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="a" password="b";'
     key = "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"
     assert sasl_plain_users(listener_views(BrokerConfig.from_properties({**props, key: good}))) == {}
-    with pytest.raises(InvalidConfigError, match="scram-sha-512.sasl.jaas.config"):
+    with pytest.raises(InvalidConfigError, match=r"scram-sha-512\.sasl\.jaas\.config"):
         sasl_plain_users(listener_views(BrokerConfig.from_properties({**props, key: good.rstrip(";")})))
