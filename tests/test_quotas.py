@@ -1,6 +1,8 @@
 """Client quotas as Kafka keeps and applies them: AlterClientQuotas / DescribeClientQuotas with Kafka's checks and
 texts, the eight levels of user / client-id precedence, Kafka's windowed rate and throttle time, and a librdkafka
-producer and consumer slowed to their byte rates (the broker answers throttle_time_ms and stops reading them)."""
+producer and consumer slowed to their byte rates (the broker answers throttle_time_ms and stops reading them).
+``kafka-configs`` sets, describes and deletes them with Kafka's ConfigCommand syntax, checks and texts, seen through
+raw DescribeClientQuotas requests and a producer throttled by what it set."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tabletopic.cli import kafka_configs
+from tabletopic.cli.kafka_configs_quotas import _entity_hash, _java_hash, java_double, java_hash_order
 from tabletopic.errors import ErrorCode
 from tabletopic.protocol.codec import ApiKey
 from tabletopic.security.quotas import (
@@ -161,3 +165,157 @@ def test_a_bad_quota_gets_kafkas_answer(quota_broker: BrokerProcess) -> None:
     altered = _alter(quota_broker, [(USER, "")], PRODUCER_BYTE_RATE, 10.0)
     assert [(e.error_code, e.error_message) for e in altered.entries] == [  # type: ignore[attr-defined]
         (ErrorCode.INVALID_REQUEST, "Empty user not supported")]
+
+
+# ---- kafka-configs: Kafka's ConfigCommand for client quotas ----
+
+
+def configs(capsys: pytest.CaptureFixture[str], b: BrokerProcess, *args: str) -> tuple[int, str, str]:
+    code = kafka_configs.main(["--bootstrap-server", b.bootstrap, *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _raw_quotas(b: BrokerProcess, kind: str, name: str) -> dict[tuple[tuple[str, str | None], ...], dict[str, float]]:
+    """Every entity with a ``kind`` component named ``name`` and its quotas, by a raw DescribeClientQuotas."""
+    from tabletopic.protocol import codec
+
+    C = codec.request_class(ApiKey.DescribeClientQuotas)[1]
+    with RawClient(b.bootstrap) as raw:
+        answer = raw.request(ApiKey.DescribeClientQuotas, 1, strict=False, components=[
+            C.ComponentData(entity_type=kind, match_type=0, match=name)])
+    assert answer.error_code == 0
+    return {tuple(sorted((c.entity_type, c.entity_name) for c in e.entity)): {v.key: v.value for v in e.values}
+            for e in answer.entries}
+
+
+def test_javas_double_text_and_hash_map_order() -> None:
+    """Kafka's describe prints quotas with Double.toString, entities and keys in its HashMaps' order (the values
+    below are what Java 17 prints for these maps and doubles)."""
+    assert [java_double(d) for d in (1024.0, 1e7, 2e7, 10485760.0, 0.0005, 123456789.0, 1.5, 9999999.0, 0.001, 1e-4,
+                                     1e21)] == ["1024.0", "1.0E7", "2.0E7", "1.048576E7", "5.0E-4", "1.23456789E8",
+                                                "1.5", "9999999.0", "0.001", "1.0E-4", "1.0E21"]
+    keys = ["consumer_byte_rate", "producer_byte_rate", "request_percentage", "controller_mutation_rate"]
+    assert java_hash_order(keys, [_java_hash(k) for k in keys]) == [
+        "producer_byte_rate", "consumer_byte_rate", "controller_mutation_rate", "request_percentage"]
+    assert java_hash_order(keys[1::-1], [_java_hash(k) for k in keys[1::-1]]) == keys[:2]
+    ents: list[list[tuple[str, str | None]]] = [[(USER, "alice")], [(USER, None)], [(CLIENT_ID, "app")],
+                                                [(USER, "bob")], [(CLIENT_ID, None)], [(USER, "carol")]]
+    assert [_entity_hash(e) - (1 << 32) * (_entity_hash(e) >> 31) for e in ents] == [
+        96435562, 3599338, -1904193381, 3643037, -1904137604, 93717401]  # Objects.hash(entries)
+    assert java_hash_order(ents, [_entity_hash(e) for e in ents]) == [ents[i] for i in (3, 2, 1, 0, 4, 5)]
+
+
+def test_kafka_configs_sets_describes_and_deletes_client_quotas(quota_broker: BrokerProcess,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    user, client = f"alice-{uuid.uuid4().hex[:6]}", f"app-{uuid.uuid4().hex[:6]}"
+    as_user = ["--entity-type", "users", "--entity-name", user]
+    assert configs(capsys, quota_broker, *as_user, "--alter", "--add-config",
+                   "producer_byte_rate=1024,consumer_byte_rate=20000000") == (
+        0, f"Completed updating config for user {user}.\n", "")
+    assert configs(capsys, quota_broker, *as_user, "--entity-type", "clients", "--entity-name", client, "--alter",
+                   "--add-config", "producer_byte_rate=2048") == (
+        0, f"Completed updating config for user {user}.\n", "")
+    assert configs(capsys, quota_broker, "--entity-type", "clients", "--entity-default", *as_user, "--alter",
+                   "--add-config", "consumer_byte_rate=4096")[:2] == (
+        0, "Completed updating default config for clients in the cluster.\n")
+    # a user's SCRAM credentials still go through the same entity, in a command of their own
+    assert configs(capsys, quota_broker, *as_user, "--alter", "--add-config", "SCRAM-SHA-256=[password=pw]")[0] == 0
+    assert _raw_quotas(quota_broker, USER, user) == {
+        ((USER, user),): {PRODUCER_BYTE_RATE: 1024.0, CONSUMER_BYTE_RATE: 20000000.0},
+        ((CLIENT_ID, client), (USER, user)): {PRODUCER_BYTE_RATE: 2048.0},
+        ((CLIENT_ID, None), (USER, user)): {CONSUMER_BYTE_RATE: 4096.0}}
+    assert configs(capsys, quota_broker, *as_user, "--describe") == (0, (
+        f"Quota configs for user-principal '{user}' are consumer_byte_rate=2.0E7, producer_byte_rate=1024.0\n"
+        f"SCRAM credential configs for user-principal '{user}' are SCRAM-SHA-256=iterations=4096\n"), "")
+    code, out, _ = configs(capsys, quota_broker, *as_user, "--entity-type", "clients", "--describe")
+    assert code == 0 and sorted(out.splitlines()) == [
+        f"Quota configs for user-principal '{user}', client-id '{client}' are producer_byte_rate=2048.0",
+        f"Quota configs for user-principal '{user}', the default client-id are consumer_byte_rate=4096.0"]
+    assert configs(capsys, quota_broker, "--entity-type", "users", "--entity-default", "--entity-type", "clients",
+                   "--entity-default", "--describe") == (0, "", "")  # no SCRAM lines for a default
+    code, out, _ = configs(capsys, quota_broker, "--entity-type", "users", "--describe")  # every user alone
+    assert f"Quota configs for user-principal '{user}' are consumer_byte_rate=2.0E7, producer_byte_rate=1024.0" \
+        in out.splitlines()
+    assert configs(capsys, quota_broker, *as_user, "--alter", "--delete-config",
+                   "producer_byte_rate,consumer_byte_rate") == (0, f"Completed updating config for user {user}.\n", "")
+    assert configs(capsys, quota_broker, *as_user, "--entity-type", "clients", "--entity-name", client, "--alter",
+                   "--delete-config", "producer_byte_rate")[0] == 0
+    assert configs(capsys, quota_broker, *as_user, "--entity-type", "clients", "--entity-default", "--alter",
+                   "--delete-config", "consumer_byte_rate")[0] == 0
+    assert _raw_quotas(quota_broker, USER, user) == {}
+    assert configs(capsys, quota_broker, *as_user, "--describe") == (
+        0, f"SCRAM credential configs for user-principal '{user}' are SCRAM-SHA-256=iterations=4096\n", "")
+
+
+def test_kafka_configs_sets_a_quota_a_producer_is_held_to(quota_broker: BrokerProcess,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    topic, client = f"cli-quota-{uuid.uuid4().hex[:8]}", f"cli-slow-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": quota_broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    assert configs(capsys, quota_broker, "--client", client, "--alter", "--add-config",
+                   "producer_byte_rate=20000") == (0, f"Completed updating config for client {client}.\n", "")
+    assert configs(capsys, quota_broker, "--entity-type", "clients", "--describe")[1].count(
+        f"Quota configs for client-id '{client}' are producer_byte_rate=20000.0\n") == 1
+    throttled: list[int] = []
+    p = Producer({"bootstrap.servers": quota_broker.bootstrap, "client.id": client, "linger.ms": 5,
+                  "throttle_cb": lambda e: throttled.append(e.throttle_time)})
+    for _ in range(3):  # 150 kB at 20 kB/s, well over the 20 kB of the broker's 2 windows of 1 s
+        for _ in range(5):
+            p.produce(topic, b"x" * 10_000)
+        assert p.flush(60) == 0
+    p.poll(0.5)
+    assert throttled and max(throttled) > 0, "the quota the CLI set was not applied"
+    assert configs(capsys, quota_broker, "--client", client, "--alter", "--delete-config", "producer_byte_rate")[0] == 0
+    assert _raw_quotas(quota_broker, CLIENT_ID, client) == {}
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (["--entity-type", "users", "--entity-name", "u1", "--add-config",
+      "producer_byte_rate=1,SCRAM-SHA-256=[password=x]"],
+     "Cannot alter both quota and SCRAM credential configs simultaneously for 'users' using --bootstrap-server."),
+    (["--entity-type", "users", "--entity-default", "--add-config", "SCRAM-SHA-256=[password=x]"],
+     "The use of --entity-default or --user-defaults is not allowed with User SCRAM Credentials using "
+     "--bootstrap-server."),
+    (["--entity-type", "users", "--entity-name", "u1", "--add-config", "producer_byte_rate=1,some_config=10"],
+     "Only quota and SCRAM credential configs can be added for 'users' using --bootstrap-server. Unexpected config "
+     "names: Set(some_config)"),
+    (["--entity-type", "users", "--entity-name", "u1", "--delete-config", "consumer_byte_rate,some_config"],
+     "Only quota and SCRAM credential configs can be deleted for 'users' using --bootstrap-server. Unexpected config "
+     "names: ArrayBuffer(some_config)"),
+    (["--entity-type", "clients", "--entity-name", "c1", "--add-config", "SCRAM-SHA-256=[password=x]"],
+     "Only quota configs can be added for 'clients' using --bootstrap-server. Unexpected config names: "
+     "Set(SCRAM-SHA-256)"),
+    (["--entity-type", "users", "--entity-name", "u1", "--entity-type", "clients", "--entity-name", "c1",
+      "--delete-config", "SCRAM-SHA-256"],
+     "Only quota configs can be deleted for 'clients' using --bootstrap-server. Unexpected config names: "
+     "ArrayBuffer(SCRAM-SHA-256)"),
+    (["--entity-type", "ips", "--entity-name", "127.0.0.1", "--add-config", "producer_byte_rate=1"],
+     "Only connection quota configs can be added for 'ips' using --bootstrap-server. Unexpected config names: "
+     "producer_byte_rate"),
+    (["--entity-type", "users", "--entity-name", "u1", "--delete-config", "producer_byte_rate"],
+     "Invalid config(s): producer_byte_rate"),
+    (["--entity-type", "users", "--entity-name", "u1", "--add-config", "producer_byte_rate=fast"],
+     "Cannot parse quota configuration value for producer_byte_rate: fast"),
+    (["--entity-type", "users", "--entity-name", "u1", "--entity-type", "clients", "--add-config",
+      "producer_byte_rate=1"], "An entity name must be specified for every entity type"),
+    (["--entity-type", "users", "--entity-type", "users", "--entity-name", "u1", "--entity-name", "u2",
+      "--add-config", "producer_byte_rate=1"], "Duplicate entity type(s) specified: users"),
+    (["--entity-type", "users", "--entity-type", "topics", "--entity-name", "u1", "--entity-name", "t",
+      "--add-config", "producer_byte_rate=1"], "Only 'users' and 'clients' entity types may be specified together"),
+    (["--user", "u1", "--entity-type", "clients", "--entity-name", "c1", "--add-config", "producer_byte_rate=1"],
+     "--entity-{type,name,default} should not be used in conjunction with specific entity flags"),
+    (["--entity-type", "clients", "--add-config", "producer_byte_rate=1"],
+     "An entity-name or default entity must be specified with --alter of users, clients, brokers or ips"),
+    # the broker's refusals, as Kafka's tool shows their exception
+    (["--entity-type", "users", "--entity-name", "u1", "--add-config", "producer_byte_rate=1.5"],
+     "org.apache.kafka.common.errors.InvalidRequestException: producer_byte_rate cannot be a fractional value."),
+    (["--entity-type", "ips", "--entity-name", "127.0.0.1", "--add-config", "connection_creation_rate=10"],
+     "org.apache.kafka.common.errors.InvalidRequestException: IP quotas (connection_creation_rate) are not "
+     "supported by this broker yet"),
+])
+def test_kafka_configs_refuses_quota_changes_as_kafkas_tool(quota_broker: BrokerProcess,
+                                                            capsys: pytest.CaptureFixture[str], args: list[str],
+                                                            error: str) -> None:
+    code, out, err = configs(capsys, quota_broker, "--alter", *args)
+    assert (code, out, err) == (1, "", f"Error while executing config command : {error}\n")

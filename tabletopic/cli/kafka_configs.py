@@ -1,11 +1,17 @@
-"""``kafka-configs``: Apache Kafka's ``kafka-configs.sh`` for topics, brokers and users' SCRAM credentials
-(:mod:`tabletopic.cli.kafka_configs_users`), for any Kafka-protocol broker.
+"""``kafka-configs``: Apache Kafka's ``kafka-configs.sh`` for topics, brokers, users' SCRAM credentials
+(:mod:`tabletopic.cli.kafka_configs_users`) and client quotas of users, client ids and IPs
+(:mod:`tabletopic.cli.kafka_configs_quotas`), for any Kafka-protocol broker.
 
     kafka-configs --bootstrap-server HOST:PORT --entity-type topics|brokers [--entity-name X] --describe [--all]
     kafka-configs --bootstrap-server HOST:PORT --entity-type topics --entity-name T --alter
                   [--add-config k=v,k2=[a,b]] [--add-config-file FILE] [--delete-config k,k2]
+    kafka-configs --bootstrap-server HOST:PORT --entity-type users --entity-name U [--entity-type clients
+                  --entity-default] --alter --add-config producer_byte_rate=1024
 
-``--topic T`` and ``--broker ID`` are shorthands for the entity options. ``--add-config`` takes Kafka's syntax:
+``--topic T``, ``--broker ID``, ``--user U``, ``--client C``, ``--ip IP`` and ``--user-defaults``,
+``--client-defaults``, ``--ip-defaults`` are shorthands for the entity options; as in Kafka, ``--entity-type`` may
+be given twice (users and clients), the ``--entity-name`` / ``--entity-default`` options pairing with the types in
+order. ``--add-config`` takes Kafka's syntax:
 commas separate settings except inside ``[...]`` (and, here, inside ``(...)``), and a value wrapped in ``[...]``
 loses its brackets, so ``automq.table.topic.partition.by=[bucket(name, 16), month(ts)]`` works as is. Changes are
 sent with IncrementalAlterConfigs (confluent-kafka, see ``kafka_topics``); errors go to stderr, exit code 1.
@@ -20,6 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from configs.model import load_properties
+from tabletopic.cli.kafka_configs_quotas import (
+    QUOTA_TYPES,
+    QuotaAdmin,
+    alter_quotas,
+    check_ip_alter,
+    completed_text,
+    describe_quotas,
+    is_quota_alter,
+    valid_ip_entity,
+)
 from tabletopic.cli.kafka_configs_users import alter_user, describe_users
 from tabletopic.cli.kafka_topics import (
     REQUEST_TIMEOUT_S,
@@ -73,8 +89,9 @@ def parse_add_config(text: str) -> dict[str, str]:
 
 
 CONFIGS_DESCRIPTION = """\
-Describe or change topic and broker configs, as Apache Kafka's kafka-configs.sh,
-against any Kafka-protocol broker. --add-config takes Kafka's syntax: commas
+Describe or change topic and broker configs, users' SCRAM credentials and client
+quotas (users, clients, ips), as Apache Kafka's kafka-configs.sh, against any
+Kafka-protocol broker. --add-config takes Kafka's syntax: commas
 separate settings except inside [...] and (...), and a value wrapped in [...]
 loses its brackets. Changes are sent with IncrementalAlterConfigs. Errors go to
 stderr, with exit code 1."""
@@ -84,20 +101,34 @@ examples:
   kafka-configs --bootstrap-server 127.0.0.1:9092 --topic orders --alter \\
       --add-config "automq.table.topic.partition.by=[bucket(_kafka_key, 16), _kafka_metadata.partition]"
   kafka-configs --bootstrap-server 127.0.0.1:9092 --topic orders --alter --delete-config retention.ms
-  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type brokers --entity-name 1 --describe --all"""
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type brokers --entity-name 1 --describe --all
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type users --entity-name alice \
+      --entity-type clients --entity-name app --alter --add-config producer_byte_rate=1048576
+  kafka-configs --bootstrap-server 127.0.0.1:9092 --entity-type clients --entity-default --describe"""
+
+# Kafka's entity flags and default flags, in the order ConfigCommandOptions lists their types and names
+_ENTITY_FLAGS = (("topic", "topics"), ("client", "clients"), ("user", "users"), ("broker", "brokers"), ("ip", "ips"))
+_DEFAULT_FLAGS = (("client_defaults", "clients"), ("user_defaults", "users"), ("ip_defaults", "ips"))
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kafka-configs", description=CONFIGS_DESCRIPTION, epilog=CONFIGS_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(p)
-    p.add_argument("--entity-type", choices=("topics", "brokers", "users"),
-                   help="the kind of entity: topics, brokers or users (SCRAM credentials)")
-    p.add_argument("--entity-name", metavar="NAME",
-                   help="the entity: a topic name, a broker id or a user (--describe without it: all of them)")
-    p.add_argument("--topic", metavar="TOPIC", help="shorthand for --entity-type topics --entity-name TOPIC")
-    p.add_argument("--broker", metavar="ID", help="shorthand for --entity-type brokers --entity-name ID")
-    p.add_argument("--user", metavar="USER", help="shorthand for --entity-type users --entity-name USER")
+    p.add_argument("--entity-type", action="append", default=[], choices=("topics", "brokers", "users", "clients",
+                                                                          "ips"),
+                   help="the kind of entity: topics, brokers, users (SCRAM credentials, quotas), clients or ips "
+                        "(quotas); users and clients may be given together")
+    p.add_argument("--entity-name", action="append", dest="entity_names", default=[], metavar="NAME",
+                   help="the entity: a topic name, a broker id, a user, a client id or an IP (--describe without "
+                        "it: all of them)")
+    p.add_argument("--entity-default", action="append_const", dest="entity_names", const="",
+                   help="the default entity of users, clients, ips or brokers, in place of --entity-name")
+    for flag, kind in _ENTITY_FLAGS:
+        p.add_argument(f"--{flag}", metavar=flag.upper(), help=f"shorthand for --entity-type {kind} --entity-name X")
+    for dest, kind in _DEFAULT_FLAGS:
+        p.add_argument(f"--{dest.replace('_', '-')}", action="store_true",
+                       help=f"shorthand for --entity-type {kind} --entity-default")
     actions = p.add_mutually_exclusive_group(required=True)
     actions.add_argument("--describe", action="store_true", help="list the configs of the entity")
     actions.add_argument("--alter", action="store_true", help="change the configs of the entity")
@@ -110,24 +141,37 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _entity(args: argparse.Namespace) -> tuple[str, str | None]:
-    if sum(x is not None for x in (args.topic, args.broker, args.user)) > 1:
-        raise CommandError("only one of --topic, --broker and --user can be given")
-    if args.user is not None:
-        if args.entity_type not in (None, "users"):
-            raise CommandError(f"--user can't be used with --entity-type {args.entity_type}")
-        return "users", args.user
-    if args.topic is not None:
-        if args.entity_type not in (None, "topics"):
-            raise CommandError("--topic can't be used with --entity-type brokers")
-        return "topics", args.topic
-    if args.broker is not None:
-        if args.entity_type not in (None, "brokers"):
-            raise CommandError("--broker can't be used with --entity-type topics")
-        return "brokers", args.broker
-    if args.entity_type is None:
-        raise CommandError("--entity-type (or --topic / --broker) is required")
-    return args.entity_type, args.entity_name
+def _entities(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The entity types and names, as ConfigCommandOptions' entityTypes / entityNames and checkArgs."""
+    flags = [(kind, getattr(args, flag)) for flag, kind in _ENTITY_FLAGS if getattr(args, flag) is not None]
+    defaults = [kind for dest, kind in _DEFAULT_FLAGS if getattr(args, dest)]
+    if (args.entity_type or args.entity_names) and (flags or defaults):
+        raise CommandError("--entity-{type,name,default} should not be used in conjunction with specific entity flags")
+    types = [*args.entity_type, *(k for k, _ in flags), *defaults]
+    names = [*args.entity_names, *(n for _, n in flags), *("" for _ in defaults)]
+    duplicates = sorted({t for t in types if types.count(t) > 1})
+    if duplicates:
+        raise CommandError(f"Duplicate entity type(s) specified: {','.join(duplicates)}")
+    if not types:
+        raise CommandError("At least one entity type must be specified")
+    if len(types) > 1 and set(types) != {"users", "clients"}:
+        raise CommandError("Only 'users' and 'clients' entity types may be specified together")
+    if "ips" in types:
+        for name in names:
+            if not valid_ip_entity(name):
+                raise CommandError(f"The entity name for {types[0]} must be a valid IP or resolvable host, "
+                                   f"but it is: {name}")
+    if args.describe and "" in names and types[0] == "topics":
+        raise CommandError("--entity-default must not be specified with --describe of topics")
+    if args.alter:
+        if types[0] == "topics" and not any(names):
+            raise CommandError("An entity name must be specified with --alter of topics")
+        if not names:
+            raise CommandError("An entity-name or default entity must be specified with --alter of users, clients, "
+                               "brokers or ips")
+        if len(types) != len(names):
+            raise CommandError("An entity name must be specified for every entity type")
+    return types, names
 
 
 def configs_header(singular: str, name: str, *, all_configs: bool = False) -> str:
@@ -153,8 +197,11 @@ class ConfigsCommand:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.entity_type, self.entity_name = _entity(args)
-        self.admin = admin_client(client_config(args.bootstrap_server, args.command_config))
+        self.types, self.names = _entities(args)
+        self.entity_type = self.types[0]
+        self.entity_name: str | None = self.names[0] if self.names else None
+        self.conf = client_config(args.bootstrap_server, args.command_config)
+        self.admin = admin_client(self.conf)
 
     def _resource(self, name: str, **kw: Any) -> Any:
         admin = ck()
@@ -170,8 +217,15 @@ class ConfigsCommand:
         return [str(b) for b in sorted(md.brokers)]
 
     def describe(self) -> None:
-        if self.entity_type == "users":
-            describe_users(self.admin, self.entity_name)
+        if self.entity_type in QUOTA_TYPES:
+            quotas = QuotaAdmin(self.conf)
+            try:
+                describe_quotas(quotas, self.types, self.names)
+            finally:
+                quotas.close()
+            # Kafka describes SCRAM credentials only for users alone, not for the default user
+            if self.types == ["users"] and "" not in self.names:
+                describe_users(self.admin, self.entity_name)
             return
         singular = _SINGULAR[self.entity_type]
         for name in self._names():
@@ -204,8 +258,8 @@ class ConfigsCommand:
         both = sorted(set(to_add) & set(to_delete))
         if both:
             raise CommandError(f"{', '.join(both)} can't be both added and deleted")
-        if self.entity_type == "users":
-            alter_user(self.admin, self.entity_name, to_add, to_delete)
+        if self.entity_type in QUOTA_TYPES:
+            self._alter_quotas_or_user(to_add, to_delete)
             return
         op = admin.AlterConfigOpType
         entries = [admin.ConfigEntry(k, v, incremental_operation=op.SET) for k, v in to_add.items()]
@@ -215,6 +269,21 @@ class ConfigsCommand:
         for future in futures.values():
             wait(future)
         print(f"Completed updating config for {_SINGULAR[self.entity_type]} {self.entity_name}.")
+
+    def _alter_quotas_or_user(self, to_add: dict[str, str], to_delete: list[str]) -> None:
+        """ConfigCommand's alter of users, clients and ips: quotas, or a user's SCRAM credentials."""
+        if self.entity_type == "ips":
+            check_ip_alter(to_add, to_delete)
+        elif not is_quota_alter(self.types, self.names, to_add, to_delete):
+            alter_user(self.admin, self.names[0], to_add, to_delete)
+            print(completed_text(self.types, self.names))
+            return
+        quotas = QuotaAdmin(self.conf)
+        try:
+            alter_quotas(quotas, self.types, self.names, to_add, to_delete)
+        finally:
+            quotas.close()
+        print(completed_text(self.types, self.names))
 
 
 def _main(argv: Sequence[str] | None) -> int:

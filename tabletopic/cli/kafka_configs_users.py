@@ -1,7 +1,7 @@
 """``kafka-configs --entity-type users``: SCRAM credentials as Apache Kafka's ConfigCommand manages them through
 ``--bootstrap-server`` (AlterUserScramCredentials / DescribeUserScramCredentials; the client salts and hashes the
-password, the broker never sees it). Quotas, the other user configs Kafka has, are refused here (not built in this
-tool yet; the broker serves AlterClientQuotas).
+password, the broker never sees it). Quotas, the other user configs, are :mod:`tabletopic.cli.kafka_configs_quotas`'s;
+which of the two an ``--alter`` is, and Kafka's refusals of the rest, are checked there first.
 
     kafka-configs --bootstrap-server HOST:PORT --entity-type users --entity-name alice --alter
                   --add-config 'SCRAM-SHA-256=[iterations=8192,password=alice-secret],SCRAM-SHA-512=[password=x]'
@@ -20,8 +20,7 @@ from tabletopic.cli.kafka_topics import REQUEST_TIMEOUT_S, CommandError, ck, wai
 # the Java exception Kafka's ConfigCommand names for an error code (librdkafka gives the code)
 _EXCEPTIONS = {91: "ResourceNotFoundException", 92: "DuplicateResourceException"}
 DEFAULT_ITERATIONS = 4096  # Kafka's ConfigCommand.DefaultScramIterations
-_NO_QUOTAS = ("this kafka-configs does not set client quotas yet: the broker takes them through AlterClientQuotas, "
-              "from Kafka's own kafka-configs.sh or an admin client")
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _CREDENTIAL = re.compile(r"(?:iterations=(-?[0-9]*),)?password=(.*)", re.DOTALL)
 
 
@@ -31,21 +30,15 @@ def _mechanism(name: str) -> Any:
             "SCRAM-SHA-512": admin.ScramMechanism.SCRAM_SHA_512}.get(name)
 
 
-def _scala_set(names: list[str]) -> str:
+def scala_set(names: list[str]) -> str:
+    """How Scala prints a small set of names, as ConfigCommand's refusals list them."""
     return f"Set({', '.join(names)})"
 
 
 def alter_user(client: Any, user: str, to_add: dict[str, str], to_delete: list[str]) -> None:
-    """Kafka's ConfigCommand for a user: every added or deleted config a SCRAM mechanism, one request."""
+    """Kafka's ConfigCommand for a user's SCRAM credentials (every added or deleted config a SCRAM mechanism,
+    checked by the caller)."""
     admin = ck()
-    unknown_add = [k for k in to_add if _mechanism(k) is None]
-    if unknown_add:
-        raise CommandError("Only quota and SCRAM credential configs can be added for 'users' using "
-                           f"--bootstrap-server. Unexpected config names: {_scala_set(unknown_add)} ({_NO_QUOTAS})")
-    unknown_delete = [k for k in to_delete if _mechanism(k) is None]
-    if unknown_delete:
-        raise CommandError("Only quota and SCRAM credential configs can be deleted for 'users' using "
-                           f"--bootstrap-server. Unexpected config names: {_scala_set(unknown_delete)} ({_NO_QUOTAS})")
     changes: list[Any] = [admin.UserScramCredentialDeletion(user, _mechanism(k)) for k in to_delete]
     for name, text in to_add.items():
         m = _CREDENTIAL.fullmatch(text)
@@ -60,7 +53,6 @@ def alter_user(client: Any, user: str, to_add: dict[str, str], to_delete: list[s
     for change in changes:
         for future in client.alter_user_scram_credentials([change], request_timeout=REQUEST_TIMEOUT_S).values():
             wait(future)
-    print(f"Completed updating config for user {user}.")
 
 
 def describe_users(client: Any, user: str | None) -> None:

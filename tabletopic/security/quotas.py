@@ -168,7 +168,7 @@ def _matches(names: Mapping[str, str | None], kind: str, m: tuple[int, str | Non
         return name == match
     if match_type == MATCH_DEFAULT:
         return name is None
-    return name is not None
+    return True  # MATCH_SPECIFIED: any entity of the type, its default too (ClientQuotasImage.matches' typeMatch)
 
 
 class Rate:
