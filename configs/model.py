@@ -553,6 +553,39 @@ _broker(
             "Port of the Prometheus /metrics HTTP endpoint (table topic delay, fields, busy ratio); "
             "unset: no endpoint; 0: any free port.",
             between(0, 65535), dynamic=False, origin=Origin.TABLETOPIC),
+    # how the /metrics endpoint is secured: the TLS names of the registry client's settings (ssl.certificate.location,
+    # ssl.key.location, ssl.key.password) and of Kafka's (ssl.truststore.location, ssl.client.auth), the
+    # registry's authentication.method; tabletopic's own, as AutoMQ exports metrics by OpenTelemetry
+    Setting("automq.table.topic.metrics.host", Type.STRING, "127.0.0.1",
+            "Address the Prometheus /metrics endpoint binds (0.0.0.0: every interface); beyond loopback, secure it "
+            "with the ssl.* and authentication.* settings below. Not an AutoMQ setting: tabletopic's own.",
+            non_blank, dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.ssl.certificate.location", Type.STRING, None,
+            "PEM file with the certificate chain of the /metrics endpoint (and its private key, unless "
+            "automq.table.topic.metrics.ssl.key.location is set); set: the endpoint serves HTTPS only. Not an AutoMQ "
+            "setting: tabletopic's own.", dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.ssl.key.location", Type.STRING, None,
+            "PEM file with the private key of automq.table.topic.metrics.ssl.certificate.location (unset: the key is "
+            "in the certificate file). Not an AutoMQ setting: tabletopic's own.", dynamic=False,
+            origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.ssl.key.password", Type.PASSWORD, None,
+            "Password of an encrypted private key of the /metrics endpoint. Not an AutoMQ setting: tabletopic's own.",
+            dynamic=False, sensitive=True, origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.ssl.truststore.location", Type.STRING, None,
+            "PEM file with the CA certificates that sign the scrapers' client certificates (with "
+            "automq.table.topic.metrics.ssl.client.auth). Not an AutoMQ setting: tabletopic's own.", dynamic=False,
+            origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.ssl.client.auth", Type.STRING, "none",
+            "Client certificates (mutual TLS) on the /metrics endpoint: required, requested (checked when given) or "
+            "none. Not an AutoMQ setting: tabletopic's own.", one_of("required", "requested", "none"),
+            dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.authentication.method", Type.STRING, "NONE",
+            "HTTP authentication of the /metrics endpoint: NONE, or BASIC (the broker's users, as "
+            "schema.registry.authentication.method; needs HTTPS). Not an AutoMQ setting: tabletopic's own.",
+            one_of("NONE", "BASIC"), dynamic=False, origin=Origin.TABLETOPIC),
+    Setting("automq.table.topic.metrics.authentication.realm", Type.STRING, "tabletopic-metrics",
+            "The realm named in the /metrics endpoint's WWW-Authenticate answer. Not an AutoMQ setting: "
+            "tabletopic's own.", dynamic=False, origin=Origin.TABLETOPIC),
     # tabletopic's own, the broker-wide default of the topic setting of the same name (tests turn it off)
     Setting("automq.table.topic.compaction.enable", Type.BOOLEAN, True,
             "Default of the topic setting automq.table.topic.compaction.enable: automatic compaction and maintenance "
@@ -1097,6 +1130,7 @@ class BrokerConfig:
     table_namespace = _setting("automq.table.topic.namespace", str)
     """The default Iceberg namespace of table topics."""
     metrics_port = _optional_setting("automq.table.topic.metrics.port", int)
+    metrics_host = _setting("automq.table.topic.metrics.host", str)
     conversion_pool_size = _setting("table.topic.conversion.pool.size", int)
     # the Spark side process
     spark_master = _setting("spark.master", str)

@@ -27,6 +27,7 @@ from tabletopic.plugin_host import TableTopicHost
 from tabletopic.producer_ids import ProducerIdManager
 from tabletopic.security.acls import Authorizer
 from tabletopic.security.credentials import ScramCredentialStore
+from tabletopic.security.http_auth import BasicAuth
 from tabletopic.security.jaas import parse_jaas, plain_users
 from tabletopic.security.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, QuotaManager, QuotaStore
 from tabletopic.server import handlers
@@ -162,7 +163,7 @@ class Broker:
     def _registry_security(self) -> tuple[list[ssl.SSLContext | None], Middleware | None]:
         """The registry's TLS contexts (https:// listeners: the broker's key store) and its guard (basic
         authentication when schema.registry.authentication.method=BASIC; ACLs on _schemas with an authorizer)."""
-        from tabletopic.registry.security import BasicAuth, broker_tls_context, registry_guard
+        from tabletopic.registry.security import broker_tls_context, registry_guard
 
         tls = [broker_tls_context(self.config, "schema.registry.listeners") if https else None
                for https in self.config.schema_registry_https]
@@ -195,7 +196,9 @@ class Broker:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
         # after the table topics: their partitions are cleaned only below what their tables hold
         self.logs.start_cleaner(self.tables.table_offset if self.tables is not None else None)
-        self.metrics_server = start_metrics_server(self.config, self.metrics)
+        # basic authentication (when configured) checks the broker's users, as the registry's does
+        self.metrics_server = start_metrics_server(self.config, self.metrics,
+                                                   BasicAuth(self.scram_credentials, self.plain_users))
         # listeners last: a client that can connect finds every subsystem ready
         self.bound = await self.server.start()
         # a listener on port 0 gets its real port now; advertise what was actually bound

@@ -17,20 +17,28 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
-from wsgiref.simple_server import WSGIServer
+from pathlib import Path
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from configs.model import BrokerConfig, jvm_size_bytes
+from configs import InvalidConfigError, ListenerView
+from configs.model import PER_LISTENER, BrokerConfig, jvm_size_bytes, typed_or_none
+from tabletopic.security.http_auth import basic_challenge, basic_credentials
+from tabletopic.security.tls import server_context
 from tabletopic.spark.service import STATES as SPARK_STATES
 from tabletopic.spark.service import SparkStatus
 
@@ -442,10 +450,14 @@ class MetricsServer:
     metrics: TableTopicMetrics
     _server: WSGIServer
     _thread: threading.Thread
+    host: str = METRICS_HOST
+    https: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://{METRICS_HOST}:{self.port}/metrics"
+        host = METRICS_HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{'https' if self.https else 'http'}://{host}:{self.port}/metrics"
 
     def stop(self, timeout: float = 5.0) -> None:
         self._server.shutdown()
@@ -453,12 +465,143 @@ class MetricsServer:
         self._thread.join(timeout)
 
 
-def start_metrics_server(config: BrokerConfig, metrics: TableTopicMetrics) -> MetricsServer | None:
-    """Serve ``metrics`` on 127.0.0.1 at ``automq.table.topic.metrics.port`` (0: any free port; unset: None)."""
+class UserCheck(Protocol):
+    """Checks HTTP basic credentials (:class:`tabletopic.security.http_auth.BasicAuth`: the broker's users)."""
+
+    def check(self, user: str, password: str) -> bool: ...
+
+
+_METRICS = "automq.table.topic.metrics."
+_HANDSHAKE_TIMEOUT_S = 10.0  # a scraper that connects and stalls holds one thread this long, never the accept loop
+
+
+def _readable(config: BrokerConfig, name: str) -> str | None:
+    """The PEM file that ``automq.table.topic.metrics.<name>`` names, read (None when unset); InvalidConfigError
+    naming the setting when it cannot be read."""
+    location = typed_or_none(config.values, _METRICS + name, str)
+    if location is None:
+        return None
+    try:
+        return Path(location).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidConfigError(f"{_METRICS}{name}: cannot read {location}: {e}", key=_METRICS + name) from e
+
+
+def metrics_tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """The /metrics endpoint's server TLS context (None without ``...metrics.ssl.certificate.location``), built
+    by the listeners' :func:`server_context` with the broker-wide ``ssl.enabled.protocols``; InvalidConfigError
+    for TLS settings without a certificate, an unreadable file, a key that does not fit, client certificates
+    asked for without a trust store."""
+    chain, key = _readable(config, "ssl.certificate.location"), _readable(config, "ssl.key.location")
+    trust, client_auth = _readable(config, "ssl.truststore.location"), config.values[_METRICS + "ssl.client.auth"]
+    if chain is None:
+        for name in ("ssl.key.location", "ssl.key.password", "ssl.truststore.location"):
+            if config.values[_METRICS + name] is not None:
+                raise InvalidConfigError(f"{_METRICS}{name} is set without {_METRICS}ssl.certificate.location "
+                                         f"(the endpoint's certificate): set both, or neither", key=_METRICS + name)
+        if client_auth != "none":
+            raise InvalidConfigError(f"{_METRICS}ssl.client.auth={client_auth} needs HTTPS: set "
+                                     f"{_METRICS}ssl.certificate.location", key=_METRICS + "ssl.client.auth")
+        return None
+    if client_auth != "none" and trust is None:
+        raise InvalidConfigError(f"{_METRICS}ssl.client.auth={client_auth} needs {_METRICS}ssl.truststore.location "
+                                 f"(the CAs that sign the scrapers' certificates)", key=_METRICS + "ssl.client.auth")
+    settings = {k: config.values[k] for k in PER_LISTENER} | {
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": None, "ssl.keystore.certificate.chain": chain,
+        "ssl.keystore.key": key if key is not None else chain,  # unset: the key is in the certificate file
+        "ssl.key.password": config.values[_METRICS + "ssl.key.password"], "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": None, "ssl.truststore.certificates": trust, "ssl.client.auth": client_auth}
+    try:
+        return server_context(ListenerView(f"{_METRICS}port", "", 0, "SSL", settings, {}))
+    except InvalidConfigError as e:
+        raise InvalidConfigError(f"the /metrics endpoint's certificate and key ({_METRICS}ssl.certificate.location, "
+                                 f"{_METRICS}ssl.key.location) do not load: {e}",
+                                 key=_METRICS + "ssl.certificate.location") from e
+
+
+def _guarded(app: WSGIApplication, users: UserCheck, realm: str) -> WSGIApplication:
+    """``app`` behind HTTP basic authentication: 401 with ``WWW-Authenticate`` unless ``users`` accepts the
+    request's credentials (checked on the request's own thread)."""
+    challenge = basic_challenge(realm)
+
+    def guarded(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        given = basic_credentials(environ.get("HTTP_AUTHORIZATION"))
+        if given is None or not users.check(*given):
+            start_response("401 Unauthorized", [("WWW-Authenticate", challenge),
+                                                ("Content-Type", "text/plain; charset=utf-8")])
+            return [b"Unauthorized\n"]
+        answer: Iterable[bytes] = app(environ, start_response)
+        return answer
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """One line per scrape is noise: nothing."""
+
+
+class _MetricsHTTPServer(ThreadingWSGIServer):
+    """prometheus_client's thread-per-request server; with TLS, each connection's handshake runs on its request
+    thread under a time-out (wrapping the listening socket would run it on the accept loop, which one stalled
+    client then blocks)."""
+
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(_HANDSHAKE_TIMEOUT_S)
+        try:
+            secured = self.tls.wrap_socket(request, server_side=True)
+        except OSError as e:  # plain HTTP, no or an untrusted client certificate, a stalled client
+            log.debug("[METRICS] TLS handshake with %s failed: %s", client_address, e)
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            secured.close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("[METRICS] request from %s failed", client_address, exc_info=True)
+
+
+def start_metrics_server(config: BrokerConfig, metrics: TableTopicMetrics,
+                         users: UserCheck | None = None) -> MetricsServer | None:
+    """Serve ``metrics`` at ``automq.table.topic.metrics.host`` and ``.port`` (0: any free port; unset: None),
+    over HTTPS with ``...metrics.ssl.*`` and behind basic authentication against ``users`` (the broker's) with
+    ``...metrics.authentication.method=BASIC``; InvalidConfigError for settings that do not fit (BASIC needs
+    HTTPS and ``users``)."""
     port = config.metrics_port
     if port is None:
         return None
-    server, thread = start_http_server(port, addr=METRICS_HOST, registry=metrics.registry)
-    bound = int(server.server_address[1])
-    log.info("[METRICS] serving http://%s:%d/metrics", METRICS_HOST, bound)
-    return MetricsServer(port=bound, metrics=metrics, _server=server, _thread=thread)
+    tls = metrics_tls_context(config)
+    app: WSGIApplication = make_wsgi_app(metrics.registry)
+    basic = config.values[_METRICS + "authentication.method"] == "BASIC"
+    if basic:
+        # the passwords are the broker's users': in clear over plain HTTP to anyone on the path, at every scrape
+        if tls is None:
+            raise InvalidConfigError(f"{_METRICS}authentication.method=BASIC needs HTTPS (basic authentication sends "
+                                     f"the password at every scrape): set {_METRICS}ssl.certificate.location",
+                                     key=_METRICS + "authentication.method")
+        if users is None:
+            raise InvalidConfigError(f"{_METRICS}authentication.method=BASIC checks the broker's users, which this "
+                                     f"process does not have", key=_METRICS + "authentication.method")
+        app = _guarded(app, users, str(config.values[_METRICS + "authentication.realm"]))
+
+    class Server(_MetricsHTTPServer):
+        pass  # a class per server: the address family is set on it, as prometheus_client's start_wsgi_server does
+
+    Server.tls = tls
+    family, _, _, _, address = socket.getaddrinfo(config.metrics_host, port, type=socket.SOCK_STREAM,
+                                                  flags=socket.AI_PASSIVE)[0]
+    Server.address_family = family
+    server = make_server(str(address[0]), port, app, Server, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="tabletopic-metrics", daemon=True)
+    thread.start()
+    served = MetricsServer(port=int(server.server_address[1]), metrics=metrics, _server=server, _thread=thread,
+                           host=config.metrics_host, https=tls is not None)
+    log.info("[METRICS] serving %s (bound to %s)%s", served.url, config.metrics_host,
+             ", basic authentication" if basic else "")
+    return served
