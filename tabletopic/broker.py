@@ -175,6 +175,9 @@ class Broker:
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        # first: its settings are refused before anything starts; basic authentication checks the broker's users
+        self.metrics_server = start_metrics_server(self.config, self.metrics,
+                                                   BasicAuth(self.scram_credentials, self.plain_users))
         await self.logs.start()
         self.topics.load()
         self.producer_ids.load()
@@ -196,9 +199,6 @@ class Broker:
             log.info("no catalog configured (automq.table.topic.catalog.type unset): table topics are off")
         # after the table topics: their partitions are cleaned only below what their tables hold
         self.logs.start_cleaner(self.tables.table_offset if self.tables is not None else None)
-        # basic authentication (when configured) checks the broker's users, as the registry's does
-        self.metrics_server = start_metrics_server(self.config, self.metrics,
-                                                   BasicAuth(self.scram_credentials, self.plain_users))
         # listeners last: a client that can connect finds every subsystem ready
         self.bound = await self.server.start()
         # a listener on port 0 gets its real port now; advertise what was actually bound
