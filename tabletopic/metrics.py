@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from configs import InvalidConfigError, ListenerView
-from configs.model import PER_LISTENER, BrokerConfig, jvm_size_bytes, typed_or_none
+from configs.model import PER_LISTENER, BrokerConfig, Value, jvm_size_bytes, typed_or_none
 from tabletopic.security.http_auth import basic_challenge, basic_credentials
 from tabletopic.security.tls import server_context
 from tabletopic.spark.service import STATES as SPARK_STATES
@@ -506,11 +506,16 @@ def metrics_tls_context(config: BrokerConfig) -> ssl.SSLContext | None:
     if client_auth != "none" and trust is None:
         raise InvalidConfigError(f"{_METRICS}ssl.client.auth={client_auth} needs {_METRICS}ssl.truststore.location "
                                  f"(the CAs that sign the scrapers' certificates)", key=_METRICS + "ssl.client.auth")
-    settings = {k: config.values[k] for k in PER_LISTENER} | {
-        "ssl.keystore.type": "PEM", "ssl.keystore.location": None, "ssl.keystore.certificate.chain": chain,
-        "ssl.keystore.key": key if key is not None else chain,  # unset: the key is in the certificate file
-        "ssl.key.password": config.values[_METRICS + "ssl.key.password"], "ssl.truststore.type": "PEM",
-        "ssl.truststore.location": None, "ssl.truststore.certificates": trust, "ssl.client.auth": client_auth}
+    # no key file: the key is in the certificate file, as in Kafka's PEM key store file
+    keystore: dict[str, Value] = {"ssl.keystore.location": None, "ssl.keystore.certificate.chain": chain,
+                                  "ssl.keystore.key": key}
+    if key is None:
+        keystore = {"ssl.keystore.location": config.values[_METRICS + "ssl.certificate.location"],
+                    "ssl.keystore.certificate.chain": None, "ssl.keystore.key": None}
+    settings = {k: config.values[k] for k in PER_LISTENER} | keystore | {
+        "ssl.keystore.type": "PEM", "ssl.key.password": config.values[_METRICS + "ssl.key.password"],
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": None, "ssl.truststore.certificates": trust,
+        "ssl.client.auth": client_auth}
     try:
         return server_context(ListenerView(f"{_METRICS}port", "", 0, "SSL", settings, {}))
     except InvalidConfigError as e:
