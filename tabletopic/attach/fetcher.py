@@ -2,9 +2,10 @@
 
 Seam: :class:`Fetcher` (one per attach instance): ``start``/``stop``, :meth:`~Fetcher.add` a partition at an offset
 (its :class:`~tabletopic.attach.spool.RemotePartitionLog` is the worker's ``LogReader``), :meth:`~Fetcher.remove`,
-:meth:`~Fetcher.log`, :meth:`~Fetcher.lag`. It talks to the cluster through aiokafka's low-level client
-(``AIOKafkaClient``; its FetchRequest keeps each partition's records as raw bytes) with the options
-:func:`tabletopic.attach.client.aiokafka_options` gives.
+:meth:`~Fetcher.log`, :meth:`~Fetcher.lag`. Metadata and ListOffsets go through aiokafka's low-level client
+(``AIOKafkaClient``), fetches over :class:`~tabletopic.attach.wire.WireConnection` (each answer read into one buffer,
+its records spooled from it without a copy), both with the options :func:`tabletopic.attach.client.aiokafka_options`
+gives.
 
 Rules: it reads as a read_committed consumer (isolation READ_COMMITTED): records up to the remote's last stable offset,
 the aborted transactions among them kept per spool (the workers drop their batches; control batches are spooled like any
@@ -29,11 +30,11 @@ from typing import Any
 
 from aiokafka.client import AIOKafkaClient, ConnectionGroup
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
 from tabletopic.attach.spool import RemotePartitionLog, SpoolOptions
+from tabletopic.attach.wire import FetchAnswer, FetchedPartition, WireConnection
 from tabletopic.errors import ErrorCode
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol.records import (
@@ -178,6 +179,8 @@ class Fetcher:
         self._progress = _Progress()
         self._bootstrapped = False
         self._topics: set[str] = set()  # the topics the client keeps metadata for
+        # the fetch connections, (broker, slot): slot 0 long-polls, slot 1 asks for partitions added meanwhile
+        self._wires: dict[tuple[int, int], WireConnection] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -200,6 +203,9 @@ class Fetcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks, self._loops = [], {}
+        for wire in self._wires.values():
+            wire.close()
+        self._wires.clear()
         if self._client is not None:
             with contextlib.suppress(*_NETWORK_ERRORS):
                 await self._client.close()
@@ -359,7 +365,7 @@ class Fetcher:
         order: partitions added meanwhile (an assignment) go at once in a second request, without waiting, over a
         second connection, rather than behind the long-poll."""
         wake = self._wakes[node]
-        inflight: dict[asyncio.Task[Any], tuple[Any, list[_Sent]]] = {}  # request → (connection group, partitions)
+        inflight: dict[asyncio.Task[Any], tuple[int, list[_Sent]]] = {}  # request → (connection slot, partitions)
         turn = 0
         try:
             while True:
@@ -370,16 +376,14 @@ class Fetcher:
                 asked = {id(s.part) for _, sent in inflight.values() for s in sent}
                 ready = [p for p in mine if id(p) not in asked and not p.log.error and p.retry_at <= now
                          and p.log.room() > 0]
-                free = [g for g in (ConnectionGroup.DEFAULT, ConnectionGroup.COORDINATION)
-                        if g not in {g for g, _ in inflight.values()}]
+                free = [slot for slot in (0, 1) if slot not in {slot for slot, _ in inflight.values()}]
                 if ready and free:
                     # a different partition first each time: brokers give the first one at least one batch, however
                     # big, and may leave the later ones out once the response is full
                     turn = (turn + 1) % len(ready)
                     sent = [_Sent(p, p.log.generation, p.log.position) for p in ready[turn:] + ready[:turn]]
                     wait_ms = 0 if inflight else self.options.max_wait_ms
-                    task = asyncio.ensure_future(
-                        self._client.send(node, self._request(sent, wait_ms), group=free[0]))
+                    task = asyncio.ensure_future(self._fetch(node, free[0], sent, wait_ms))
                     inflight[task] = (free[0], sent)
                     continue
                 wake.clear()
@@ -390,9 +394,12 @@ class Fetcher:
                                                  return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waker.cancel()
-                for task in [t for t in inflight if t in done]:
-                    _, sent = inflight.pop(task)
-                    await self._answered(node, task, sent)
+                for answered in [t for t in inflight if t in done]:
+                    _, sent = inflight.pop(answered)
+                    await self._answered(node, answered, sent)
+                    # an answer's records are views of its connection's read buffer, reused once nothing views it
+                    del answered
+                done.clear()
         finally:
             for task in inflight:
                 task.cancel()
@@ -417,68 +424,76 @@ class Fetcher:
         if throttle_ms > 0:  # the broker's quota: wait as Kafka's clients do
             await asyncio.sleep(min(throttle_ms, 30_000) / 1000)
 
-    def _request(self, sent: list[_Sent], wait_ms: int) -> Any:
+    async def _fetch(self, node: int, slot: int, sent: list[_Sent], wait_ms: int) -> FetchAnswer:
+        """One Fetch of the partitions ``sent`` over the connection ``slot`` to ``node`` (opened as needed; a broken
+        one is dropped, and opened again by the next fetch)."""
+        wire = self._wires.get((node, slot))
+        if wire is None or wire.closed:
+            broker = self._client.cluster.broker_metadata(node)
+            if broker is None:
+                raise KafkaError(f"broker {node} is not in the cluster's metadata")
+            wire = self._wires[(node, slot)] = await WireConnection.open(broker.host, broker.port,
+                                                                         self.client_options)
         topics: dict[str, list[tuple[int, int, int]]] = {}
         for s in sent:
             topics.setdefault(s.part.log.topic, []).append(
                 (s.part.log.partition, s.position, self.options.partition_max_bytes))
-        return FetchRequest(wait_ms, 1, self.options.fetch_max_bytes, READ_COMMITTED,
-                            list(topics.items()))
+        try:
+            return await wire.fetch(wait_ms, self.options.fetch_max_bytes, READ_COMMITTED, list(topics.items()))
+        except BaseException:
+            if wire.closed:
+                self._wires.pop((node, slot), None)
+            raise
 
-    async def _handle(self, node: int, resp: Any, sent: list[_Sent]) -> None:
+    async def _handle(self, node: int, resp: FetchAnswer, sent: list[_Sent]) -> None:
         """Apply one fetch answer: spool what each partition got, or act on its error."""
         asked = {(s.part.log.topic, s.part.log.partition): s for s in sent}
-        top_error = getattr(resp, "error_code", 0)
-        if top_error:
+        if resp.error_code:
             self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] broker %s answers a fetch with %s",
-                                 node, _code_name(top_error), state=top_error)
+                                 node, _code_name(resp.error_code), state=resp.error_code)
             for each in sent:
                 self._back_off(each.part)
             return
-        with_log_start = resp.API_VERSION >= 5  # v4 (isolation levels' first) has no log start offset
-        for topic, partitions in resp.topics:
-            for p in partitions:
-                s = asked.get((topic, p[0]))
-                if s is None or self._parts.get(s.part.key) is not s.part or s.part.log.generation != s.generation \
-                        or s.part.log.position != s.position:
-                    continue  # removed, restarted or fetched by another loop since: this answer is stale
-                code = p[1]
-                if code == ErrorCode.NONE:
-                    # read_committed: records up to the last stable offset (the high watermark when a broker
-                    # leaves it unknown, -1), the aborted transactions among them named (null: none)
-                    stable = p[3] if p[3] >= 0 else p[2]
-                    aborted = [(int(pid), int(first)) for pid, first in p[5 if with_log_start else 4] or ()]
-                    self._spool(s, p[-1], stable, p[4] if with_log_start else -1, aborted)
-                elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                    await self._out_of_range(node, s)
-                elif code in _LEADERSHIP_ERRORS:
-                    self._conditions.log((s.part.key, "leader"), logging.INFO, "[ATTACH_FETCH] %s: %s from broker "
-                                         "%s; refreshing the metadata", s.part.log.name, _code_name(code), node,
-                                         state=code)
-                    self._lost_leader(s.part)
-                else:
-                    self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: fetching offset "
-                                         "%d failed: %s; retrying", s.part.log.name, s.position, _code_name(code),
-                                         state=code)
-                    self._back_off(s.part)
+        for p in resp.partitions:
+            s = asked.get((p.topic, p.partition))
+            if s is None or self._parts.get(s.part.key) is not s.part or s.part.log.generation != s.generation \
+                    or s.part.log.position != s.position:
+                continue  # removed, restarted or fetched by another loop since: this answer is stale
+            code = p.error_code
+            if code == ErrorCode.NONE:
+                self._spool(s, p)
+            elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                await self._out_of_range(node, s)
+            elif code in _LEADERSHIP_ERRORS:
+                self._conditions.log((s.part.key, "leader"), logging.INFO, "[ATTACH_FETCH] %s: %s from broker "
+                                     "%s; refreshing the metadata", s.part.log.name, _code_name(code), node,
+                                     state=code)
+                self._lost_leader(s.part)
+            else:
+                self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: fetching offset "
+                                     "%d failed: %s; retrying", s.part.log.name, s.position, _code_name(code),
+                                     state=code)
+                self._back_off(s.part)
 
-    def _spool(self, s: _Sent, records: bytes | None, stable: int, log_start: int,
-               aborted: list[tuple[int, int]]) -> None:
+    def _spool(self, s: _Sent, p: FetchedPartition) -> None:
         """Spool one partition's answer: its whole batches (control batches too), the aborted transactions it
         names (before the batches: a read of them needs them), its last stable offset and log start."""
         part, plog = s.part, s.part.log
+        # read_committed: records up to the last stable offset (the high watermark when a broker leaves it unknown,
+        # -1), the aborted transactions among them named
+        stable = p.last_stable_offset if p.last_stable_offset >= 0 else p.high_watermark
         if stable >= 0:
             plog.remote_high_watermark = stable
-        if aborted:
-            plog.note_aborted(aborted, s.position)
-        if log_start >= 0:
-            plog.remote_log_start = max(plog.remote_log_start, log_start)
+        if p.aborted:
+            plog.note_aborted(p.aborted, s.position)
+        if p.log_start_offset >= 0:
+            plog.remote_log_start = max(plog.remote_log_start, p.log_start_offset)
         part.backoff_s = 0.0
         self._conditions.clear((part.key, "leader"))
         self._conditions.clear((part.key, "error"))
-        if not records:
+        if not p.records:
             return
-        buf = memoryview(records)
+        buf = p.records
         headers, problem = whole_batches(buf, s.position, verify_crc=self.options.verify_crc)
         before = plog.records_spooled
         try:
