@@ -177,7 +177,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         except BufferError:
             self._spare = bytearray()
         if len(self._spare) < size:
-            self._spare = bytearray(size)
+            # an eighth more: answers near a request's byte limit differ by a batch, one buffer serves them all
+            self._spare = bytearray(size + size // 8)
         return memoryview(self._spare)[:size]
 
     def buffer_updated(self, nbytes: int) -> None:
