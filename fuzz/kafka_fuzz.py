@@ -24,6 +24,7 @@ broker's RSS (after warm-up, at the end, and its peak, VmHWM) and the handler ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import re
 import socket
@@ -394,6 +395,10 @@ class FuzzConnection:
 
     def close(self) -> None:
         if self._sock is not None:
+            # shutdown first: a bare close() leaves the socket open while the drain thread's recv holds it, so the
+            # broker kept every replaced connection (and its partial frame) until connections.max.idle.ms
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._sock.close()
             self._sock = None
 
@@ -588,7 +593,8 @@ def _frame_source(opts: Options, report: Report) -> Iterator[Frame]:
 
 
 def _fuzz(opts: Options, broker: BrokerProcess, report: Report) -> None:
-    """Send frames until ``opts.frames`` or ``opts.seconds``; measures RSS after the first tenth (the warm-up)."""
+    """Send frames until ``opts.frames`` or ``opts.seconds``; measures RSS after the first tenth of either (the
+    warm-up)."""
     conns = [FuzzConnection(broker.bootstrap, report) for _ in range(opts.connections)]
     rng = random.Random(opts.seed + 1)
     t0 = time.monotonic()
@@ -599,7 +605,9 @@ def _fuzz(opts: Options, broker: BrokerProcess, report: Report) -> None:
         report.frames += 1
         report.by_kind[frame.kind.split("+")[0]] += 1
         elapsed = time.monotonic() - t0
-        if report.frames == warm and broker.proc is not None:
+        # the warm-up: the first tenth of the frames, or of the time when the run is timed
+        warmed = report.frames >= warm or (opts.seconds and elapsed >= opts.seconds / 10)
+        if warmed and not report.rss_start_kb and broker.proc is not None:
             report.rss_start_kb = _rss_kb(broker.proc.pid)
         if report.frames >= opts.frames or (opts.seconds and elapsed >= opts.seconds):
             break
