@@ -26,6 +26,7 @@ from configs.model import (
     one_of,
     typed_list,
 )
+from configs.principal_rules import PrincipalMapper
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SERVED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -41,9 +42,10 @@ def protocol_map_validator(name: str, v: Value) -> None:
 
 
 def principal_rules_validator(name: str, v: Value) -> None:
-    if v != "DEFAULT":
-        raise InvalidConfigError.invalid_value(name, v, "only DEFAULT (the certificate's distinguished name) is "
-                                               "supported")
+    try:
+        PrincipalMapper.from_rules(v if isinstance(v, str) else None)
+    except ValueError as e:  # Kafka's SslPrincipalMapper texts: Invalid rule: ...
+        raise InvalidConfigError.invalid_value(name, v, str(e)) from e
 
 
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
@@ -97,7 +99,9 @@ _SSL = (
             "builds its TLS context for this protocol, Python's server context negotiates; the versions a listener "
             "accepts are ssl.enabled.protocols.", one_of("TLS", *TLS_VERSIONS), dynamic=False, applied=False),
     Setting("ssl.principal.mapping.rules", Type.STRING, "DEFAULT", "How a client certificate's distinguished name "
-            "becomes the principal's name (DEFAULT: the name itself, as RFC 2253 writes it).",
+            "becomes the principal's name on an SSL listener: rules RULE:pattern/replacement/[L|U] and DEFAULT (the "
+            "name itself, as RFC 2253 writes it), separated by commas; the first that matches applies, none: the "
+            "client fails authentication.",
             principal_rules_validator, dynamic=False),
 )
 _SASL = (

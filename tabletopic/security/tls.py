@@ -1,5 +1,5 @@
 """TLS for a listener as Kafka configures it (:func:`server_context`), and the principal a client certificate
-gives (:func:`certificate_principal`).
+gives (:func:`certificate_principal`, through the listener's ``ssl.principal.mapping.rules``).
 
 Key and trust stores come in Kafka's PEM forms (a file at ``ssl.keystore.location`` holding the key and the
 certificate chain, or the inline ``ssl.keystore.certificate.chain`` and ``ssl.keystore.key``; trusted certificates
@@ -21,16 +21,24 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from configs import InvalidConfigError, ListenerView
+from configs.principal_rules import PrincipalMapper
 
 ANONYMOUS = "ANONYMOUS"
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 _CLIENT_AUTH = {"required": ssl.CERT_REQUIRED, "requested": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
+class ListenerContext(ssl.SSLContext):
+    """A listener's TLS context, carrying its principal mapping rules to :func:`certificate_principal` (a
+    connection's ``ssl_object.context`` is this object)."""
+
+    principal_mapper: PrincipalMapper | None = None  # None: the distinguished name itself (SASL_SSL, as Kafka)
+
+
 def server_context(view: ListenerView) -> ssl.SSLContext:
     """The server-side TLS context of a TLS listener; InvalidConfigError naming the setting that is wrong (a
     missing file, a key that does not open, a PKCS12 password that does not fit)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx = ListenerContext(ssl.PROTOCOL_TLS_SERVER)
     enabled = sorted(_VERSIONS[v] for v in view.items("ssl.enabled.protocols"))
     if not enabled:
         raise InvalidConfigError(f"listener {view.name}: ssl.enabled.protocols is empty", key="ssl.enabled.protocols")
@@ -42,6 +50,11 @@ def server_context(view: ListenerView) -> ssl.SSLContext:
         raise InvalidConfigError(f"listener {view.name}: the TLS key or trust store cannot be loaded: "
                                  f"{type(e).__name__}: {e}", key="ssl.keystore.location") from e
     ctx.verify_mode = _CLIENT_AUTH[str(view.settings["ssl.client.auth"])]
+    if view.protocol == "SSL":  # Kafka's SslChannelBuilder maps names; on SASL_SSL the principal is SASL's
+        try:
+            ctx.principal_mapper = PrincipalMapper.from_rules(view.text("ssl.principal.mapping.rules"))
+        except ValueError as e:
+            raise InvalidConfigError(f"listener {view.name}: {e}", key="ssl.principal.mapping.rules") from e
     return ctx
 
 
@@ -104,10 +117,13 @@ def _private_file(data: bytes) -> Iterator[str]:
 
 
 def certificate_principal(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str:
-    """The principal name of a TLS client, as Kafka's DEFAULT ``ssl.principal.mapping.rules`` give it: the
-    certificate's subject distinguished name as RFC 2253 writes it (``CN=alice,OU=eng,O=corp``), or ANONYMOUS
-    without a certificate."""
+    """The principal name of a TLS client: the certificate's subject distinguished name as RFC 2253 writes it
+    (``CN=alice,OU=eng,O=corp``) mapped by the SSL listener's ``ssl.principal.mapping.rules``, or ANONYMOUS
+    without a certificate. configs.principal_rules.NoMatchingRuleError when no rule applies: the client fails
+    authentication, as in Kafka."""
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    if not der:
+    if not der or ssl_object is None:
         return ANONYMOUS
-    return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    name = x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    mapper = ssl_object.context.principal_mapper if isinstance(ssl_object.context, ListenerContext) else None
+    return name if mapper is None else mapper.name(name)
