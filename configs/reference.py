@@ -50,7 +50,7 @@ _NAMED: dict[str, str] = {
     "protocols_validator": "a list of `classic`, `consumer`; `classic` must be there",
     "assignors_validator": "a list of `uniform`, `range` (or Kafka's assignor class names)",
     "protocol_map_validator": "`LISTENER_NAME:PROTOCOL` items (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)",
-    "principal_rules_validator": "`DEFAULT` only",
+    "principal_rules_validator": "`RULE:pattern/replacement/[L|U]` and `DEFAULT` items, separated by commas",
     "authorizer_validator": "empty, or `org.apache.kafka.metadata.authorizer.StandardAuthorizer`",
     "super_users_validator": "principals (`User:name`) separated by `;`",
 }
