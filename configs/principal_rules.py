@@ -29,6 +29,7 @@ _RULE = rf"(DEFAULT)|RULE:((\\.|[^\\/])*)/((\\.|[^\\/])*)/([LU]?){_DOT}*?|({_DOT
 _SPLITTER = re.compile(rf"\s*({_RULE})\s*(,\s*|{_END})", re.ASCII)
 _PARSER = re.compile(_RULE, re.ASCII)
 _BACK_REFERENCE = re.compile(r"\$([0-9]+)")
+_GROUP_NAME = re.compile(r"\{([A-Za-z0-9]*)")  # Java's ${name}: ASCII letters and digits
 _JAVA_NAMED_GROUP = re.compile(r"(?<!\\)((?:\\\\)*)\(\?<([A-Za-z][A-Za-z0-9]*)>")
 _JAVA_NAMED_REFERENCE = re.compile(r"(?<!\\)((?:\\\\)*)\\k<([A-Za-z][A-Za-z0-9]*)>")
 _JAVA_TRIM = "".join(map(chr, range(33)))  # String.trim() strips every character up to ' '
@@ -189,7 +190,7 @@ def _group_reference(text: str, i: int, pattern: re.Pattern[str]) -> tuple[int, 
     if i == len(text):
         raise ValueError("Illegal group reference: group index is missing")
     if text[i] == "{":
-        m = re.compile(r"\{([A-Za-z0-9]*)").match(text, i)
+        m = _GROUP_NAME.match(text, i)
         name = m.group(1) if m else ""
         end = i + 1 + len(name)
         if not name:
