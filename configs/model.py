@@ -489,8 +489,12 @@ _broker(
             "bytes read or written for this long is closed (before authentication too: Kafka has no other "
             "handshake time-out).", at_least(1)),
     Setting("max.connections", Type.INT, INT_MAX, "Most connections the broker holds at once, over all listeners; "
-            "a connection beyond it is closed when accepted (Kafka's acceptor waits for a free slot instead).",
-            at_least(0)),
+            "a connection beyond it is closed when accepted (Kafka's acceptor waits for a free slot instead). Per "
+            "listener as listener.name.<listener>.max.connections (checked besides the broker's).", at_least(0)),
+    Setting("max.connection.creation.rate", Type.INT, INT_MAX, "Most new connections a second the broker takes, "
+            "measured over quota.window.num windows of quota.window.size.seconds as Kafka does; over it, the "
+            "listener takes its next connections only after Kafka's throttle time (at most one window). Per "
+            "listener as listener.name.<listener>.max.connection.creation.rate.", at_least(0)),
     Setting("max.connections.per.ip", Type.INT, INT_MAX, "Most connections from one IP address; a connection "
             "beyond it is closed when accepted. 0 only with max.connections.per.ip.overrides.", at_least(0)),
     Setting("max.connections.per.ip.overrides", Type.STRING, "", "Per-IP or host name limits instead of "
@@ -655,6 +659,8 @@ _broker(
             "tabletopic, clusters that accept any config); the settings topic wins key by key where both set one. "
             "Not an AutoMQ setting: tabletopic's own.", dynamic=False, origin=Origin.TABLETOPIC),
 )
+# Kafka's ListenerReconfigurableConfigs of the SocketServer (its ListenerConnectionQuota)
+PER_LISTENER.update(("max.connections", "max.connection.creation.rate"))
 
 # ---- Kafka's topic settings: every one of Kafka 3.9 and 4.x, with Kafka's names, types, defaults, ranges and
 # broker synonyms (LogConfig, TopicConfig, QuotaConfig). Those this broker acts on are applied as Kafka does; the
@@ -1108,6 +1114,7 @@ class BrokerConfig:
     connections_max_idle_ms = _setting("connections.max.idle.ms", int)
     max_connections = _setting("max.connections", int)
     max_connections_per_ip = _setting("max.connections.per.ip", int)
+    max_connection_creation_rate = _setting("max.connection.creation.rate", int)
     group_initial_rebalance_delay_ms = _setting("group.initial.rebalance.delay.ms", int)
     group_min_session_timeout_ms = _setting("group.min.session.timeout.ms", int)
     group_max_session_timeout_ms = _setting("group.max.session.timeout.ms", int)

@@ -10,37 +10,37 @@ Bad input never takes the broker down: an oversized or negative frame, an unknow
 undecodable request closes that connection (Kafka does the same) after one log line; an unsupported
 version of a known API gets Kafka's answer (ApiVersions v0 fallback; UNSUPPORTED_VERSION elsewhere).
 
-Limits, with Kafka's settings (:class:`ConnectionLimits`): ``max.connections`` and ``max.connections.per.ip``
-(``.overrides``) close a connection beyond them as soon as it is accepted; ``connections.max.idle.ms`` closes a
-connection with no request in progress and no bytes read or written for that long (authenticated or not: Kafka's
-only time-out for a client that never authenticates); ``socket.request.max.bytes`` bounds a frame. A connection
-costs the loop O(1) per read whatever its size (a client dribbling a frame byte by byte re-reads one header).
+Limits, with Kafka's settings: ``max.connections`` (broker-wide and per listener) and ``max.connections.per.ip``
+(``.overrides``) close a connection beyond them as soon as it is accepted; ``max.connection.creation.rate`` delays
+reading a listener's new connections (:mod:`tabletopic.server.connection_limits`); ``connections.max.idle.ms``
+closes a connection with no request in progress and no bytes read or written for that long (authenticated or not:
+Kafka's only time-out for a client that never authenticates); ``socket.request.max.bytes`` bounds a frame. A
+connection costs the loop O(1) per read whatever its size (a client dribbling a frame byte by byte re-reads one
+header).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import re
-import socket
 import struct
 import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
-from configs import InvalidConfigError
 from tabletopic.errors import ErrorCode
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import Message
 from tabletopic.security.sasl import AuthenticationError
 from tabletopic.security.tls import certificate_principal, server_context
+from tabletopic.server.connection_limits import LISTEN_BACKLOG, ConnectionLimits, ip_key
 from tabletopic.server.handlers.base import HANDLERS, Handler, RequestContext
 from tabletopic.server.session import SaslState, Session
 
 if TYPE_CHECKING:
-    from configs import BrokerConfig, ListenerView
+    from configs import ListenerView
     from tabletopic.broker import Broker
 
 log = logging.getLogger(__name__)
@@ -51,90 +51,6 @@ MAX_PENDING_BYTES_PER_CONNECTION = 8 * 1024 * 1024  # ... or beyond this many by
 
 
 _bad_inputs = ConditionLog(log)
-
-MAX_CONNECTIONS = "max.connections"
-MAX_CONNECTIONS_PER_IP = "max.connections.per.ip"
-
-
-def ip_key(host: str) -> str:
-    """The canonical text of an IP address (an IPv4-mapped IPv6 address as its IPv4 address, as Java's
-    InetAddress sees it), so that a peer and an override name the same address the same way."""
-    try:
-        addr = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return str(addr.ipv4_mapped)
-    return str(addr)
-
-
-class ConnectionLimits:
-    """Kafka's ConnectionQuotas for ``max.connections`` and ``max.connections.per.ip`` (``.overrides``): the
-    connections held per IP address and in all; :meth:`admit` says whether one more may be held.
-
-    As in Kafka a connection is admitted while fewer than the limit are held (a limit of 0 admits none), the
-    broker-wide limit is checked first, and an override names a host whose address is resolved once, at start.
-    Unlike Kafka's acceptor, which waits for a slot under the broker-wide limit (the new connections waiting in
-    the listen backlog), a connection beyond it is closed at once. Refusals are counted in :attr:`refused` (by
-    setting) and logged through a ConditionLog (a flood writes a line a minute, not a line a connection).
-    """
-
-    def __init__(self, config: BrokerConfig) -> None:
-        self.max_total = config.max_connections
-        self.max_per_ip = config.max_connections_per_ip
-        self._override_hosts = config.max_connections_per_ip_overrides
-        if self.max_per_ip == 0 and not self._override_hosts:
-            # Kafka's KafkaConfig refuses the same at start
-            raise InvalidConfigError("max.connections.per.ip can be set to zero only if "
-                                     "max.connections.per.ip.overrides property is set.",
-                                     key="max.connections.per.ip")
-        self.overrides: dict[str, int] = {}
-        self.total = 0
-        self.per_ip: dict[str, int] = {}
-        self.refused = {MAX_CONNECTIONS: 0, MAX_CONNECTIONS_PER_IP: 0}
-        self._log = ConditionLog(log)
-
-    async def resolve_overrides(self) -> None:
-        """Resolve the overrides' host names (Kafka's InetAddress.getByName at start; here every address a name
-        has); InvalidConfigError for a name that does not resolve, as Kafka's broker fails to start."""
-        loop = asyncio.get_running_loop()
-        for host, count in self._override_hosts.items():
-            try:
-                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            except OSError as e:
-                raise InvalidConfigError(f"max.connections.per.ip.overrides: cannot resolve {host}: {e}",
-                                         key="max.connections.per.ip.overrides") from e
-            for info in infos:
-                self.overrides[ip_key(str(info[4][0]))] = count
-
-    def admit(self, ip: str) -> bool:
-        """Count one more connection from ``ip`` and return True, or count a refusal, log it (rate-limited)
-        and return False: the caller closes the connection then."""
-        if self.total >= self.max_total:
-            setting, limit, held = MAX_CONNECTIONS, self.max_total, self.total
-        else:
-            limit = self.overrides.get(ip, self.max_per_ip)
-            held = self.per_ip.get(ip, 0)
-            if held < limit:
-                self.per_ip[ip] = held + 1
-                self.total += 1
-                return True
-            setting = MAX_CONNECTIONS_PER_IP
-        self.refused[setting] += 1
-        # one condition per setting, not per address: a flood from many addresses stays one line a minute
-        self._log.log(setting, logging.INFO, "Rejected connection from %s: %d connection(s) held, %s=%d "
-                      "(%d refused so far)", ip, held, setting, limit, self.refused[setting])
-        return False
-
-    def release(self, ip: str) -> None:
-        """A connection :meth:`admit` counted has closed."""
-        self.total -= 1
-        held = self.per_ip.get(ip, 0) - 1
-        if held > 0:
-            self.per_ip[ip] = held
-        else:
-            self.per_ip.pop(ip, None)
-
 
 class _Slot:
     """One request's place in the connection's response queue."""
@@ -164,6 +80,7 @@ class KafkaConnection(asyncio.Protocol):
         self._closing = False
         self._reading_paused = False
         self._throttled = False  # not read for a quota's throttle time
+        self._held = False  # held by its listener's acceptor (max.connection.creation.rate): not read yet
         self._pending_bytes = 0
         self._warned = False
         self._last_activity = time.monotonic()  # last bytes read or written (connections.max.idle.ms)
@@ -175,25 +92,49 @@ class KafkaConnection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
         peer = transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.session.host = peer[0] if peer else ""
         ip = ip_key(peer[0]) if peer else ""
-        if not self._server.limits.admit(ip):
+        decided = self._server.limits.accept(self.session.listener.name, ip, lambda ok: self._admitted(ok, ip))
+        if decided is None:
+            # max.connection.creation.rate: the listener's acceptor holds it; nothing is read until it is admitted
+            # (uvloop reads once after connection_made whatever it paused: data_received pauses again)
+            self._held = True
+            self._transport.pause_reading()
+            self._server.waiting.add(self)
+        else:
+            self._admitted(decided, ip)
+
+    def _admitted(self, ok: bool, ip: str) -> None:
+        """The connection limits' decision on this new connection (at once, or after a throttle time)."""
+        transport = self._transport
+        assert transport is not None
+        held, self._held = self._held, False
+        self._server.waiting.discard(self)
+        if not ok:
             # over max.connections(.per.ip): closed before anything is read, as Kafka's acceptor closes it
             self._closing = True
-            self._transport.close()
+            transport.close()
+            return
+        if self._closing:  # the client left while the acceptor held it: counted, then given back
+            self._server.limits.release(self.session.listener.name, ip)
             return
         self._ip = ip
-        self.session.host = peer[0] if peer else ""
-        if self.session.listener.tls:  # asyncio calls this once the TLS handshake is done
+        if self.session.listener.tls:  # asyncio calls connection_made once the TLS handshake is done
             self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
         self._server.connections.add(self)
         log.debug("connection from %s", self._peer)
+        if held:
+            transport.resume_reading()
+            if self._buf:
+                self._parse()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         if self._ip is not None:
-            self._server.limits.release(self._ip)
+            self._server.limits.release(self.session.listener.name, self._ip)
             self._ip = None
         self._server.connections.discard(self)
+        self._server.waiting.discard(self)
         for slot in self._queue:
             if slot.task is not None and not slot.task.done():
                 slot.task.cancel()
@@ -202,8 +143,16 @@ class KafkaConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = time.monotonic()
+        self._buf += data
+        if self._held:  # what came before the acceptor took the connection waits for it (one read at most)
+            if self._transport is not None:
+                self._transport.pause_reading()
+            return
+        self._parse()
+
+    def _parse(self) -> None:
+        """Dispatch the whole frames :attr:`_buf` holds; a partial one stays for the next read."""
         buf = self._buf
-        buf += data
         pos = 0
         n = len(buf)
         while n - pos >= 4:
@@ -454,7 +403,8 @@ class KafkaServer:
         self.bound_by_listener: dict[str, tuple[str, int]] = {}  # listener name -> its first bound address
         self._servers: list[asyncio.base_events.Server] = []
         self._idle_task: asyncio.Task[None] | None = None
-        self.limits = ConnectionLimits(broker.config)
+        self.waiting: set[KafkaConnection] = set()  # connections a listener's acceptor holds (creation rate)
+        self.limits = ConnectionLimits(broker.config, broker.listeners)
         self.idle_closed = 0  # connections closed by connections.max.idle.ms
 
     async def start(self) -> list[tuple[str, int]]:
@@ -464,7 +414,7 @@ class KafkaServer:
         for listener in self.broker.listeners:
             tls = server_context(listener) if listener.tls else None
             server = await loop.create_server(lambda v=listener: KafkaConnection(self, v),
-                                              listener.host, listener.port, reuse_address=True, backlog=1024,
+                                              listener.host, listener.port, reuse_address=True, backlog=LISTEN_BACKLOG,
                                               ssl=tls)
             self._servers.append(server)
             for sock in server.sockets:
@@ -512,7 +462,7 @@ class KafkaServer:
         # polling a handful of connections for a few seconds at shutdown: simpler than a per-slot event
         while any(c.pending for c in self.connections) and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.waiting]:
             conn.close()
         if self._idle_task is not None:
             self._idle_task.cancel()
