@@ -184,9 +184,10 @@ def _passthrough() -> list[str]:
 def _per_listener() -> list[str]:
     names = ", ".join(f"`{n}`" for n in sorted(PER_LISTENER))
     return ["## Per-listener settings", "",
-            "As in Kafka, a listener overrides a security setting with the prefix `listener.name.<listener name in "
-            f"lower case>.`: {names}. Its SASL users are `listener.name.<listener>.<mechanism in lower case>."
-            "sasl.jaas.config` (for PLAIN, `user_<name>=\"<password>\"` options of Kafka's PlainLoginModule); "
+            "As in Kafka, a listener overrides a security or connection-limit setting with the prefix "
+            f"`listener.name.<listener name in lower case>.`: {names}. Its SASL users are "
+            "`listener.name.<listener>.<mechanism in lower case>.sasl.jaas.config` (for PLAIN, "
+            "`user_<name>=\"<password>\"` options of Kafka's PlainLoginModule); "
             "[security.md](security.md) tells the set-up step by step."]
 
 
