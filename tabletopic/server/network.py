@@ -29,6 +29,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
+from configs.principal_rules import NoMatchingRuleError
 from tabletopic.errors import ErrorCode
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol import codec
@@ -120,7 +121,15 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._ip = ip
         if self.session.listener.tls:  # asyncio calls connection_made once the TLS handshake is done
-            self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
+            try:
+                self.session.principal = f"User:{certificate_principal(transport.get_extra_info('ssl_object'))}"
+            except NoMatchingRuleError as e:
+                # Kafka's failed SSL authentication: logged (a line per kind, as other bad input), connection closed
+                _bad_inputs.log("ssl-principal", logging.INFO, "Failed authentication with %s (Failed to map name "
+                                "for the client certificate based on SSL principal mapping rules: %s)", self._peer, e)
+                self._closing = True
+                transport.close()
+                return
         self._server.connections.add(self)
         log.debug("connection from %s", self._peer)
         if held:
