@@ -176,7 +176,11 @@ def test_idempotent_and_transactional_producers(authz_broker: BrokerProcess) -> 
     p.begin_transaction()
     p.produce(topic, b"in-txn")
     p.commit_transaction(15)
-    assert _end(authz_broker, topic) >= 7  # five, the transaction's record and its marker
+    # five, the transaction's record and its marker: the marker is written after EndTxn answers (as in Kafka)
+    deadline = time.monotonic() + 10
+    while _end(authz_broker, topic) < 7 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _end(authz_broker, topic) >= 7
 
 
 def test_acls_are_described_and_deleted_and_need_the_cluster(authz_broker: BrokerProcess) -> None:
