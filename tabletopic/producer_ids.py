@@ -39,7 +39,15 @@ class ProducerIdManager:
             async with self._writing:
                 if self._next >= self._block_end:
                     end = self._next + BLOCK_SIZE
-                    await asyncio.to_thread(atomic_write_json, self._path, {"block_end": end})
+                    write = asyncio.ensure_future(asyncio.to_thread(atomic_write_json, self._path, {"block_end": end}))
+                    try:
+                        await asyncio.shield(write)
+                    except asyncio.CancelledError:
+                        # the request was cancelled (its client left) but the thread still writes: keep the lock
+                        # until it is done, else the next block's write shares its temporary file (the fuzzer's
+                        # FileNotFoundError on producer_ids.json.tmp)
+                        await asyncio.wait([write])
+                        raise
                     self._block_end = end
         pid = self._next
         self._next += 1

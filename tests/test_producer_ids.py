@@ -43,3 +43,34 @@ def test_block_write_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest
     ids.load()
     assert asyncio.run(ids.allocate()) == 0
     assert writers and threading.main_thread().name not in writers
+
+
+def test_a_cancelled_request_holds_the_block_write_until_its_thread_is_done(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request cancelled mid-write (its client left) must not let the next block's write start beside the running
+    thread: both would stage the same temporary file (found by the fuzzer as a FileNotFoundError)."""
+    ids = ProducerIdManager(tmp_path)
+    ids.load()
+    slow_write = threading.Event()
+    real = producer_ids.atomic_write_json
+
+    def slow(path: Path, doc: object) -> None:
+        slow_write.wait(5)
+        real(path, doc)
+
+    monkeypatch.setattr(producer_ids, "atomic_write_json", slow)
+
+    async def scenario() -> int:
+        first = asyncio.ensure_future(ids.allocate())
+        await asyncio.sleep(0.05)  # inside the block write
+        first.cancel()
+        second = asyncio.ensure_future(ids.allocate())
+        await asyncio.sleep(0.05)
+        assert not second.done(), "the second request waits for the first block's write"
+        slow_write.set()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return await second
+
+    assert asyncio.run(scenario()) == 0
+    assert json.loads((tmp_path / "producer_ids.json").read_text()) == {"block_end": BLOCK_SIZE}
