@@ -132,8 +132,10 @@ def main() -> int:
                     n, elapsed = _produce(broker.bootstrap, topic, keys, value, args.seconds)
                     rates[kind].append(n / elapsed)
                     mbs = n * args.size / elapsed / 1e6
+                    cleaned = [m for m in _PASS.finditer(log_path.read_text()) if m.group(1) == topic]
                     print(f"  rep {rep} {kind:10s} {n / elapsed:>10,.0f} rec/s {mbs:6.1f} MB/s"
-                          f"  (size on disk {_size(data, topic) / 1e6:,.0f} MB)")
+                          f"  (size on disk {_size(data, topic) / 1e6:,.0f} MB"
+                          + (f", {len(cleaned)} cleaner pass(es))" if kind == "compacted" else ")"))
                     _delete(broker.bootstrap, topic)
         # the paced run on a broker of its own: no backlog of the runs above competes with it
         with brokers.start_tabletopic(data, log_path=log_path, overrides=overrides) as broker:
@@ -148,6 +150,7 @@ def main() -> int:
             stop.set()
             sampler.join()
         passes = [m for m in _PASS.finditer(log_path.read_text()) if m.group(1) == topic]
+        failed = [line for line in log_path.read_text().splitlines() if "log cleaner pass failed" in line]
     peer, comp = statistics.median(rates["peer"]), statistics.median(rates["compacted"])
     print(f"median: peer {peer:,.0f} rec/s, compacted {comp:,.0f} rec/s: compacted / peer {comp / peer:.2f}x "
           f"(target >= 0.8x {'✓' if comp / peer >= 0.8 else '✗'})")
@@ -173,6 +176,8 @@ def main() -> int:
               f"({moved / took / 1e6:.0f} MB/s while the broker took the stream), longest "
               f"{max(float(m.group(3)) for m in passes):.1f} s; the cleaner was busy {100 * took / elapsed:.0f}% of "
               f"the stream ({'keeps up ✓' if took < elapsed else 'behind ✗'})")
+    for line in failed[:3]:  # a failed pass waits log.cleaner.backoff.ms: the runs it spans are not comparable
+        print(f"  cleaner pass failed: {line}")
     print(f"load average after {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

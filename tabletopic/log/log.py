@@ -246,6 +246,11 @@ class PartitionLog:
         return sum(s.size for s in self._segments)
 
     @property
+    def closed(self) -> bool:
+        """Closed or deleted: no more appends, reads or cleaning."""
+        return self._closed
+
+    @property
     def producer_state(self) -> ProducerStateManager:
         return self._producers
 

@@ -48,44 +48,58 @@ class BatchRecords:
         self.section: bytes | memoryview = memoryview(data)[HEADER_SIZE : h.size]
         if h.compression:
             self.section = decompress_records(h.compression, self.section)
-        self.fast = True
+        self.fast = True  # aiokafka's reader can read it (False: a header key is not UTF-8, walked here)
         self._walked: list[Record] | None = None
-        try:
-            self._raw: list[Any] = list(DefaultRecordBatch(plain_batch(data, h, self.section)))
-        except UnicodeDecodeError:  # a header key that is not UTF-8
-            self.fast = False
-            self._raw = []
-            self._walked = list(walk_records(self.section, h))
+
+    def _read(self) -> DefaultRecordBatch:
+        """A fresh pass of aiokafka's reader over the records: iterated, never listed whole (a list of every record
+        costs three times as much: its allocations are never reused), and read again where needed."""
+        return DefaultRecordBatch(plain_batch(self.data, self.h, self.section))
+
+    def _walk(self) -> None:
+        self.fast = False
+        self._walked = list(walk_records(self.section, self.h))
 
     @property
     def records(self) -> list[Record]:
         """Every record as a :data:`Record` (the passes themselves use :meth:`add_latest` and :meth:`select`)."""
         if self._walked is None:
-            self._walked = [(r.offset, r.key, r.value is None, r) for r in self._raw]
+            try:
+                self._walked = [(r.offset, r.key, r.value is None, r) for r in self._read()]
+            except UnicodeDecodeError:
+                self._walk()
+        assert self._walked is not None
         return self._walked
 
     def __len__(self) -> int:
-        return len(self._raw) if self.fast else len(self.records)
+        return self.h.record_count if self.fast else len(self.records)
 
     def add_latest(self, latest: dict[bytes, int]) -> None:
         """Record each keyed record's offset as its key's latest (the key map of a pass)."""
-        if self.fast:  # one C-level comprehension per batch: the key map's hot loop
-            latest.update({r.key: r.offset for r in self._raw})
-            latest.pop(None, None)  # type: ignore[call-overload]
-        else:
-            latest.update((key, offset) for offset, key, _, _ in self.records if key is not None)
+        if self.fast:
+            try:  # one C-level comprehension per batch: the key map's hot loop (built whole, then merged)
+                latest.update({r.key: r.offset for r in self._read()})
+                latest.pop(None, None)  # type: ignore[call-overload]
+                return
+            except UnicodeDecodeError:
+                self._walk()
+        latest.update((key, offset) for offset, key, _, _ in self.records if key is not None)
 
     def select(self, latest: dict[bytes, int], remove_before: int) -> tuple[list[Any], int]:
         """(records kept, tombstones removed): keyed records that are the latest of their key (or past the key
         map), less tombstones below ``remove_before``; in the form :meth:`rebuild` takes."""
         get = latest.get
         if self.fast:
-            kept = [r for r in self._raw if (k := r.key) is not None and get(k, r.offset) <= r.offset]
-            if any(r.value is None for r in kept):
-                before = len(kept)
-                kept = [r for r in kept if not (r.value is None and r.offset < remove_before)]
-                return kept, before - len(kept)
-            return kept, 0
+            try:
+                kept = [r for r in self._read() if (k := r.key) is not None and get(k, r.offset) <= r.offset]
+            except UnicodeDecodeError:
+                self._walk()
+            else:
+                if any(r.value is None for r in kept):
+                    before = len(kept)
+                    kept = [r for r in kept if not (r.value is None and r.offset < remove_before)]
+                    return kept, before - len(kept)
+                return kept, 0
         walked = [r for r in self.records if r[1] is not None and get(r[1], r[0]) <= r[0]]
         before = len(walked)
         walked = [r for r in walked if not (r[2] and r[0] < remove_before)]

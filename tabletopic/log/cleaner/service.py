@@ -181,7 +181,15 @@ class LogCleaner:
             return None
         chosen = max(plans, key=lambda p: p.ratio)
         t0 = time.monotonic()
-        result = await asyncio.get_running_loop().run_in_executor(self._executor(), jobs.run, chosen.job)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor(), jobs.run, chosen.job)
+        except OSError as e:
+            if not chosen.lg.closed:
+                raise
+            # deleted (or closed) during its pass, its files with it: nothing to install and nothing wrong, so no
+            # backoff for the other logs (Kafka aborts the cleaning of a deleted partition the same way)
+            log.info("%s was deleted during its cleaning pass (%s): the pass is dropped", chosen.lg.name, e)
+            return jobs.CleanResult([], [], chosen.job.checkpoint)
         await self._install(chosen.lg, result)
         log.info("cleaned %s (%s) in %.2f s: %d -> %d bytes, %d record(s), %d tombstone(s), %d marker(s) removed, "
                  "%d key(s); clean up to offset %d%s", chosen.lg.name, chosen.reason, time.monotonic() - t0,
