@@ -7,6 +7,7 @@ to message classes, holds the version ranges this broker advertises, and frames 
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -32,6 +33,7 @@ __all__ = [
     "RequestHeaderInfo",
     "decode_request",
     "decode_unsupported_request",
+    "encode_fetch_response",
     "encode_response",
     "is_supported",
     "make_response",
@@ -339,6 +341,61 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, respons
             raise
         data = response.encode(header=True, framed=True)
     return data
+
+
+# a Fetch answer's records at least this big are sent from the log's own bytes (encode_fetch_response)
+SPLICE_MIN_BYTES = 64 << 10
+_SENTINEL_BYTES = 16
+
+
+def encode_fetch_response(api_version: int, correlation_id: int, response: Message) -> bytes | list[bytes]:
+    """A Fetch answer as :func:`encode_response` encodes it, but as pieces for ``transport.writelines`` in which
+    each partition's records of at least :data:`SPLICE_MIN_BYTES` are the log's bytes themselves, not copied twice
+    through the encoder's buffer (a third of the broker's CPU when a consumer catches up).
+
+    The records are swapped for random 16-byte stand-ins, the answer is encoded, and each stand-in (found exactly
+    once with its length prefix) is replaced by the records and their real length; the frame's size is set
+    again. Anything unexpected (a stand-in not found once) encodes the answer the ordinary way."""
+    flexible = api_version >= 12  # records are COMPACT_RECORDS (uvarint length + 1) from v12 on, else int32
+    swapped: dict[bytes, tuple[Message, bytes]] = {}
+    for topic in response.responses:
+        for part in topic.partitions:
+            records = part.records
+            if records is not None and len(records) >= SPLICE_MIN_BYTES:
+                tag = os.urandom(_SENTINEL_BYTES)
+                swapped[tag] = (part, records)
+                part.records = tag
+    if not swapped:
+        return encode_response(ApiKey.Fetch, api_version, correlation_id, response)
+    try:
+        framed = encode_response(ApiKey.Fetch, api_version, correlation_id, response)
+    finally:
+        for part, records in swapped.values():
+            part.records = records
+    prefix = _length_prefix(_SENTINEL_BYTES, flexible)
+    found = sorted((framed.find(prefix + tag), tag) for tag in swapped)
+    if any(at < 0 or framed.find(prefix + tag, at + 1) >= 0 for at, tag in found):
+        return encode_response(ApiKey.Fetch, api_version, correlation_id, response)
+    pieces: list[bytes] = []
+    pos = 4  # the frame's size, written last
+    for at, tag in found:
+        records = swapped[tag][1]
+        pieces += [bytes(framed[pos:at]), _length_prefix(len(records), flexible), records]
+        pos = at + len(prefix) + _SENTINEL_BYTES
+    pieces.append(bytes(framed[pos:]))
+    return [struct.pack(">i", sum(map(len, pieces))), *pieces]
+
+
+def _length_prefix(n: int, flexible: bool) -> bytes:
+    if not flexible:
+        return struct.pack(">i", n)
+    n += 1  # a compact field's length is sent plus one (0: null)
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 _MAX_ERROR_MESSAGE_CHARS = 1000

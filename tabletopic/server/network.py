@@ -61,9 +61,16 @@ class _Slot:
     def __init__(self, size: int = 0) -> None:
         self.size = size  # request bytes held until the answer is written
         self.done = False
-        self.data: bytes | None = None
+        self.data: bytes | list[bytes] | None = None  # a list: pieces of one answer (a Fetch's records uncopied)
         self.task: asyncio.Task[None] | None = None
         self.close_after: str | None = None  # close the connection once this answer is written, for this reason
+
+
+def _write(transport: asyncio.Transport, data: bytes | list[bytes]) -> None:
+    if isinstance(data, list):
+        transport.writelines(data)
+    else:
+        transport.write(data)
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -236,10 +243,12 @@ class KafkaConnection(asyncio.Protocol):
         try:
             resp = await handler(ctx, body)
             slot.close_after, self.session.close_reason = self.session.close_reason, None
-            slot.data = (
-                None if resp is None else codec.encode_response(ctx.api_key, ctx.api_version, ctx.correlation_id,
-                                                                resp)
-            )
+            if resp is None:
+                slot.data = None
+            elif ctx.api_key == codec.ApiKey.Fetch:  # records sent from the log's bytes, not copied
+                slot.data = codec.encode_fetch_response(ctx.api_version, ctx.correlation_id, resp)
+            else:
+                slot.data = codec.encode_response(ctx.api_key, ctx.api_version, ctx.correlation_id, resp)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -263,7 +272,7 @@ class KafkaConnection(asyncio.Protocol):
             slot = q.popleft()
             self._pending_bytes -= slot.size
             if slot.data is not None:
-                transport.write(slot.data)
+                _write(transport, slot.data)
                 self._last_activity = time.monotonic()  # Kafka's idle clock counts writes as well as reads
             if slot.close_after:  # a failed authentication: its answer goes out, then the connection closes
                 self._bad_input(slot.close_after)
@@ -362,7 +371,7 @@ class KafkaConnection(asyncio.Protocol):
             while self._queue and self._queue[0].done:
                 slot = self._queue.popleft()
                 if slot.data is not None:
-                    self._transport.write(slot.data)
+                    _write(self._transport, slot.data)
             self._transport.close()
 
     def idle_deadline(self, max_idle_s: float) -> float | None:
