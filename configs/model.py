@@ -520,10 +520,16 @@ _broker(
             assignors_validator, dynamic=False),
     Setting("group.consumer.max.size", Type.INT, INT_MAX, "Consumer groups (KIP-848): most members of a group.",
             at_least(1), dynamic=False),
-    Setting("group.consumer.migration.policy", Type.STRING, "disabled", "Consumer groups (KIP-848): an empty group "
-            "changes protocol when a member of the other one joins; a non-empty group does not (Kafka's disabled). "
-            "Kafka's upgrade, downgrade and bidirectional (mixed members during a migration) are not built: "
-            "refused.", one_of("disabled"), dynamic=False),
+    Setting("group.consumer.migration.policy", Type.STRING, "bidirectional", "Consumer groups (KIP-848): whether a "
+            "group with members moves between the classic and the consumer protocol during a rolling change of its "
+            "consumers, as Kafka's. upgrade: a consumer-protocol member joining a classic group (protocol type "
+            "consumer, at most group.consumer.max.size members) converts it into a consumer group; its classic "
+            "members keep their partitions and are served by the broker's assignor (JoinGroup/SyncGroup answered by "
+            "the consumer group). downgrade: when the last consumer-protocol member leaves and classic members "
+            "remain, the group becomes a classic group again and they rejoin. bidirectional: both; disabled: "
+            "neither (a classic member joining a group with consumer-protocol members, or the reverse, is refused; "
+            "an empty group always changes protocol). Committed offsets stay. Case-insensitive.",
+            one_of("disabled", "upgrade", "downgrade", "bidirectional", case_insensitive=True), dynamic=False),
     Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
     Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
             at_least(1)),

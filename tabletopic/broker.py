@@ -122,6 +122,7 @@ class Broker:
                 consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
                 consumer_assignors=config.consumer_group_assignors,
                 consumer_max_size=config.group_consumer_max_size,
+                consumer_migration_policy=str(config.values["group.consumer.migration.policy"]),
             ),
             data_dir,
             self.topics.partition_count,

@@ -29,9 +29,12 @@ def _t(prefix: str) -> str:
 
 @pytest.fixture(scope="module")
 def kip848(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """A broker whose consumer groups heartbeat every second (Kafka's default is 5 s: the tests would wait)."""
+    """A broker whose consumer groups heartbeat every second (Kafka's default is 5 s: the tests would wait), with
+    group.consumer.migration.policy=disabled (a group with members keeps its protocol; the online migrations of
+    Kafka's default, bidirectional: tests/test_groups_migration.py)."""
     b = BrokerProcess(tmp_path_factory.mktemp("kip848") / "data", {"group.consumer.heartbeat.interval.ms": "1000",
-                                                                     "group.consumer.session.timeout.ms": "10000"})
+                                                                     "group.consumer.session.timeout.ms": "10000",
+                                                                     "group.consumer.migration.policy": "disabled"})
     b.start()
     yield b
     b.stop()

@@ -3,9 +3,13 @@ leave), session and rebalance time-outs, the member-epoch checks of offset commi
 group id used by both protocols (Kafka's ``GroupMetadataManager`` for consumer groups, its messages and error codes).
 
 Rules: a consumer group and a classic group never share an id. An empty group changes protocol when a member of the
-other joins (its committed offsets stay); a member of one protocol joining a non-empty group of the other is
-refused (Kafka's ``group.consumer.migration.policy=disabled``). Membership lives in memory: after a restart members
-are unknown and rejoin, as after a coordinator failover; committed offsets are durable as for classic groups.
+other joins (its committed offsets stay). A non-empty group moves between the protocols as
+``group.consumer.migration.policy`` allows (:mod:`~tabletopic.groups.migration`, through :class:`MigrationHooks`):
+upgraded by a consumer-protocol member's first heartbeat, downgraded when its last consumer-protocol member leaves;
+classic members inside a consumer group are served by :mod:`~tabletopic.groups.classic_members`. With the policy
+``disabled`` a member of one protocol joining a non-empty group of the other is refused. Membership lives in memory:
+after a restart members are unknown and rejoin, as after a coordinator failover; committed offsets are durable as
+for classic groups.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.groups.assignors import ASSIGNORS, Assignment, MemberSpec, assign
@@ -63,6 +68,20 @@ class HeartbeatResult:
     assignment: Assignment | None  # None: unchanged (not sent)
 
 
+class MigrationHooks(Protocol):
+    """Groups moving between the protocols (:mod:`~tabletopic.groups.migration`), as Kafka's
+    group.consumer.migration.policy allows."""
+
+    def upgrade(self, group_id: str) -> ConsumerGroup:
+        """The non-empty classic group ``group_id`` converted (not yet installed); KafkaApiError when refused."""
+
+    def upgraded(self, group: ConsumerGroup) -> None:
+        """The converted group answered its first heartbeat: the classic group is gone."""
+
+    def downgrade(self, group: ConsumerGroup, leaving: ConsumerMember) -> bool:
+        """``leaving`` goes: whether the group became a classic group of the members left instead."""
+
+
 def _invalid(message: str) -> KafkaApiError:
     return KafkaApiError(E.INVALID_REQUEST, message)
 
@@ -80,6 +99,10 @@ class ConsumerApi:
         self.groups = groups
         self._partition_count, self._topic_names = topics
         self._classic_empty, self._drop_classic = classic
+        self.migration: MigrationHooks | None = None  # set by the coordinator: groups moving between protocols
+
+    def partition_count(self, topic: str) -> int | None:
+        return self._partition_count(topic)
 
     # -- ConsumerGroupHeartbeat --------------------------------------------------------------------------------
 
@@ -90,10 +113,19 @@ class ConsumerApi:
         if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(req)
         group = self._group(req.group_id, create=req.member_epoch == 0)
+        done = False
         try:
-            return self._heartbeat(group, req, now)
+            result = self._heartbeat(group, req, now)
+            done = True
+            return result
         finally:
-            if group.created and not group.members:
+            if group.upgrading:  # a classic group converted for this heartbeat: kept only if it succeeded
+                group.upgrading = False
+                if done and self.migration is not None:
+                    self.migration.upgraded(group)
+                else:
+                    self.groups.pop(group.group_id, None)
+            elif group.created and not group.members:
                 self.groups.pop(group.group_id, None)
             group.created = False
 
@@ -101,6 +133,17 @@ class ConsumerApi:
         member = self._member(group, req)
         member.session_deadline = now + self.settings.session_timeout_ms / 1000
         before = {t: set(ps) for t, ps in member.assigned.items()}
+        self.update_member(group, member, req, now)
+        full = req.member_epoch == 0 or (req.rebalance_timeout_ms != -1 and req.topics is not None
+                                         and req.owned is not None)
+        send = full or member.assigned != before
+        return HeartbeatResult(member.member_id, member.epoch, self.settings.heartbeat_interval_ms,
+                               {t: set(ps) for t, ps in member.assigned.items()} if send else None)
+
+    def update_member(self, group: ConsumerGroup, member: ConsumerMember, req: HeartbeatRequest, now: float) -> None:
+        """Apply a member's request to the group (a joining member is added): its subscription, the group epoch and
+        target assignment when they change, then reconcile the member towards its target (``req.owned``: what it
+        says it owns). Shared by ConsumerGroupHeartbeat and the JoinGroup of a classic member."""
         changed = self._update(member, req)
         metadata = self._metadata(group, member)
         if changed or metadata != group.metadata or member.member_id not in group.members:
@@ -114,11 +157,6 @@ class ConsumerApi:
         reconcile(group, member, req.owned)
         member.revocation_deadline = (now + member.rebalance_timeout_ms / 1000 if member.state == UNREVOKED
                                       else None)
-        full = req.member_epoch == 0 or (req.rebalance_timeout_ms != -1 and req.topics is not None
-                                         and req.owned is not None)
-        send = full or member.assigned != before
-        return HeartbeatResult(member.member_id, member.epoch, self.settings.heartbeat_interval_ms,
-                               {t: set(ps) for t, ps in member.assigned.items()} if send else None)
 
     def _check(self, req: HeartbeatRequest) -> None:
         """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid."""
@@ -164,7 +202,11 @@ class ConsumerApi:
         if not create:
             raise KafkaApiError(E.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found.")
         if not self._classic_empty(group_id):
-            raise KafkaApiError(E.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group")
+            if self.migration is None:
+                raise KafkaApiError(E.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group")
+            group = self.groups[group_id] = self.migration.upgrade(group_id)  # raises when it may not
+            group.upgrading = True
+            return group
         self._drop_classic(group_id)  # an empty classic group becomes a consumer group; its offsets stay
         group = self.groups[group_id] = ConsumerGroup(group_id)
         return group
@@ -282,7 +324,10 @@ class ConsumerApi:
         return HeartbeatResult(req.member_id, req.member_epoch, self.settings.heartbeat_interval_ms, None)
 
     def remove(self, group: ConsumerGroup, member: ConsumerMember) -> None:
-        """Fence a member: it leaves, the group epoch moves, the others are assigned again."""
+        """Fence a member: it leaves, the group epoch moves, the others are assigned again (or, when the last
+        consumer-protocol member leaves classic ones, the group may become a classic group again)."""
+        if self.migration is not None and self.migration.downgrade(group, member):
+            return
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
         group.epoch += 1
@@ -298,12 +343,18 @@ class ConsumerApi:
         """Fence members whose session passed, or that have not revoked within their rebalance time-out."""
         for group in list(self.groups.values()):
             for member in list(group.members.values()):
+                if self.groups.get(group.group_id) is not group:
+                    break  # it became a classic group
                 if now >= member.session_deadline:
                     log.info("consumer group %s: member %s fenced: its session timed out", group.group_id,
                              member.member_id)
                     self.remove(group, member)
                 elif member.revocation_deadline is not None and now >= member.revocation_deadline:
                     log.info("consumer group %s: member %s fenced: it did not revoke its partitions within its "
+                             "rebalance time-out", group.group_id, member.member_id)
+                    self.remove(group, member)
+                elif member.rejoin_deadline is not None and now >= member.rejoin_deadline:
+                    log.info("consumer group %s: classic member %s fenced: it did not rejoin or sync within its "
                              "rebalance time-out", group.group_id, member.member_id)
                     self.remove(group, member)
 
@@ -339,4 +390,4 @@ def _subset(owned: Assignment | None, assigned: Assignment) -> bool:
     return all(ps <= assigned.get(t, set()) for t, ps in owned.items())
 
 
-__all__ = ["ConsumerApi", "ConsumerGroupSettings", "HeartbeatRequest", "HeartbeatResult"]
+__all__ = ["ConsumerApi", "ConsumerGroupSettings", "HeartbeatRequest", "HeartbeatResult", "MigrationHooks"]

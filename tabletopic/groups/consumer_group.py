@@ -22,6 +22,19 @@ def copy_assignment(a: Assignment) -> Assignment:
     return {t: set(ps) for t, ps in a.items() if ps}
 
 
+@dataclass
+class ClassicMeta:
+    """What a classic member (JoinGroup) brings into a consumer group: its session time-out and protocols."""
+
+    session_timeout_ms: int
+    protocols: list[tuple[str, bytes]]
+
+    @property
+    def protocol_name(self) -> str:
+        """The protocol it is answered with: its first (Kafka's supportedClassicProtocols().iterator().next())."""
+        return self.protocols[0][0] if self.protocols else ""
+
+
 @dataclass(eq=False)
 class ConsumerMember:
     """One member: who it is, what it subscribes to, and where its reconciliation stands."""
@@ -43,6 +56,9 @@ class ConsumerMember:
     pending_revocation: Assignment = field(default_factory=dict)
     session_deadline: float = 0.0  # monotonic seconds
     revocation_deadline: float | None = None
+    # a member using the classic protocol (JoinGroup/SyncGroup) inside this group: Kafka's ClassicMemberMetadata
+    classic: ClassicMeta | None = None
+    rejoin_deadline: float | None = None  # a classic member told to rejoin must do so by then (its join time-out)
 
     def owns(self) -> set[tuple[str, int]]:
         """Partitions it holds: assigned, and given up but not yet revoked."""
@@ -61,6 +77,7 @@ class ConsumerGroup:
         self.metadata: dict[str, int] = {}  # subscribed topic -> partition count, as of the last epoch
         self.assignor: str | None = None
         self.created = True  # not yet answered to anyone (a failed first heartbeat removes it again)
+        self.upgrading = False  # converted from a classic group for the heartbeat being answered
 
     @property
     def state(self) -> str:
@@ -86,6 +103,16 @@ class ConsumerGroup:
 
     def subscribed_topics(self) -> set[str]:
         return {t for m in self.members.values() for t in m.resolved}
+
+    def classic_members(self) -> list[ConsumerMember]:
+        return [m for m in self.members.values() if m.classic is not None]
+
+    def waiting_on_unreleased(self, member: ConsumerMember) -> bool:
+        """Kafka's waitingOnUnreleasedPartition: a target partition it lacks is still held by another member."""
+        if member.state != UNRELEASED:
+            return False
+        return any(p not in member.assigned.get(t, ()) and self.owner_of(t, p, member.member_id) is not None
+                   for t, ps in self.target.get(member.member_id, {}).items() for p in ps)
 
 
 def reconcile(group: ConsumerGroup, member: ConsumerMember, owned: Assignment | None) -> None:
@@ -149,7 +176,7 @@ def validate_commit(group: ConsumerGroup, member_id: str, member_epoch: int, api
     member = group.members.get(member_id)
     if member is None:
         return ErrorCode.UNKNOWN_MEMBER_ID, f"Member {member_id} is not a member of group {group.group_id}."
-    if not transactional and api_version < 9:
+    if not transactional and member.classic is None and api_version < 9:
         return ErrorCode.UNSUPPORTED_VERSION, ("OffsetCommit version 9 or above must be used by members using the "
                                                "modern group protocol")
     return _epoch_matches(member, member_epoch)
@@ -166,6 +193,9 @@ def validate_fetch(group: ConsumerGroup, member_id: str | None, member_epoch: in
 
 
 def _epoch_matches(member: ConsumerMember, epoch: int) -> tuple[ErrorCode, str | None]:
+    if epoch != member.epoch and member.classic is not None:  # a classic member's generation is its member epoch
+        return ErrorCode.ILLEGAL_GENERATION, (f"The received generation id {epoch} does not match the expected "
+                                              f"member epoch {member.epoch}.")
     if epoch != member.epoch:
         return ErrorCode.STALE_MEMBER_EPOCH, (f"The received member epoch {epoch} does not match the expected member "
                                               f"epoch {member.epoch}.")

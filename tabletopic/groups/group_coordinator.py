@@ -19,13 +19,16 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from tabletopic.errors import ErrorCode
 from tabletopic.groups.admin import AdminApi
+from tabletopic.groups.classic_members import ClassicMembers
 from tabletopic.groups.consumer_api import ConsumerApi, ConsumerGroupSettings
 from tabletopic.groups.join import JoinApi
 from tabletopic.groups.membership import MembershipApi
+from tabletopic.groups.migration import Migration
 from tabletopic.groups.model import GroupConfig, GroupState, JoinResult, SyncResult
 from tabletopic.groups.offsets import OffsetStore
 from tabletopic.groups.offsets_api import OffsetsApi
@@ -67,17 +70,17 @@ class GroupCoordinator:
         self._sweeper: asyncio.Task[None] | None = None
         rebalance = Rebalancer(shared)
         joins = JoinApi(shared, rebalance)
-        self._membership = membership = MembershipApi(shared, rebalance)
+        self._membership = MembershipApi(shared, rebalance)
         offsets = OffsetsApi(shared)
         admin = AdminApi(shared)
         self.consumer = ConsumerApi(
             ConsumerGroupSettings(config.consumer_session_timeout_ms, config.consumer_heartbeat_interval_ms,
                                   config.consumer_assignors, config.consumer_max_size),
             shared.consumer_groups, (shared.partition_count, topic_names), (self._classic_empty, self._drop_classic))
-        self.join_group = joins.join_group
-        self.sync_group = membership.sync_group
-        self.heartbeat = membership.heartbeat
-        self.leave_group = membership.leave_group
+        self._joins = joins
+        migration = Migration(shared, self.consumer, rebalance, config.consumer_migration_policy)
+        self.consumer.migration = migration
+        self._classic_members = ClassicMembers(config, self.consumer, enabled=migration.mixed)
         self.commit_offsets = offsets.commit_offsets
         self.txn_offset_commit = offsets.txn_offset_commit
         self.complete_transaction = offsets.complete_transaction
@@ -87,6 +90,36 @@ class GroupCoordinator:
         self.list_groups = admin.list_groups
         self.describe_group = admin.describe_group
         self.delete_groups = admin.delete_groups
+
+    # -- the classic group APIs: a classic member of a consumer group is served by it (groups/classic_members.py)
+
+    async def join_group(self, group_id: str, **request: Any) -> JoinResult:
+        """JoinGroup (:meth:`JoinApi.join_group`'s keyword arguments)."""
+        group = self._classic_members.serves(group_id, joining=True)
+        if group is not None:
+            return self._classic_members.join(group, **request)
+        return await self._joins.join_group(group_id, **request)
+
+    async def sync_group(self, group_id: str, *, assignments: Mapping[str, bytes], **request: Any) -> SyncResult:
+        """SyncGroup (:meth:`MembershipApi.sync_group`'s keyword arguments)."""
+        group = self._classic_members.serves(group_id)
+        if group is not None:
+            return self._classic_members.sync(group, **request)
+        return await self._membership.sync_group(group_id, assignments=assignments, **request)
+
+    def heartbeat(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int
+                  ) -> ErrorCode:
+        group = self._classic_members.serves(group_id)
+        if group is not None:
+            return self._classic_members.heartbeat(group, member_id, group_instance_id, generation_id)
+        return self._membership.heartbeat(group_id, member_id, group_instance_id, generation_id)
+
+    def leave_group(self, group_id: str, members: Iterable[tuple[str, str | None]], reason: str | None = None
+                    ) -> tuple[ErrorCode, list[ErrorCode]]:
+        group = self._classic_members.serves(group_id)
+        if group is not None:
+            return self._classic_members.leave(group, members, reason)
+        return self._membership.leave_group(group_id, members, reason)
 
     @property
     def loaded(self) -> bool:

@@ -51,6 +51,7 @@ class GroupConfig:
     consumer_heartbeat_interval_ms: int = 5_000
     consumer_assignors: tuple[str, ...] = ("uniform", "range")
     consumer_max_size: int = 2**31 - 1
+    consumer_migration_policy: str = "bidirectional"  # group.consumer.migration.policy (groups/migration.py)
 
 
 @dataclass(frozen=True, slots=True)
