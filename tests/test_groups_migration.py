@@ -58,12 +58,12 @@ def meta(owned: set[int] | None = None, version: int = 1) -> bytes:
 
 
 async def join(coord: GroupCoordinator, member_id: str = "", owned: set[int] | None = None,
-               protocol_type: str = "consumer", metadata: bytes | None = None) -> JoinResult:
+               protocol_type: str = "consumer", metadata: bytes | None = None, instance: str | None = None,
+               protocol: str = "cooperative-sticky") -> JoinResult:
     return await coord.join_group(
-        "g", member_id=member_id, group_instance_id=None, client_id="c", client_host="/127.0.0.1",
+        "g", member_id=member_id, group_instance_id=instance, client_id="c", client_host="/127.0.0.1",
         session_timeout_ms=10_000, rebalance_timeout_ms=5_000, protocol_type=protocol_type,
-        protocols=[("cooperative-sticky", metadata if metadata is not None else meta(owned))],
-        require_known_member_id=True)
+        protocols=[(protocol, metadata if metadata is not None else meta(owned))], require_known_member_id=True)
 
 
 async def sync(coord: GroupCoordinator, r: JoinResult, assignments: dict[str, bytes] | None = None
@@ -206,6 +206,65 @@ def test_with_upgrade_only_the_group_stays_a_consumer_group(tmp_path: Path) -> N
 
     run(tmp_path, body, GroupConfig(initial_rebalance_delay_ms=50, min_session_timeout_ms=10,
                                     consumer_migration_policy="upgrade"))
+
+
+def test_classic_joins_a_consumer_group_checked_and_fenced_as_kafka(tmp_path: Path) -> None:
+    """A classic member joining a consumer group: Kafka's checks (protocols, size), and a member that is told to
+    rejoin but does not is fenced after its rebalance time-out, its partitions going to the others."""
+    async def body(coord: GroupCoordinator) -> None:
+        r1, r2 = await classic_group(coord)
+        modern_join(coord)
+        assert (await join(coord, protocol="range")).error == E.INCONSISTENT_GROUP_PROTOCOL
+        assert (await join(coord, protocol_type="connect")).error == E.INCONSISTENT_GROUP_PROTOCOL
+        first = await join(coord)
+        assert first.error == E.MEMBER_ID_REQUIRED
+        third = await join(coord, first.member_id)
+        group = coord.consumer.groups["g"]
+        assert third.error == E.NONE and third.generation_id == group.epoch and len(group.members) == 4
+        for r in (r1, r2):
+            assert coord.heartbeat("g", r.member_id, None, r.generation_id) == E.REBALANCE_IN_PROGRESS
+        coord.consumer.expire(time.monotonic() + 5.5)  # r1 and r2 never rejoined, the third never synced
+        assert set(group.members) == {"m"}
+        got = coord.consumer.heartbeat(HeartbeatRequest("g", "m", group.members["m"].epoch, owned={})).assignment
+        assert got is not None and got["t"] == set(range(6))
+
+    run(tmp_path, body, GroupConfig(initial_rebalance_delay_ms=50, min_session_timeout_ms=10, consumer_max_size=4))
+
+
+def test_static_members_replace_each_other_across_the_protocols(tmp_path: Path) -> None:
+    """A classic static member replacing the last consumer-protocol one takes its partitions and the group becomes
+    classic at once (Kafka's validateOnlineDowngradeWithReplacedMemberId); a consumer-protocol static member may
+    replace a classic one without it leaving first."""
+    async def body(coord: GroupCoordinator) -> None:
+        r1, r2 = await classic_group(coord)
+        coord.consumer.heartbeat(HeartbeatRequest("g", "m", 0, instance_id="i", rebalance_timeout_ms=5_000,
+                                                  topics=["t"], owned={}))
+        group = coord.consumer.groups["g"]
+        for r, owned in ((r1, {0, 1, 2}), (r2, {3, 4, 5})):  # both hand one partition over to "m"
+            kept = decode_assignment((await sync(coord, await join(coord, r.member_id, owned)))[1])["t"]
+            await sync(coord, await join(coord, r.member_id, kept))
+        coord.consumer.heartbeat(HeartbeatRequest("g", "m", group.epoch, owned={}))
+        held = group.members["m"].assigned
+        assert len(held["t"]) == 2
+        first = await join(coord, instance="i")
+        assert first.error == E.NONE and "g" not in coord.consumer.groups
+        d = coord.describe_group("g")
+        assert (d.state, len(d.members)) == ("Stable", 3)
+        assert decode_assignment(next(m.assignment for m in d.members if m.member_id == first.member_id)) == held
+        assert decode_assignment((await sync(coord, first))[1]) == held
+
+    run(tmp_path / "down", body)
+
+    async def modern_replaces(coord: GroupCoordinator) -> None:
+        await classic_group(coord)
+        modern_join(coord)
+        r = await join(coord, instance="s")
+        assert r.error == E.NONE
+        again = coord.consumer.heartbeat(HeartbeatRequest("g", "n", 0, instance_id="s", rebalance_timeout_ms=5_000,
+                                                          topics=["t"], owned={}))
+        assert again.member_id == "n" and r.member_id not in coord.consumer.groups["g"].members
+
+    run(tmp_path / "up", modern_replaces)
 
 
 def test_the_setting_takes_kafkas_four_policies() -> None:

@@ -27,7 +27,7 @@ from tabletopic.groups.consumer_protocol import (
     decode_subscription,
     encode_assignment,
 )
-from tabletopic.groups.migration import PROTOCOL_TYPE
+from tabletopic.groups.migration import PROTOCOL_TYPE, Migration
 from tabletopic.groups.model import GroupConfig, JoinResult, SyncResult
 
 __all__ = ["ClassicMembers"]
@@ -42,12 +42,13 @@ def _error(code: ErrorCode, message: str) -> KafkaApiError:
 
 
 class ClassicMembers:
-    """The classic group APIs on consumer groups; ``enabled``: the migration policy lets the protocols mix."""
+    """The classic group APIs on consumer groups (only when the migration policy lets the protocols mix)."""
 
-    def __init__(self, config: GroupConfig, api: ConsumerApi, *, enabled: bool) -> None:
+    def __init__(self, config: GroupConfig, api: ConsumerApi, migration: Migration) -> None:
         self.config = config
         self.api = api
-        self.enabled = enabled
+        self.migration = migration
+        self.enabled = migration.mixed
 
     def serves(self, group_id: str, *, joining: bool = False) -> ConsumerGroup | None:
         """The consumer group answering a classic request for ``group_id`` (a JoinGroup: only one with members;
@@ -84,6 +85,7 @@ class ClassicMembers:
             except MalformedConsumerProtocolError as exc:
                 raise _error(E.UNKNOWN_SERVER_ERROR, "Malformed embedded consumer protocol in subscription "
                              "deserialization.") from exc
+            replaced = group.static_member(group_instance_id) if group_instance_id is not None else None
             member = self._member(group, new_id, group_instance_id)
         except KafkaApiError as e:
             log.info("JoinGroup of classic member %r to consumer group %s refused: %s: %s", member_id,
@@ -99,6 +101,8 @@ class ClassicMembers:
         self.api.update_member(group, member, req, now)
         member.session_deadline = now + session_timeout_ms / 1000
         member.rejoin_deadline = now + rebalance_timeout_ms / 1000  # now its SyncGroup must come in time
+        if replaced is not None and replaced.classic is None:  # it replaced the last consumer-protocol member?
+            self.migration.downgrade_replaced(group)
         return JoinResult(E.NONE, new_id, member.epoch, PROTOCOL_TYPE, member.classic.protocol_name)
 
     def _check_join(self, group: ConsumerGroup, member_id: str, protocol_type: str,

@@ -220,7 +220,7 @@ class ConsumerApi:
                 if req.member_epoch != 0:
                     raise KafkaApiError(E.FENCED_INSTANCE_ID, f"Static member {member_id} with instance id "
                                         f"{req.instance_id} is not the current owner of the instance id.")
-                if static.epoch != STATIC_LEAVE_EPOCH:
+                if static.epoch != STATIC_LEAVE_EPOCH and static.classic is None:  # a classic one is replaced
                     raise KafkaApiError(E.UNRELEASED_INSTANCE_ID, f"Static member {member_id} with instance id "
                                         f"{req.instance_id} cannot join the group because the instance id is owned "
                                         f"by {static.member_id} member.")

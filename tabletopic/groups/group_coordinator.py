@@ -80,7 +80,7 @@ class GroupCoordinator:
         self._joins = joins
         migration = Migration(shared, self.consumer, rebalance, config.consumer_migration_policy)
         self.consumer.migration = migration
-        self._classic_members = ClassicMembers(config, self.consumer, enabled=migration.mixed)
+        self._classic_members = ClassicMembers(config, self.consumer, migration)
         self.commit_offsets = offsets.commit_offsets
         self.txn_offset_commit = offsets.txn_offset_commit
         self.complete_transaction = offsets.complete_transaction

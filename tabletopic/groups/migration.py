@@ -161,8 +161,27 @@ class Migration:
             log.info("Cannot downgrade consumer group %s to classic group because its group size is greater than "
                      "classic group max size.", group.group_id)
             return False
+        return self._convert(group, leaving.member_id, rebalance=True)
+
+    def downgrade_replaced(self, group: ConsumerGroup) -> bool:
+        """Kafka's validateOnlineDowngradeWithReplacedMemberId: a classic static member replaced the last
+        consumer-protocol member; the group becomes a classic group as it is (Stable, no rebalance)."""
+        if any(m.classic is None for m in group.members.values()):
+            return False
+        if not self.downgrade_enabled:
+            log.info("Cannot downgrade consumer group %s to classic group because the online downgrade is "
+                     "disabled.", group.group_id)
+            return False
+        if len(group.members) > self.shared.config.max_size:
+            log.info("Cannot downgrade consumer group %s to classic group because its group size is greater than "
+                     "classic group max size.", group.group_id)
+            return False
+        return self._convert(group, "", rebalance=False)
+
+    def _convert(self, group: ConsumerGroup, leaving_id: str, *, rebalance: bool) -> bool:
+        """Kafka's convertToClassicGroup."""
         try:
-            classic = classic_from_consumer(group, leaving.member_id, time.monotonic())
+            classic = classic_from_consumer(group, leaving_id, time.monotonic())
         except MalformedConsumerProtocolError as exc:
             log.warning("Cannot downgrade the consumer group %s: fail to parse the Consumer Protocol consumer: %s",
                         group.group_id, exc)
@@ -172,5 +191,6 @@ class Migration:
         self.shared.spawn(self.shared.await_store(classic, self.shared.store_group(classic)))
         log.info("group %s: downgraded from consumer to classic group (generation %d, %d members)", group.group_id,
                  classic.generation_id, len(classic.members))
-        self.rebalance.prepare_rebalance(classic, f"Downgrade group {group.group_id} from consumer to classic.")
+        if rebalance:
+            self.rebalance.prepare_rebalance(classic, f"Downgrade group {group.group_id} from consumer to classic.")
         return True
