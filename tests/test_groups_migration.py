@@ -267,6 +267,23 @@ def test_static_members_replace_each_other_across_the_protocols(tmp_path: Path) 
     run(tmp_path / "up", modern_replaces)
 
 
+def test_a_static_member_restarted_with_the_consumer_protocol_takes_its_partitions_over(tmp_path: Path) -> None:
+    """A rolling restart of static members: the classic member's instance id comes back on the consumer protocol
+    (without a LeaveGroup before, as a static member restarts) and takes over its predecessor's partitions."""
+    async def body(coord: GroupCoordinator) -> None:
+        r1, r2 = await asyncio.gather(join(coord, instance="i1"), join(coord, instance="i2"))
+        leader = r1 if r1.leader_id == r1.member_id else r2
+        assigns = {r1.member_id: encode_assignment({"t": {0, 1, 2}}), r2.member_id: encode_assignment({"t": {3, 4, 5}})}
+        await asyncio.gather(*(sync(coord, r, assigns if r is leader else None) for r in (r1, r2)))
+        got = coord.consumer.heartbeat(HeartbeatRequest("g", "new", 0, instance_id="i1", rebalance_timeout_ms=5_000,
+                                                        topics=["t"], owned={})).assignment
+        assert got == {"t": {0, 1, 2}}
+        group = coord.consumer.groups["g"]
+        assert set(group.members) == {"new", r2.member_id} and group.members["new"].classic is None
+
+    run(tmp_path, body)
+
+
 def test_the_setting_takes_kafkas_four_policies() -> None:
     assert BrokerConfig.from_properties({}).values["group.consumer.migration.policy"] == "bidirectional"
     for name in ("disabled", "Upgrade", "DOWNGRADE", "bidirectional"):
