@@ -4,7 +4,9 @@
 the group APIs through its parts (:mod:`~tabletopic.groups.join`, :mod:`~tabletopic.groups.membership`,
 :mod:`~tabletopic.groups.rebalance`, :mod:`~tabletopic.groups.offsets_api`, :mod:`~tabletopic.groups.admin`: what
 each answers, ARCHITECTURE.md), which share one :class:`~tabletopic.groups.state.SharedState`. JoinGroup and
-SyncGroup callers await futures that the rebalance state machine resolves.
+SyncGroup callers await futures that the rebalance state machine resolves. A classic member of a consumer group
+(during an online migration, :mod:`~tabletopic.groups.migration`) is answered by
+:mod:`~tabletopic.groups.classic_members` instead.
 
 Rule: committed offsets and group metadata (generation, members, assignments) are kept durable by
 :class:`~tabletopic.groups.offsets.OffsetStore`; after a restart groups come back with their members, whose

@@ -49,7 +49,8 @@ class JoinApi:
 
     def _consumer_group_gives_way(self, group_id: str) -> bool:
         """A consumer group (KIP-848) of that id gives way to the classic protocol only while it is empty (its
-        offsets stay); with members the classic member is refused (INCONSISTENT_GROUP_PROTOCOL)."""
+        offsets stay); with members the classic member is refused (INCONSISTENT_GROUP_PROTOCOL). Reached for such a
+        group only under group.consumer.migration.policy=disabled: else groups/classic_members.py serves it."""
         consumer = self.shared.consumer_groups.get(group_id)
         if consumer is None:
             return True
