@@ -527,8 +527,9 @@ _broker(
             "members keep their partitions and are served by the broker's assignor (JoinGroup/SyncGroup answered by "
             "the consumer group). downgrade: when the last consumer-protocol member leaves and classic members "
             "remain, the group becomes a classic group again and they rejoin. bidirectional: both; disabled: "
-            "neither (a classic member joining a group with consumer-protocol members, or the reverse, is refused; "
-            "an empty group always changes protocol). Committed offsets stay. Case-insensitive.",
+            "neither (a consumer-protocol member joining a classic group with members is refused). Whatever the "
+            "policy, a classic member joining a consumer group with members is served by it, and an empty group "
+            "changes protocol. Committed offsets stay. Case-insensitive.",
             one_of("disabled", "upgrade", "downgrade", "bidirectional", case_insensitive=True), dynamic=False),
     Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
     Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",

@@ -7,6 +7,7 @@ The protocol's logic without a broker: tests/test_groups_consumer_units.py."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -143,33 +144,52 @@ def test_librdkafka_members_share_the_partitions_and_take_over_a_leavers(kip848:
     assert [m.value() for m in rest] and not {m.value() for m in rest} & {m.value() for ms in got for m in ms}
 
 
-def test_a_classic_member_waits_until_the_consumer_group_is_empty(kip848: BrokerProcess) -> None:
-    """As Kafka with group.consumer.migration.policy=disabled: a classic JoinGroup to a group with consumer-protocol
-    members fails (INCONSISTENT_GROUP_PROTOCOL); once they left, the classic member takes the group over and goes
-    on from the offsets they committed."""
+def test_a_classic_member_joins_a_consumer_group_whatever_the_policy(kip848: BrokerProcess) -> None:
+    """As Kafka's classicGroupJoin, even with group.consumer.migration.policy=disabled: a classic JoinGroup to a
+    consumer group with members is served by that group (its assignor gives the classic member a partition), each
+    record reaches one member once; when the consumer-protocol member leaves, the group stays a consumer group (no
+    downgrade under disabled) and the classic member takes every partition over from the committed offsets."""
     topic, group = _topic(kip848, 2, 20), _t("gmix")
     modern = _consumer(kip848, group)
+    classic = Consumer({"bootstrap.servers": kip848.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                        "enable.auto.commit": False})
     try:
         modern.subscribe([topic])
         _poll([modern], 20)
         modern.commit(asynchronous=False)
-        classic = Consumer({"bootstrap.servers": kip848.bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
-        try:
-            classic.subscribe([topic])
-            error = _first_error(classic)
-            assert error.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL, error
-        finally:
-            classic.close()
-    finally:
-        modern.close()
-    _produce(kip848, topic, 4, 2, start=20)
-    classic = Consumer({"bootstrap.servers": kip848.bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
-    try:
         classic.subscribe([topic])
-        (got,) = _poll([classic], 4)
-        assert sorted(m.value() for m in got) == [b"v20", b"v21", b"v22", b"v23"]
+        deadline = time.monotonic() + 30
+        while len(_describe(kip848, group).members) < 2 or _describe(kip848, group).group_state != "Stable":
+            assert time.monotonic() < deadline, f"the classic member never joined: {_describe(kip848, group)}"
+            for c in (modern, classic):
+                m = c.poll(0.1)
+                assert m is None or m.error() is None, m.error()
+        _produce(kip848, topic, 40, 2, start=20)
+        got = _poll([modern, classic], 40)
+        keys = [(m.partition(), m.offset()) for ms in got for m in ms]
+        assert len(keys) == len(set(keys)) == 40
+        assert got[1], "the classic member got no partition"
+        classic.commit(asynchronous=False)
+        modern.commit(asynchronous=False)
+        modern.close()  # the last consumer-protocol member leaves: disabled keeps it a consumer group
+        deadline = time.monotonic() + 30
+        while True:  # until the classic member holds both partitions (it rejoins to get the leaver's)
+            d = _describe(kip848, group)
+            owned = [p for m in d.members for tp in m.assignment.topic_partitions for p in tp.partitions]
+            if d.group_state == "Stable" and len(d.members) == 1 and sorted(owned) == [0, 1]:
+                break
+            assert time.monotonic() < deadline, f"the classic member never took both partitions: {d}"
+            assert classic.poll(0.1) is None  # everything before was consumed and committed
+        _produce(kip848, topic, 4, 2, start=60)
+        (rest,) = _poll([classic], 4)
+        assert sorted(m.value() for m in rest) == [b"v60", b"v61", b"v62", b"v63"]
+        with RawClient(kip848.bootstrap) as raw:
+            listed = raw.request(ApiKey.ListGroups, 5, states_filter=[], types_filter=["consumer"]).groups
+        assert group in [g.group_id for g in listed]
     finally:
         classic.close()
+        with contextlib.suppress(RuntimeError):
+            modern.close()
 
 
 def test_list_groups_tells_the_protocols_apart(kip848: BrokerProcess) -> None:

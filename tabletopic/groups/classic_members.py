@@ -42,18 +42,19 @@ def _error(code: ErrorCode, message: str) -> KafkaApiError:
 
 
 class ClassicMembers:
-    """The classic group APIs on consumer groups (only when the migration policy lets the protocols mix)."""
+    """The classic group APIs on consumer groups with members. Served whatever ``group.consumer.migration.policy``
+    says, as Kafka's classicGroupJoin does: the policy decides only whether a group converts, never whether a
+    classic member may join a consumer group."""
 
     def __init__(self, config: GroupConfig, api: ConsumerApi, migration: Migration) -> None:
         self.config = config
         self.api = api
         self.migration = migration
-        self.enabled = migration.mixed
 
     def serves(self, group_id: str, *, joining: bool = False) -> ConsumerGroup | None:
         """The consumer group answering a classic request for ``group_id`` (a JoinGroup: only one with members;
         an empty consumer group gives way to a classic group), or None."""
-        group = self.api.groups.get(group_id) if self.enabled else None
+        group = self.api.groups.get(group_id)
         if group is None or (joining and not group.members):
             return None
         return group

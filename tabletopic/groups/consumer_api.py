@@ -6,8 +6,9 @@ Rules: a consumer group and a classic group never share an id. An empty group ch
 other joins (its committed offsets stay). A non-empty group moves between the protocols as
 ``group.consumer.migration.policy`` allows (:mod:`~tabletopic.groups.migration`, through :class:`MigrationHooks`):
 upgraded by a consumer-protocol member's first heartbeat, downgraded when its last consumer-protocol member leaves;
-classic members inside a consumer group are served by :mod:`~tabletopic.groups.classic_members`. With the policy
-``disabled`` a member of one protocol joining a non-empty group of the other is refused. Membership lives in memory:
+classic members inside a consumer group are served by :mod:`~tabletopic.groups.classic_members` whatever the
+policy (as Kafka's classicGroupJoin); ``disabled`` only refuses converting a classic group that has members.
+Membership lives in memory:
 after a restart members are unknown and rejoin, as after a coordinator failover; committed offsets are durable as
 for classic groups.
 """

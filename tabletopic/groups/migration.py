@@ -107,7 +107,6 @@ class Migration:
         self.api = api
         self.rebalance = rebalance
         self.upgrade_enabled, self.downgrade_enabled = policy(policy_name)
-        self.mixed = self.upgrade_enabled or self.downgrade_enabled
 
     def upgrade(self, group_id: str) -> ConsumerGroup:
         """Kafka's validateOnlineUpgrade then convertToConsumerGroup (the classic group stays until
