@@ -532,7 +532,10 @@ _broker(
             "changes protocol. Committed offsets stay. Case-insensitive.",
             one_of("disabled", "upgrade", "downgrade", "bidirectional", case_insensitive=True), dynamic=False),
     Setting("offset.metadata.max.bytes", Type.INT, 4096, "Largest offset commit metadata.", at_least(0)),
-    Setting("offsets.retention.minutes", Type.INT, 10080, "Retention of committed offsets of empty groups.",
+    Setting("offsets.retention.minutes", Type.INT, 10080,
+            "Retention of committed offsets, as Kafka's: of a classic group once it is empty (counted from then); of "
+            "a consumer group (KIP-848) for each topic none of its members subscribes to (counted from the commit). "
+            "An empty group with no offsets left is removed.",
             at_least(1)),
     Setting("transaction.max.timeout.ms", Type.INT, 900000,
             "Largest transaction.timeout.ms a transactional producer may ask for.", at_least(1)),

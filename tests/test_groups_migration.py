@@ -398,3 +398,24 @@ def test_librdkafka_classic_group_migrates_to_consumer_and_back(broker: BrokerPr
     assert {v for v, n in members.seen.items() if n > 1} <= members.uncommitted
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
     assert sorted((tp.partition, tp.offset) for tp in offsets.topic_partitions) == [(p, 30) for p in range(6)]
+
+
+def test_consumer_group_offsets_expire_as_kafkas(tmp_path: Path) -> None:
+    """offsets.retention.minutes for consumer groups, as Kafka's cleanupExpiredOffsets: a topic a member subscribes
+    to keeps its offsets however old they are; once no member subscribes, they expire and the empty group without
+    offsets is gone (a new member starts from auto.offset.reset)."""
+    async def body(coord: GroupCoordinator) -> None:
+        modern_join(coord)
+        epoch = coord.consumer.groups["g"].members["m"].epoch
+        assert await coord.commit_offsets("g", generation_id=epoch, member_id="m", group_instance_id=None,
+                                          offsets={("t", 0): CommitRequestOffset(5)}) == {("t", 0): E.NONE}
+        later = int(time.time() * 1000) + 10**12
+        assert await coord.expire_offsets(now_ms=later) == 0  # t is subscribed
+        assert await coord.expire_offsets() == 0
+        coord.consumer.heartbeat(HeartbeatRequest("g", "m", -1))  # leaves
+        assert await coord.expire_offsets() == 0  # not old enough
+        assert "g" in coord.consumer.groups and coord.fetch_offsets("g", None)[1]
+        assert await coord.expire_offsets(now_ms=later) == 1
+        assert "g" not in coord.consumer.groups and coord.fetch_offsets("g", None)[1] == {}
+
+    run(tmp_path, body)

@@ -353,8 +353,9 @@ class OffsetsApi:
         return eligible
 
     async def expire_offsets(self, now_ms: int | None = None) -> int:
-        """Drop offsets past ``offsets_retention_minutes`` (Empty groups only) and forget Empty groups that
-        have no offsets left. Returns the number of offsets removed. Runs periodically on its own."""
+        """Drop offsets past ``offsets_retention_minutes`` (classic groups: Empty ones only; consumer groups: topics
+        no member subscribes to) and forget empty groups that have no offsets left. Returns the number of offsets
+        removed. Runs periodically on its own."""
         now_ms = _now_ms() if now_ms is None else now_ms
         retention_ms = self.shared.config.offsets_retention_minutes * 60_000
         removed = 0
@@ -367,7 +368,8 @@ class OffsetsApi:
                 base = group.state_timestamp_ms if group.protocol_type else None
                 if (base if base is not None else v.commit_timestamp_ms) + retention_ms <= now_ms:
                     ops.append(DeleteOffset(group_id, topic, partition))
-            remaining = len(offsets) - len(ops)
+            expired = len(ops)  # counted now: the store's view of the group's offsets changes with the write
+            remaining = len(offsets) - expired
             # a group holding pending transactional offsets stays (Kafka's GroupMetadata.hasOffsets counts them)
             if (remaining == 0 and not group.pending_members and not group.members
                     and not self.shared.store.has_pending_txn(group_id)):
@@ -381,7 +383,36 @@ class OffsetsApi:
                 except OffsetStoreError as exc:
                     log.error("group %s: failed to store offset expiration: %s", group_id, exc)
                     continue
-                removed += len(offsets) - remaining
+                removed += expired
+        removed += await self._expire_consumer_group_offsets(now_ms, retention_ms)
         if removed:
             log.info("removed %d expired committed offsets", removed)
+        return removed
+
+    async def _expire_consumer_group_offsets(self, now_ms: int, retention_ms: int) -> int:
+        """Kafka's cleanupExpiredOffsets for consumer groups (KIP-848): an offset of a topic no member subscribes
+        to expires ``offsets.retention.minutes`` after its commit, members or not; a group left with no members and
+        no offsets (pending transactional ones count) is removed."""
+        removed = 0
+        for group_id, group in list(self.shared.consumer_groups.items()):
+            subscribed = group.subscribed_topics()
+            offsets = self.shared.store.offsets(group_id)
+            ops: list[StoreOp] = [DeleteOffset(group_id, topic, partition)
+                                  for (topic, partition), v in offsets.items()
+                                  if topic not in subscribed and v.commit_timestamp_ms + retention_ms <= now_ms]
+            expired = len(ops)  # counted now: the store's view of the group's offsets changes with the write
+            gone = expired == len(offsets) and not group.members and not self.shared.store.has_pending_txn(group_id)
+            if gone:
+                ops.append(DeleteGroup(group_id))
+            if not ops:
+                continue
+            try:
+                await self.shared.store.write(ops)
+            except OffsetStoreError as exc:
+                log.error("consumer group %s: failed to store offset expiration: %s", group_id, exc)
+                continue
+            removed += expired
+            if gone and self.shared.consumer_groups.get(group_id) is group and not group.members:
+                del self.shared.consumer_groups[group_id]
+                log.info("consumer group %s: removed (empty, no committed offsets)", group_id)
         return removed
