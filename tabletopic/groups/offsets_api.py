@@ -377,17 +377,21 @@ class OffsetsApi:
                 group.transition(GroupState.DEAD)
                 del self.shared.groups[group_id]
                 log.info("group %s: removed (empty, no committed offsets)", group_id)
-            if ops:
-                try:
-                    await self.shared.store.write(ops)
-                except OffsetStoreError as exc:
-                    log.error("group %s: failed to store offset expiration: %s", group_id, exc)
-                    continue
+            if ops and await self._write_expiry(group_id, ops):
                 removed += expired
         removed += await self._expire_consumer_group_offsets(now_ms, retention_ms)
         if removed:
             log.info("removed %d expired committed offsets", removed)
         return removed
+
+    async def _write_expiry(self, group_id: str, ops: list[StoreOp]) -> bool:
+        """Store an expiry; False (logged, tried again at the next check) when the store fails."""
+        try:
+            await self.shared.store.write(ops)
+        except OffsetStoreError as exc:
+            log.error("group %s: failed to store offset expiration: %s", group_id, exc)
+            return False
+        return True
 
     async def _expire_consumer_group_offsets(self, now_ms: int, retention_ms: int) -> int:
         """Kafka's cleanupExpiredOffsets for consumer groups (KIP-848): an offset of a topic no member subscribes
@@ -404,12 +408,7 @@ class OffsetsApi:
             gone = expired == len(offsets) and not group.members and not self.shared.store.has_pending_txn(group_id)
             if gone:
                 ops.append(DeleteGroup(group_id))
-            if not ops:
-                continue
-            try:
-                await self.shared.store.write(ops)
-            except OffsetStoreError as exc:
-                log.error("consumer group %s: failed to store offset expiration: %s", group_id, exc)
+            if not ops or not await self._write_expiry(group_id, ops):
                 continue
             removed += expired
             if gone and self.shared.consumer_groups.get(group_id) is group and not group.members:
