@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 TEMP_SUFFIX = ".tmp"
+
+
+async def write_in_thread(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run the blocking write ``fn(*args, **kwargs)`` in a thread; if the caller is cancelled, wait for the thread.
+
+    A cancelled ``await asyncio.to_thread(...)`` returns at once while its thread keeps writing: an asyncio lock
+    held around it would be released and the next writer would stage the same :func:`temp_path` beside it
+    (FileNotFoundError on the ``.tmp``). Here the cancellation is re-raised only once the thread is done.
+    """
+    write = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    try:
+        return await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await asyncio.wait([write])
+        raise
 
 
 def fsync_dir(path: Path) -> None:

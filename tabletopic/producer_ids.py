@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from tabletopic.durable import atomic_write_json
+from tabletopic.durable import atomic_write_json, write_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,8 @@ class ProducerIdManager:
             async with self._writing:
                 if self._next >= self._block_end:
                     end = self._next + BLOCK_SIZE
-                    write = asyncio.ensure_future(asyncio.to_thread(atomic_write_json, self._path, {"block_end": end}))
-                    try:
-                        await asyncio.shield(write)
-                    except asyncio.CancelledError:
-                        # the request was cancelled (its client left) but the thread still writes: keep the lock
-                        # until it is done, else the next block's write shares its temporary file (the fuzzer's
-                        # FileNotFoundError on producer_ids.json.tmp)
-                        await asyncio.wait([write])
-                        raise
+                    # held under the lock until the thread is done, even when the request is cancelled
+                    await write_in_thread(atomic_write_json, self._path, {"block_end": end})
                     self._block_end = end
         pid = self._next
         self._next += 1

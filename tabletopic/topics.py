@@ -24,7 +24,7 @@ from typing import Any
 
 from configs.model import BrokerConfig, Value, effective_topic_config, typed, typed_list
 from configs.validation import validate_topic_configs
-from tabletopic.durable import atomic_write_json
+from tabletopic.durable import atomic_write_json, write_in_thread
 from tabletopic.errors import ConfigError, ErrorCode, KafkaApiError, config_error
 from tabletopic.log.log import LogConfig
 from tabletopic.log.manager import LogManager
@@ -147,7 +147,7 @@ class TopicManager:
             topics.pop(name, None)
         else:
             topics[name] = info
-        await asyncio.to_thread(atomic_write_json, self._path, self._doc(topics))
+        await write_in_thread(atomic_write_json, self._path, self._doc(topics))  # the lock outlives a cancel
         old = self._topics.get(name)
         if old is not None:
             self._by_id.pop(old.topic_id, None)
