@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -62,6 +63,7 @@ from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
 
+_STATE_WRITES = threading.Lock()  # maintenance.json writes, one at a time
 LAST_RUN_FILE = "maintenance.json"  # in the topic's state directory (<log.dirs>/__tables/<topic>/)
 CHECK_PERIOD_S = 5.0  # the loop re-reads the settings at least this often (a shorter interval applies soon)
 SMALL_FILE_RATIO = 0.75  # Iceberg's bin-pack takes files under this share of the target size
@@ -509,7 +511,9 @@ class TableMaintenance:
     def _write_state(self, report: MaintenanceReport) -> None:
         if self._state_dir is not None:
             try:
-                atomic_write_json(self._state_dir / LAST_RUN_FILE, asdict(report))
+                # a run's write in a thread and the next run's on the loop would stage the same temporary file
+                with _STATE_WRITES:
+                    atomic_write_json(self._state_dir / LAST_RUN_FILE, asdict(report))
             except OSError as e:
                 log.warning("table topic %s: cannot record the maintenance run: %s", self.topic, e)
 
