@@ -217,14 +217,19 @@ class Marker:
     coordinator_epoch: int
 
 
-def _varint_bytes(value: int) -> bytes:
-    zz = (value << 1) ^ (value >> 63)
+def uvarint_bytes(n: int) -> bytes:
+    """``n`` (>= 0) as an unsigned varint (Kafka's UNSIGNED_VARINT: compact lengths)."""
     out = bytearray()
-    while zz >= 0x80:
-        out.append((zz & 0x7F) | 0x80)
-        zz >>= 7
-    out.append(zz)
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
     return bytes(out)
+
+
+def _varint_bytes(value: int) -> bytes:
+    """A record field's signed varint (zigzag)."""
+    return uvarint_bytes((value << 1) ^ (value >> 63))
 
 
 def control_batch(producer_id: int, producer_epoch: int, marker: Marker, timestamp_ms: int) -> bytearray:
@@ -270,4 +275,4 @@ def read_marker(buf: bytes | bytearray | memoryview, h: BatchHeader) -> Marker |
 
 
 __all__ = ["CODEC_GZIP", "CODEC_LZ4", "CODEC_SNAPPY", "CODEC_ZSTD", "Marker", "compress_records", "control_batch",
-           "decompress_records", "keyless_records", "read_marker", "zigzag_varint"]
+           "decompress_records", "keyless_records", "read_marker", "uvarint_bytes", "zigzag_varint"]

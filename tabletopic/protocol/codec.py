@@ -22,6 +22,7 @@ from kafka.protocol.api_key import ApiKey as _KafkaApiKey
 from kafka.protocol.api_message import ApiMessage
 
 import tabletopic.protocol.messages  # noqa: F401  (registers the messages kafka-python lacks)
+from tabletopic.protocol.batch_body import uvarint_bytes
 
 __all__ = [
     "MIN_USABLE_PRODUCE_VERSION",
@@ -389,13 +390,7 @@ def encode_fetch_response(api_version: int, correlation_id: int, response: Messa
 def _length_prefix(n: int, flexible: bool) -> bytes:
     if not flexible:
         return struct.pack(">i", n)
-    n += 1  # a compact field's length is sent plus one (0: null)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return uvarint_bytes(n + 1)  # a compact field's length is sent plus one (0: null)
 
 
 _MAX_ERROR_MESSAGE_CHARS = 1000
