@@ -103,10 +103,12 @@ def convert_records(
     start_offset: int,
     plan: ConversionPlan,
     dead_letters: DeadLetters | None = None,
+    end_offset: int | None = None,
 ) -> ConvertResult:
     """Convert the records at ``start_offset`` and after in ``data`` into an Arrow table for ``plan``'s table.
 
-    ``dead_letters``: return the skipped records as dead-letter rows too. The steps, each on whole columns:
+    ``dead_letters``: return the skipped records as dead-letter rows too. ``end_offset``: only the records below it
+    (``stats.next_offset`` never passes it; :func:`worker.decode.decode`). The steps, each on whole columns:
 
     1. decode the batches (:mod:`worker.decode`);
     2. build the record columns: ``_kafka_header`` (a map), ``_kafka_metadata`` and the legacy ``timestamp``, and
@@ -119,7 +121,9 @@ def convert_records(
        key or whose ``cdc.field`` is not text, :mod:`worker.changes`, whose op and order columns the rows then
        carry).
     """
-    d = decode(data, start_offset, plan.aborted)
+    # the next offsets set below (a converter's stop, a blocking record or batch) are offsets decode kept: below
+    # end_offset, so the chunk's next offset never passes it
+    d = decode(data, start_offset, plan.aborted, end_offset)
     details: dict[int, str] = {}
     columns, timestamps, bad, dropped, stop = _record_columns(d, plan, partition, details)
     explained = {d.offsets[i]: text for i, text in details.items()}  # by offset: rows are cut and renumbered below

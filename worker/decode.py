@@ -1,9 +1,9 @@
 """Record batches (any codec) → the records' offsets, timestamps, keys, values and headers (pure; pool side).
 
-Seam: :func:`decode` (whole magic-2 batches as a partition log holds them → :class:`Decoded`) and
-:func:`headers_array` (the ``_kafka_header`` map column). aiokafka's Cython reader decodes the batches; codecs it
-cannot decompress here are decompressed first (:func:`_decompress_foreign`). The only per-record Python is the
-decode loop, a handful of list comprehensions per batch.
+Seam: :func:`decode` (whole magic-2 batches as a partition log holds them, trimmed to a start and an optional
+end offset → :class:`Decoded`) and :func:`headers_array` (the ``_kafka_header`` map column). aiokafka's Cython
+reader decodes the batches; codecs it cannot decompress here are decompressed first (:func:`_decompress_foreign`).
+The only per-record Python is the decode loop, a handful of list comprehensions per batch.
 
 Rules: no record is lost silently: a batch that cannot be decoded is kept whole in :attr:`Decoded.corrupt`, and a
 header key that is not UTF-8 (Kafka stores any bytes there) only makes its batch be read again by
@@ -12,9 +12,10 @@ header key that is not UTF-8 (Kafka stores any bytes there) only makes its batch
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -189,6 +190,10 @@ def _tolerant_records(data: bytes, h: BatchHeader) -> tuple[list[_Record], int]:
     return records, repaired
 
 
+# no end offset: above any offset (Kafka's are signed 64-bit)
+_NO_END = 1 << 63
+
+
 class _Aborted:
     """Which batches belong to aborted transactions, as a read_committed consumer decides (Kafka's fetcher):
     a producer with an aborted transaction starting at or before a batch is aborted until its abort marker."""
@@ -213,9 +218,30 @@ class _Aborted:
         return bool(batch.is_transactional) and pid in self._producers
 
 
-def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = ()) -> Decoded:
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """The cyclic GC off for the block (back on after it if it was on)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = (),
+           end_offset: int | None = None) -> Decoded:
     """The records at ``start_offset`` and after in ``data`` (whole batches, any codec; control batches skipped;
-    read_committed: the batches of the ``aborted`` transactions, (producer id, first offset), skipped too)."""
+    read_committed: the batches of the ``aborted`` transactions, (producer id, first offset), skipped too).
+
+    ``end_offset`` (>= ``start_offset``): only the records below it; ``next_offset`` is then at most ``end_offset``,
+    and ``end_offset`` once ``data`` reaches it. An undecodable batch straddling it counts at most the records that
+    fit below it (its raw bytes are kept whole all the same: the range after it keeps them again).
+    """
+    if end_offset is not None and end_offset < start_offset:
+        raise ValueError(f"end offset {end_offset} below start offset {start_offset}")
+    end = _NO_END if end_offset is None else end_offset
     out = Decoded(next_offset=start_offset)
     dropping = _Aborted(aborted)
     data = _decompress_foreign(data)
@@ -223,9 +249,7 @@ def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = 
     records = MemoryRecords(data)
     # Millions of short-lived record objects: the cyclic GC would otherwise rescan them over and over (it made
     # decoding ~6x slower in measurements). Nothing here creates cycles.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _cyclic_gc_paused():
         while True:
             try:
                 batch = records.next_batch()
@@ -237,34 +261,52 @@ def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = 
             nxt = batch.next_offset
             if nxt <= start_offset:
                 continue
+            if base >= end:  # batches come in offset order: nothing below the end is left
+                out.next_offset = end
+                break
+            straddles = nxt > end  # per batch, not per record: the hot loop stays as it was
+            if straddles:
+                nxt = end
             if dropping.skips(batch) or batch.is_control_batch:
                 out.next_offset = nxt
                 continue
             try:
                 recs: list[Any] = list(batch)
             except Exception as e:  # undecodable records (bad varints, header key not UTF-8, codec error)
-                kept = _kept_records(data, base, e)
+                kept = _undecodable(out, data, base, e, max(base, start_offset), end if straddles else None)
                 if kept is None:
-                    count, raw = _batch_bytes_at(data, base)
-                    out.corrupt.append((max(base, start_offset), count, raw, f"{type(e).__name__}: {e}"))
-                    if out.rows_before_corrupt is None:
-                        out.rows_before_corrupt = len(offsets)
                     out.next_offset = nxt
                     continue
-                recs = kept[0]
-                out.repaired_header_keys += kept[1]
+                recs = kept
             if base < start_offset:  # the log start (DeleteRecords) or a request may point inside a batch
                 recs = [r for r in recs if r.offset >= start_offset]
+            if straddles:  # a range's end may fall inside a batch too
+                recs = [r for r in recs if r.offset < end]
             offsets += [r.offset for r in recs]
             timestamps += [r.timestamp for r in recs]
             keys += [r.key for r in recs]
             values += [r.value for r in recs]
             headers += [r.headers for r in recs]
             out.next_offset = nxt
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return out
+
+
+def _undecodable(out: Decoded, data: bytes, base: int, error: Exception, first: int, end: int | None
+                 ) -> list[_Record] | None:
+    """The records of the batch at ``base`` that aiokafka failed on with ``error`` when only header keys are at
+    fault (the repairs counted in ``out``); else None, and the batch kept whole in ``out.corrupt`` at ``first``
+    (``end``: the end offset, for a batch it cuts: the count claims no more records than fit below it)."""
+    kept = _kept_records(data, base, error)
+    if kept is not None:
+        out.repaired_header_keys += kept[1]
+        return kept[0]
+    count, raw = _batch_bytes_at(data, base)
+    if end is not None:  # offsets are unique and increasing: at most end - first records lie in [first, end)
+        count = min(count, end - first)
+    out.corrupt.append((first, count, raw, f"{type(error).__name__}: {error}"))
+    if out.rows_before_corrupt is None:
+        out.rows_before_corrupt = len(out.offsets)
+    return None
 
 
 def _kept_records(data: bytes, base: int, error: Exception) -> tuple[list[_Record], int] | None:

@@ -1,14 +1,16 @@
 """The unit of work shipped to the broker's process pool: read + convert + write one range of a partition.
 
-Everything crossing the process boundary pickles: the log file ranges (or bytes), plain values, the round's
-:class:`~worker.plan.ConversionPlan` (converters and transform by name), a :class:`~worker.writer.WriteTarget`
-(pyiceberg ``Schema``/``PartitionSpec`` and property tuples) for the table and one for its dead-letter table, and
-back a :class:`TaskResult` of file entries and stats. The pool should use the ``spawn`` or ``forkserver`` context
-(the broker's event loop and flusher threads must not be forked).
+Everything crossing the process boundary pickles: the log file ranges (or bytes, or one
+:class:`~coordinator.contract.RemoteRange` the pool process fetches itself: attach mode's catch-up, never spooled),
+plain values, the round's :class:`~worker.plan.ConversionPlan` (converters and transform by name), a
+:class:`~worker.writer.WriteTarget` (pyiceberg ``Schema``/``PartitionSpec`` and property tuples) for the table and
+one for its dead-letter table, and back a :class:`TaskResult` of file entries and stats. The pool should use the
+``spawn`` or ``forkserver`` context (the broker's event loop and flusher threads must not be forked).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pickle
@@ -27,6 +29,7 @@ from coordinator.contract import (
     DataFile,
     DeleteFile,
     FileRange,
+    RemoteRange,
     dead_letter_location,
 )
 from tabletopic.faults import fail_point
@@ -109,8 +112,18 @@ def _materialize(data: bytes | list[bytes] | list[FileRange]) -> bytes:
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
+def _read_remote(remote: RemoteRange, plan: ConversionPlan) -> tuple[bytes, ConversionPlan]:
+    """The batches of ``remote`` (fetched here, in the pool process) and ``plan`` with the aborted transactions
+    they hold added to its own (sorted, each once)."""
+    raw, aborted = remote.read()
+    if aborted:
+        merged = tuple(sorted({*plan.aborted, *((int(pid), int(first)) for pid, first in aborted)}))
+        plan = dataclasses.replace(plan, aborted=merged)
+    return raw, plan
+
+
 def convert_and_write(
-    data: bytes | list[bytes] | list[FileRange],
+    data: bytes | list[bytes] | list[FileRange] | RemoteRange,
     *,
     partition: int,
     start_offset: int,
@@ -121,14 +134,24 @@ def convert_and_write(
     """Convert the records of ``data`` from ``start_offset`` on per ``plan`` and write them as files of ``target``;
     with ``dead_letters``, the skipped records as files of the dead-letter table (``TaskResult.dead_letter_files``).
 
+    A :class:`~coordinator.contract.RemoteRange` is read here (:meth:`~coordinator.contract.RemoteRange.read`) and
+    only its records below ``data.end`` are converted (``stats.next_offset`` is at most ``data.end``), with the
+    aborted transactions it names added to ``plan.aborted``; its read errors propagate (the round retries).
+
     Top-level and picklable for ``ProcessPoolExecutor.submit`` (keywords via ``functools.partial``). Data errors
     are reported in ``stats`` (skipped counts, or ``blocked_offset`` under ``errors.tolerance=none``); other
     exceptions propagate.
     """
     t0 = time.perf_counter()
     fail_point("worker-convert", target.location.rstrip("/").rpartition("/")[2])
-    converted = convert_records(_materialize(data), partition=partition, start_offset=start_offset, plan=plan,
-                                dead_letters=dead_letters[0] if dead_letters else None)
+    end_offset: int | None = None
+    if isinstance(data, RemoteRange):
+        raw, plan = _read_remote(data, plan)
+        end_offset = data.end
+    else:
+        raw = _materialize(data)
+    converted = convert_records(raw, partition=partition, start_offset=start_offset, plan=plan,
+                                dead_letters=dead_letters[0] if dead_letters else None, end_offset=end_offset)
     t1 = time.perf_counter()
     rows = converted.table
     if plan.change is not None:
