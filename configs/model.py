@@ -647,6 +647,11 @@ _broker(
             "the round retried with back-off. Not an AutoMQ setting: tabletopic's own.",
             at_least(1), dynamic=False, origin=Origin.TABLETOPIC),
     # ---- attach mode (`tabletopic attach`, tabletopic.attach): table topics for an existing Kafka cluster
+    Setting("table.topic.attach.direct.read.min.bytes", Type.LONG, 8 * 1024 * 1024,
+            "Attach mode: a partition further behind the cluster than this (bytes, at the size of its recent "
+            "batches) is caught up by the conversion processes fetching its records themselves instead of through "
+            "the local spool, which saves the instance's main process a copy of every byte; 0 spools everything. "
+            "Not an AutoMQ setting: tabletopic's own.", at_least(0), dynamic=False, origin=Origin.TABLETOPIC),
     Setting("table.topic.attach.group.id", Type.STRING, "tabletopic-attach",
             "Attach mode: the consumer group its instances join on the cluster (cooperative-sticky); the owner of a "
             "table topic's partition 0 runs its coordinator. Instances that share a catalog and warehouse share "
@@ -1158,6 +1163,7 @@ class BrokerConfig:
     attach_group_id = _setting("table.topic.attach.group.id", str)
     attach_instance_id = _optional_setting("table.topic.attach.instance.id", str)
     attach_round_timeout_ms = _setting("table.topic.attach.round.timeout.ms", int)
+    attach_direct_read_min_bytes = _setting("table.topic.attach.direct.read.min.bytes", int)
     attach_spool_max_bytes = _setting("table.topic.attach.spool.max.bytes", int)
     attach_topic_configs = _setting("table.topic.attach.topic.configs.enable", bool)
 

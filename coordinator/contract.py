@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pyiceberg.manifest import DataFile as _IcebergDataFile
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
@@ -169,6 +170,33 @@ FileRange = tuple[str, int, int]
 """``(segment file path, position, length)``: whole record batches below the high watermark."""
 
 
+@runtime_checkable
+class RemoteRange(Protocol):
+    """Offsets ``[start, end)`` of a partition that the pool process fetches itself from the cluster holding them
+    (attach mode's catch-up: read directly instead of spooled first). Picklable; :meth:`read` runs in the pool."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def estimated_bytes(self) -> int:
+        """About how many log bytes the range holds (what a worker sizes its chunks by)."""
+        ...
+
+    def read(self) -> tuple[bytes, list[tuple[int, int]]]:
+        """Whole batches covering ``[start, end)`` (the first may begin before ``start``, the last end after
+        ``end``: readers trim to the range) and the (producer id, first offset) of the aborted transactions among
+        them. Raises when the records cannot be read now (the worker's round retries)."""
+        ...
+
+
+ReadRange = FileRange | RemoteRange
+"""What :meth:`LogReader.read_ranges` returns: file ranges of a local log or spool, or one remote range."""
+
+
 class HighWatermarkSource(Protocol):
     """What the coordinator reads of a partition's log (to skip idle rounds)."""
 
@@ -214,9 +242,10 @@ class LogReader(HighWatermarkSource, Protocol):
         ...
 
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
-                    ) -> tuple[list[FileRange], int]:
+                    ) -> tuple[Sequence[ReadRange], int]:
         """The file ranges of whole batches from ``fetch_offset`` (up to ``max_bytes``, below ``max_offset``), and
-        the offset after the last one; raises ``KafkaApiError`` when the offset cannot be read."""
+        the offset after the last one; or a single :class:`RemoteRange` of about ``max_bytes`` and its ``end``.
+        Raises ``KafkaApiError`` when the offset cannot be read."""
         ...
 
 

@@ -29,8 +29,12 @@ log = logging.getLogger(__name__)
 class SharedServices:
     """The parts the runtimes of one host share (see the module doc)."""
 
-    def __init__(self, config: BrokerConfig, catalog: Catalog, metrics: TableTopicMetrics) -> None:
+    def __init__(self, config: BrokerConfig, catalog: Catalog, metrics: TableTopicMetrics, *,
+                 pool_preload: tuple[str, ...] = ()) -> None:
+        """``pool_preload``: modules each conversion process imports as it starts (attach mode: its direct
+        reader, so a catch-up's first chunks do not pay for the import)."""
         self.config = config
+        self.pool_preload = pool_preload
         self.catalog = catalog
         self.metrics = metrics
         self.pool_size = config.conversion_pool_size
@@ -51,7 +55,7 @@ class SharedServices:
     def pool(self) -> ProcessPoolExecutor:
         """The conversion pool, created on first use (``table.topic.conversion.pool.size`` processes)."""
         if self._executor is None:
-            self._executor = new_pool(self.pool_size)
+            self._executor = new_pool(self.pool_size, self.pool_preload)
         return self._executor
 
     def runtime_services(self) -> RuntimeServices:

@@ -102,6 +102,28 @@ def settled_coordinator(procs: list[AttachProcess], topic: str, timeout: float =
         time.sleep(0.2)
 
 
+BACKLOG_BYTES = 5 * 1024 * 1024  # per partition: more than a fetch answer holds (2 MiB), so reads go direct
+
+
+def backlog(bootstrap: str, topic: str, partitions: int) -> dict[int, dict[int, bytes]]:
+    """About :data:`BACKLOG_BYTES` of 1 KB JSON records on each partition, acknowledged: partition → offset →
+    value. Instances started after it read most of it directly (``table.topic.attach.direct.read.min.bytes``)."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20})
+    out: dict[int, dict[int, bytes]] = {}
+
+    def done(err: Any, msg: Any) -> None:
+        assert err is None, err
+        out.setdefault(msg.partition(), {})[msg.offset()] = msg.value()
+
+    for i in range(partitions * BACKLOG_BYTES // 1024):
+        p.produce(topic, value=json.dumps({"id": i, "pad": "x" * 1000}).encode(), partition=i % partitions,
+                  on_delivery=done)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    return out
+
+
 class Stream:
     """Produces keyed JSON records to ``topic`` on a thread until stopped; counts what was acknowledged."""
 
@@ -162,9 +184,12 @@ def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path
     topic = "attach-three"
     create_table_topic(broker.bootstrap, topic, 12)
     lake = SharedLake(tmp_path / "lake")
-    group = {"table.topic.attach.group.id": "attach-three", "table.topic.attach.round.timeout.ms": "3000"}
+    # every partition behind at all is read by the pools directly (a window), the spool takes the tail
+    group = {"table.topic.attach.group.id": "attach-three", "table.topic.attach.round.timeout.ms": "3000",
+             "table.topic.attach.direct.read.min.bytes": "1"}
     procs = [AttachProcess(broker.bootstrap, tmp_path / f"i{n}", lake, name=f"i{n}", overrides=group)
              for n in range(4)]
+    backlog(broker.bootstrap, topic, 12)
     for p in procs[:3]:
         p.start()
     try:
@@ -182,6 +207,7 @@ def test_three_instances_killed_added_and_paused(broker: BrokerProcess, tmp_path
             time.sleep(1)
         assert s.acked > 0
         assert_table_equals_log(broker, lake, topic, 12)
+        assert any("read by the conversion pool" in p.log_text() for p in procs)
     finally:
         for p in procs:
             p.stop()
@@ -254,15 +280,19 @@ def test_the_first_round_holds_what_the_topic_had(broker: BrokerProcess, tmp_pat
 
 
 def test_transactions_read_committed(broker: BrokerProcess, tmp_path: Path) -> None:
-    """Committed, aborted and plain records over 2 partitions: the table holds exactly the committed and plain ones,
-    each (partition, offset) once; an open transaction holds its partition's table rows back (the plain records
-    after it too) until it commits, while the other partition goes on."""
+    """Committed, aborted and plain records over 2 partitions, read by the pools directly (a window from the first
+    answer on): the table holds exactly the committed and plain ones, each (partition, offset) once; an open
+    transaction holds its partition's table rows back (the plain records after it too) until it commits, while the
+    other partition goes on."""
     topic = "attach-transactions"
     create_table_topic(broker.bootstrap, topic, 2)
+    before = backlog(broker.bootstrap, topic, 2)
     txn, expected = transactions_mix(broker.bootstrap, topic, 2)
+    for p, values in before.items():
+        expected[p].update(values)
     lake = SharedLake(tmp_path / "lake")
     a = AttachProcess(broker.bootstrap, tmp_path / "a1", lake, name="a1",
-                      overrides={"table.topic.attach.group.id": topic})
+                      overrides={"table.topic.attach.group.id": topic, "table.topic.attach.direct.read.min.bytes": "1"})
 
     def table() -> dict[tuple[int, int], bytes]:
         rows = table_rows(lake, topic)
@@ -290,5 +320,6 @@ def test_transactions_read_committed(broker: BrokerProcess, tmp_path: Path) -> N
         expected[0].update(held | behind)
         wait_for("the committed transaction", lambda: len(table()) >= len(want()), 30)
         assert table() == want()
+        assert "read by the conversion pool" in a.log_text()
     finally:
         a.stop()

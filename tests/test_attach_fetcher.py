@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import struct
 import time
@@ -20,8 +21,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tabletopic.attach.client import aiokafka_options
-from tabletopic.attach.fetcher import Fetcher, FetcherOptions, whole_batches
+from tabletopic.attach.direct import DirectRange
+from tabletopic.attach.fetcher import Fetcher, FetcherOptions
 from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog
+from tabletopic.attach.wire import whole_batches
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.segment import file_name
@@ -505,5 +508,138 @@ def test_wait_known_waits_for_the_first_answer_and_the_source_high_watermark_lea
         await fresh.wait_known(t0 + 30)
         assert loop.time() - t0 < 0.5
         assert fresh.source_high_watermark == 0
+
+    asyncio.run(main())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Asked:
+    """What a direct window hands a worker: the offsets the pool process is to fetch itself (``read`` is not called
+    here; tests/test_attach_direct.py reads real ranges)."""
+
+    start: int
+    end: int
+    estimated_bytes: int
+
+    def read(self) -> tuple[bytes, list[tuple[int, int]]]:
+        raise AssertionError("not read in this test")
+
+
+def test_direct_window_reads_release_and_restart(tmp_path: Path) -> None:
+    """``go_direct``: the offsets between the spool's end and the remote's last stable offset are handed out as
+    remote ranges sized by bytes per record; reads below the window stop at it; one window at a time; a release
+    past it or a restart closes it."""
+    plog = RemotePartitionLog(tmp_path / "spool", "t", 0, 0)
+    assert not plog.go_direct(1000, 10.0)  # no direct reader: everything is spooled
+    leader: list[bool] = [True]
+    plog.direct = lambda s, e, b: _Asked(s, e, b) if leader[0] else None
+    _append(plog, 0, 3)
+    _append(plog, 3, 3)
+    assert plog.go_direct(1000, 10.0)
+    assert plog.direct_window == (6, 1000) and plog.high_watermark == plog.position == 1000
+    assert plog.fetched_to == 6  # the window's records are fetched as the workers read them
+    # below the window: spooled batches, not across the window
+    ranges, end = plog.read_ranges(0, 1 << 20)
+    assert end == 6 and all(isinstance(r, tuple) for r in ranges)
+    # in the window: one remote range of about max_bytes (10 bytes per record), never past max_offset or the window
+    ranges, end = plog.read_ranges(6, 500)
+    assert ranges == [_Asked(6, 56, 500)] and end == 56
+    assert plog.read_ranges(56, 1 << 30, max_offset=700) == ([_Asked(56, 700, 6440)], 700)
+    assert plog.read_ranges(990, 1 << 30) == ([_Asked(990, 1000, 100)], 1000)
+    assert plog.fetched_to == 1000 and plog.records_direct == 50 + 644 + 10
+    leader[0] = False  # no leader known: nothing to hand out now
+    assert plog.read_ranges(6, 500) == ([], 6)
+    leader[0] = True
+    # the tail is spooled from the window's end; a second window only while nothing is spooled above the first
+    _append(plog, 1000, 5)
+    assert plog.read_ranges(1000, 1 << 20)[1] == 1005
+    assert not plog.go_direct(5000, 10.0) and plog.direct_window == (6, 1000)
+    # released past the window (committed): it closes; reads below the spool's start restart it
+    plog.release(1000)
+    assert plog.direct_window is None
+    assert plog.read_ranges(6, 500) == ([], 6) and plog.position == 6 and plog.high_watermark == 6
+    # a window opened on an empty spool, then closed by a restart elsewhere
+    assert plog.go_direct(2000, 1.0) and plog.direct_window == (6, 2000)
+    assert plog.read_ranges(3000, 100) == ([], 3000)  # past the end: restarted there
+    assert plog.direct_window is None and plog.position == 3000
+    plog.close()
+
+
+async def _read_all_direct(plog: RemotePartitionLog, start: int, max_bytes: int = 50_000) -> dict[int, bytes]:
+    """:func:`_read_all` where reads may also hand out remote ranges: fetched as a pool process does
+    (``DirectRange.read``, off the event loop), decoded up to their end with the aborted transactions both the
+    spool and the range name."""
+    out: dict[int, bytes] = {}
+    offset = start
+    while offset < plog.high_watermark:
+        ranges, nxt = plog.read_ranges(offset, max_bytes)
+        assert ranges and nxt > offset, (offset, plog)
+        named = plog.aborted_transactions(offset, nxt)
+        if isinstance(ranges[0], DirectRange):
+            data, aborted = await asyncio.to_thread(ranges[0].read)
+            d = decode(data, offset, sorted({*named, *aborted}), end_offset=ranges[0].end)
+            assert d.next_offset == nxt
+        else:
+            d = decode(pread_ranges([r for r in ranges if isinstance(r, tuple)]), offset, named)
+        for o, v in zip(d.offsets, d.values, strict=True):
+            assert offset <= o < nxt and o not in out, f"offset {o} decoded twice or outside {offset}..{nxt}"
+            out[o] = v
+        offset = nxt
+    return out
+
+
+def test_direct_window_over_transactions_then_the_tail(broker: BrokerProcess, tmp_path: Path) -> None:
+    """A fetcher with direct reads (``client_conf``) opens a window at its first answer when the partition is
+    further behind than ``direct_min_bytes``: every committed and plain record is read once, across the spooled
+    start, the window (read with ``DirectRange``) and the tail spooled after it; an aborted transaction open at the
+    jump, whose marker lies in the window, does not hide a later committed transaction of the same producer."""
+    topic = f"attach-direct-{uuid.uuid4().hex[:8]}"
+    create_topic(broker, topic, 1)
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    txn = txn_producer(broker.bootstrap, "direct")
+    expected: dict[int, bytes] = {}
+
+    def one_by_one(p: Producer, kind: str, n: int) -> None:  # one batch per record: answers end between them
+        offsets = [send(p, topic, 0, [f"{kind}-{i:03d}".encode() + b"x" * 900])[0] for i in range(n)]
+        if kind != "aborted":
+            expected.update((o, f"{kind}-{i:03d}".encode() + b"x" * 900) for i, o in enumerate(offsets))
+
+    one_by_one(plain, "plain-a", 2)
+    txn.begin_transaction()
+    one_by_one(txn, "aborted", 8)
+    txn.abort_transaction(30)
+    one_by_one(plain, "plain-b", 6)
+    txn.begin_transaction()
+    one_by_one(txn, "committed-a", 4)
+    txn.commit_transaction(30)
+    one_by_one(plain, "plain-c", 3)
+    end = end_offset(broker.bootstrap, topic)
+    options = dataclasses.replace(SMALL, partition_max_bytes=4 * 1024, direct_min_bytes=1)
+
+    async def main() -> None:
+        f = Fetcher(aiokafka_options({"bootstrap.servers": broker.bootstrap}), tmp_path / "spool", options=options,
+                    client_conf={"bootstrap.servers": broker.bootstrap})
+        await f.start()
+        try:
+            plog = await _spooled(f, topic, 0, end)
+            window = plog.direct_window
+            assert window is not None and 0 < window[0] < 10 and window[1] == end, (window, plog)
+            assert plog.aborted_transactions(0, window[0]), "the first answer names the aborted transaction"
+            assert await _read_all_direct(plog, 0) == expected
+            # the tail, spooled: a committed transaction of the producer whose aborted one ended in the window
+            txn.begin_transaction()
+            await asyncio.to_thread(one_by_one, txn, "committed-b", 3)
+            await asyncio.to_thread(txn.commit_transaction, 30)
+            await asyncio.to_thread(one_by_one, plain, "plain-d", 2)
+            after = await asyncio.to_thread(end_offset, broker.bootstrap, topic)
+            await _until(lambda: plog.high_watermark == after, what="the tail spooled")
+            assert plog.direct_window == window  # spooled from its end
+            assert await _read_all_direct(plog, 0) == expected
+            # committed: the window closes, the spool starts at its end
+            plog.release(window[1])
+            assert plog.direct_window is None and plog.start_offset == window[1]
+            assert await _read_all_direct(plog, window[1]) == {o: v for o, v in expected.items() if o >= window[1]}
+        finally:
+            await f.stop()
 
     asyncio.run(main())

@@ -34,6 +34,7 @@ from coordinator.contract import (
     FileRange,
     LogReader,
     PartitionOffset,
+    RemoteRange,
     TableSource,
     TopicView,
 )
@@ -86,6 +87,13 @@ class _Chunk:
     plan: ConversionPlan
     future: asyncio.Future[TaskResult]
     submitted: float = field(default_factory=time.monotonic)
+    remote: bool = False  # read by the pool process from the remote cluster (a RemoteRange)
+
+
+def _stopped(result: TaskResult) -> bool:
+    """The conversion stopped before the chunk's end on purpose: a blocking record, a table change, schemas."""
+    stats = result.stats
+    return stats.blocked_offset is not None or stats.table_change is not None or bool(stats.missing_schemas)
 
 
 class _ConversionFailedError(Exception):
@@ -392,12 +400,7 @@ class PartitionWorker:
                 if not self._chunks or (taken and time.monotonic() >= answer_by):
                     return _Flushed(taken)
                 chunk = self._chunks[0]
-                try:
-                    result = await asyncio.shield(chunk.future)
-                except Exception as e:  # the conversion itself: the same records would fail the same way again
-                    if is_outage(e):
-                        raise
-                    raise _ConversionFailedError(e) from e
+                result = await self._result_of(chunk)
                 taken.append(self._chunks.pop(0))
                 round_bytes += chunk.input_bytes
                 if result.stats.blocked_offset is not None:
@@ -431,6 +434,21 @@ class PartitionWorker:
             await self._discard([*taken, *rest], "round failed")
             self._written_to = self._position
             return _Flushed([], error=error, failed=not outage)
+
+    async def _result_of(self, chunk: _Chunk) -> TaskResult:
+        """``chunk``'s result. Its conversion's own failure raises :class:`_ConversionFailedError` (the same records
+        would fail the same way again), an outage raises as it is, and so does a remote range read short."""
+        try:
+            result = await asyncio.shield(chunk.future)
+        except Exception as e:
+            if is_outage(e):
+                raise
+            raise _ConversionFailedError(e) from e
+        if chunk.remote and result.next_offset < chunk.end and not _stopped(result):
+            # the cluster answered less than it said it had: retried as an outage, never a gap in the table
+            raise OSError(f"{self.name}: offsets {result.next_offset}..{chunk.end - 1} of a remote range were not "
+                          f"read")
+        return result
 
     def _response(self, req: CommitRequest, mine: PartitionOffset, hw: int, target: WriteTarget,
                   flushed: _Flushed) -> CommitResponse:
@@ -538,22 +556,7 @@ class PartitionWorker:
                         "written to the table: continuing at the log start offset %d", self.name, start, lso - 1,
                         lso)
             start = self._written_to = lso
-        # plan file ranges here; the pool process preads them itself, so the bytes never cross a pipe
-        parts: list[FileRange] = []
-        size = 0
-        offset = start
-        while size < max_bytes and offset < limit:
-            try:
-                ranges, end = self.plog.read_ranges(offset, min(self.read_chunk_bytes, max_bytes - size),
-                                                    max_offset=limit)
-            except KafkaApiError as e:
-                log.warning("%s: cannot read offset %d: %s", self.name, offset, e)
-                break
-            if not ranges or end <= offset:
-                break
-            parts.extend(ranges)
-            size += sum(n for _, _, n in ranges)
-            offset = end
+        parts, offset, size = self._plan_read(start, limit, max_bytes)
         if not parts:
             return False
         if offset > start:
@@ -571,10 +574,40 @@ class PartitionWorker:
                      target=target, dead_letters=dead_letters)
         fut = loop.run_in_executor(self._executor, job)
         fut.add_done_callback(self._chunk_done)
-        self._chunks.append(_Chunk(start, offset, size, target, plan, fut))
+        self._chunks.append(_Chunk(start, offset, size, target, plan, fut, remote=not isinstance(parts, list)))
         self._written_to = offset
         log.debug("%s: submitted offsets %d..%d (%d bytes)", self.name, start, offset, size)
         return True
+
+    def _plan_read(self, start: int, limit: int, max_bytes: int) -> tuple[list[FileRange] | RemoteRange, int, int]:
+        """What a chunk from ``start`` (below ``limit``, about ``max_bytes``) reads, the offset after it and its
+        bytes: file ranges the pool process preads itself (the bytes never cross a pipe), or one remote range it
+        fetches itself (attach mode's catch-up); never both in one chunk."""
+        parts: list[FileRange] = []
+        size = 0
+        offset = start
+        while size < max_bytes and offset < limit:
+            try:
+                ranges, end = self.plog.read_ranges(offset, min(self.read_chunk_bytes, max_bytes - size),
+                                                    max_offset=limit)
+            except KafkaApiError as e:
+                log.warning("%s: cannot read offset %d: %s", self.name, offset, e)
+                break
+            if not ranges or end <= offset:
+                break
+            files = [r for r in ranges if isinstance(r, tuple)]
+            if len(files) < len(ranges):  # a remote range: a chunk of its own
+                if parts:
+                    break
+                if max_bytes > self.read_chunk_bytes:  # no file to read piecewise: the whole chunk in one range
+                    ranges, end = self.plog.read_ranges(offset, max_bytes, max_offset=limit)
+                remote = ranges[0]
+                assert isinstance(remote, RemoteRange) and len(ranges) == 1, ranges
+                return remote, end, remote.estimated_bytes
+            parts.extend(files)
+            size += sum(n for _, _, n in files)
+            offset = end
+        return parts, offset, size
 
     async def _submit_next(self, hw: int, target: WriteTarget, plan: ConversionPlan, budget: int,
                            data_by: float) -> bool:

@@ -8,6 +8,7 @@ SIGINT: a terminal Ctrl-C reaches the whole process group, and the broker itself
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -35,9 +36,11 @@ def _watch(broker_pid: int) -> None:
             os._exit(0)
 
 
-def _initialize(broker_pid: int) -> None:
+def _initialize(broker_pid: int, preload: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(broker_pid,), name="broker-watchdog", daemon=True).start()
+    for module in preload:  # what the tasks' arguments unpickle into (a range's reader), imported before any task
+        importlib.import_module(module)
 
 
 def _warm() -> int:
@@ -47,11 +50,12 @@ def _warm() -> int:
     return os.getpid()
 
 
-def new_pool(size: int) -> ProcessPoolExecutor:
-    """A pool of ``size`` processes (forkserver: children inherit no event loop, sockets or threads), warmed up."""
+def new_pool(size: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:
+    """A pool of ``size`` processes (forkserver: children inherit no event loop, sockets or threads), warmed up;
+    each imports the modules ``preload`` names when it starts."""
     ctx = multiprocessing.get_context("forkserver")
     pool = ProcessPoolExecutor(max_workers=size, mp_context=ctx, initializer=_initialize,
-                               initargs=(os.getpid(),))
+                               initargs=(os.getpid(), preload))
     for _ in range(size):
         pool.submit(_warm)
     return pool

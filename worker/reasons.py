@@ -114,8 +114,10 @@ _OUTAGE_MODULES = ("botocore", "aiobotocore", "s3fs", "fsspec", "requests", "url
 
 def is_outage(exc: BaseException) -> bool:
     """True for what a retry may cure (storage I/O, memory, a broken or timed-out conversion pool, the errors of
-    storage, catalog and HTTP clients); anything else a conversion raises fails the same way on the same
-    records."""
+    storage, catalog and HTTP clients, an error whose ``retriable`` attribute is True: a Kafka client's, an attach
+    direct read's); anything else a conversion raises fails the same way on the same records."""
     if isinstance(exc, (OSError, MemoryError, TimeoutError, BrokenExecutor)):
+        return True
+    if getattr(exc, "retriable", False) is True:  # says so itself: a Kafka client's error, a direct read's
         return True
     return any(type(exc).__module__ == m or type(exc).__module__.startswith(m + ".") for m in _OUTAGE_MODULES)

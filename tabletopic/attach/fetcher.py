@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,19 +35,12 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.structs import TopicPartition
 
+from tabletopic.attach.direct import DirectRange, code_name, describe_error
 from tabletopic.attach.spool import RemotePartitionLog, SpoolOptions
-from tabletopic.attach.wire import FetchAnswer, FetchedPartition, WireConnection
+from tabletopic.attach.wire import FetchAnswer, FetchedPartition, WireConnection, whole_batches
 from tabletopic.errors import ErrorCode
 from tabletopic.logs import ConditionLog
-from tabletopic.protocol.records import (
-    CRC_OFFSET,
-    HEADER_SIZE,
-    LOG_OVERHEAD,
-    MAGIC_OFFSET,
-    BatchHeader,
-    crc_of,
-    parse_header,
-)
+from tabletopic.protocol.records import BatchHeader
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +57,6 @@ _LEADERSHIP_ERRORS = frozenset({
     ErrorCode.OFFSET_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC_ID,
 })
 _NETWORK_ERRORS = (KafkaError, OSError, TimeoutError)
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e)
-    return text if text.startswith(type(e).__name__) else f"{type(e).__name__}: {text}"
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return "REPLICA_NOT_AVAILABLE" if code == 9 else f"error code {code}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +77,10 @@ class FetcherOptions:
     metadata_timeout_s: float = 10.0
     progress_interval_s: float = 10.0
     verify_crc: bool = True
+    # a partition more than this far behind (bytes, at the last answer's bytes per record) is caught up by the pool
+    # processes fetching directly, not through the spool (0: always spool); a spool copy costs this process about
+    # 1 CPU s per GB (bench/attach_catchup.py)
+    direct_min_bytes: int = 8 * MiB
 
 
 @dataclass(eq=False, slots=True)
@@ -128,44 +115,17 @@ class _Progress:
     behind: bool = False
 
 
-def whole_batches(buf: memoryview, position: int, *, verify_crc: bool) -> tuple[list[BatchHeader], str | None]:
-    """Headers of the whole batches in ``buf`` (one partition's fetched records) that end at or past ``position``,
-    and why the walk stopped early (None: the end, or a trailing partial batch, which is fetched again)."""
-    headers: list[BatchHeader] = []
-    n, pos, expect = len(buf), 0, position
-    while n - pos > MAGIC_OFFSET:
-        if buf[pos + MAGIC_OFFSET] != 2:
-            base = int.from_bytes(buf[pos:pos + 8], "big", signed=True)
-            return headers, (f"the batch at offset {base} is of message format (magic) v{buf[pos + MAGIC_OFFSET]}; "
-                             f"attach mode reads only magic v2 record batches (Kafka 0.11 and later)")
-        if n - pos < HEADER_SIZE:
-            break
-        h = parse_header(buf, pos)
-        if h.batch_length < HEADER_SIZE - LOG_OVERHEAD or h.last_offset_delta < 0 or h.record_count < 0:
-            return headers, f"the batch at offset {h.base_offset} has a malformed header"
-        if pos + h.size > n:
-            break
-        if h.last_offset >= expect:
-            if headers and h.base_offset < expect:
-                return headers, f"the batch at offset {h.base_offset} overlaps the one before (ending at {expect})"
-            if verify_crc and crc_of(buf, h) != h.crc:
-                return headers, (f"the batch at offset {h.base_offset} failed its CRC32C check "
-                                 f"(crc {int.from_bytes(buf[pos + CRC_OFFSET:pos + CRC_OFFSET + 4], 'big')})")
-            headers.append(h)
-            expect = h.next_offset
-        pos += h.size
-    return headers, None
-
-
 class Fetcher:
     """Fetches the remote partitions it is given into local spools (see the module doc)."""
 
     def __init__(self, client_options: dict[str, Any], spool_dir: Path, *,
-                 options: FetcherOptions = FetcherOptions()) -> None:
+                 options: FetcherOptions = FetcherOptions(), client_conf: Mapping[str, str] | None = None) -> None:
         """``client_options``: aiokafka client keywords (:func:`tabletopic.attach.client.aiokafka_options`);
         ``spool_dir``: where each partition's spool directory ``<topic>-<partition>`` goes (this fetcher owns them:
-        they are emptied on add and deleted on remove and stop)."""
+        they are emptied on add and deleted on remove and stop); ``client_conf``: the client properties the
+        options came from, for the pool processes' direct reads (None: everything is spooled)."""
         self.client_options = dict(client_options)
+        self._client_conf = None if client_conf is None else tuple(sorted(client_conf.items()))
         self.spool_dir = Path(spool_dir)
         self.options = options
         self._spool_options = SpoolOptions(segment_bytes=options.segment_bytes, max_bytes=options.max_spool_bytes)
@@ -224,7 +184,9 @@ class Fetcher:
             return part.log
         plog = RemotePartitionLog(self.spool_dir / f"{topic}-{partition}", topic, partition, offset,
                                   options=self._spool_options, on_move=self._wake_loops)
-        self._parts[(topic, partition)] = _Partition(plog)
+        part = self._parts[(topic, partition)] = _Partition(plog)
+        if self._client_conf is not None and self.options.direct_min_bytes > 0:
+            plog.direct = functools.partial(self._direct_range, part)
         self._refresh.set()
         return plog
 
@@ -240,9 +202,17 @@ class Fetcher:
         return None if part is None else part.log
 
     def lag(self) -> dict[tuple[str, int], int]:
-        """Per partition whose remote high watermark is known: that minus the spooled high watermark (>= 0)."""
-        return {key: max(0, p.log.remote_high_watermark - p.log.high_watermark) for key, p in self._parts.items()
+        """Per partition whose remote high watermark is known: that minus where its fetched records end (>= 0)."""
+        return {key: max(0, p.log.remote_high_watermark - p.log.fetched_to) for key, p in self._parts.items()
                 if p.log.remote_high_watermark >= 0}
+
+    def _direct_range(self, part: _Partition, start: int, end: int, estimated_bytes: int) -> DirectRange | None:
+        """A range of ``part`` its worker's pool process fetches itself, from the leader known now."""
+        broker = None if part.leader is None else self._client.cluster.broker_metadata(part.leader)
+        if broker is None or self._client_conf is None:
+            return None
+        return DirectRange(broker.host, broker.port, self._client_conf, part.log.topic, part.log.partition, start,
+                           end, estimated_bytes, verify_crc=self.options.verify_crc)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:  # a bug: say so; fetch loops are started again
@@ -264,7 +234,7 @@ class Fetcher:
                 await self._client.bootstrap()
             except _NETWORK_ERRORS as e:
                 self._conditions.log("bootstrap", logging.WARNING, "[ATTACH_FETCH] cannot reach the cluster at %s: "
-                                     "%s; retrying", self.client_options.get("bootstrap_servers"), _describe(e),
+                                     "%s; retrying", self.client_options.get("bootstrap_servers"), describe_error(e),
                                      state=type(e).__name__)
                 await asyncio.sleep(backoff)
                 backoff = self._next_backoff(backoff)
@@ -413,7 +383,7 @@ class Fetcher:
             resp = task.result()
         except _NETWORK_ERRORS as e:
             self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] cannot fetch from broker %s: %s; "
-                                 "retrying", node, _describe(e), state=type(e).__name__)
+                                 "retrying", node, describe_error(e), state=type(e).__name__)
             self._refresh.set()
             for each in sent:
                 self._back_off(each.part)
@@ -450,7 +420,7 @@ class Fetcher:
         asked = {(s.part.log.topic, s.part.log.partition): s for s in sent}
         if resp.error_code:
             self._conditions.log(("node", node), logging.WARNING, "[ATTACH_FETCH] broker %s answers a fetch with %s",
-                                 node, _code_name(resp.error_code), state=resp.error_code)
+                                 node, code_name(resp.error_code), state=resp.error_code)
             for each in sent:
                 self._back_off(each.part)
             return
@@ -466,12 +436,12 @@ class Fetcher:
                 await self._out_of_range(node, s)
             elif code in _LEADERSHIP_ERRORS:
                 self._conditions.log((s.part.key, "leader"), logging.INFO, "[ATTACH_FETCH] %s: %s from broker "
-                                     "%s; refreshing the metadata", s.part.log.name, _code_name(code), node,
+                                     "%s; refreshing the metadata", s.part.log.name, code_name(code), node,
                                      state=code)
                 self._lost_leader(s.part)
             else:
                 self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: fetching offset "
-                                     "%d failed: %s; retrying", s.part.log.name, s.position, _code_name(code),
+                                     "%d failed: %s; retrying", s.part.log.name, s.position, code_name(code),
                                      state=code)
                 self._back_off(s.part)
 
@@ -509,6 +479,19 @@ class Fetcher:
             plog.fail(problem)
             self._conditions.log((part.key, "refused"), logging.ERROR, "[ATTACH_FETCH] %s: stopped at offset %d: %s",
                                  plog.name, plog.position, problem, state=problem)
+        elif headers and plog.position == headers[-1].next_offset:
+            self._maybe_direct(plog, headers, stable)
+
+    def _maybe_direct(self, plog: RemotePartitionLog, headers: list[BatchHeader], stable: int) -> None:
+        """Leave the records up to ``stable`` to the pool processes when they are more than ``direct_min_bytes``
+        away at the bytes per offset of the batches just spooled (``headers``)."""
+        span = headers[-1].next_offset - headers[0].base_offset
+        per_offset = sum(h.size for h in headers) / max(span, 1)
+        first, behind = plog.position, (stable - plog.position) * per_offset
+        if self.options.direct_min_bytes and behind >= self.options.direct_min_bytes \
+                and plog.go_direct(stable, per_offset):
+            log.info("[ATTACH_FETCH] %s: offsets %d..%d (about %.0f MB) are read by the conversion pool from the "
+                     "cluster directly", plog.name, first, stable - 1, behind / 1e6)
 
     async def _out_of_range(self, node: int, s: _Sent) -> None:
         """OFFSET_OUT_OF_RANGE: below the remote log start → continue there (logged); past its end (the topic was
@@ -520,7 +503,7 @@ class Fetcher:
         except _NETWORK_ERRORS as e:
             self._conditions.log((s.part.key, "error"), logging.WARNING, "[ATTACH_FETCH] %s: offset %d is out of "
                                  "range and its log start cannot be read: %s; retrying", plog.name, s.position,
-                                 _describe(e), state=type(e).__name__)
+                                 describe_error(e), state=type(e).__name__)
             self._back_off(s.part)
             return
         if self._parts.get(s.part.key) is not s.part or plog.generation != s.generation \
@@ -543,7 +526,7 @@ class Fetcher:
         for _, partitions in resp.topics:
             for p in partitions:
                 if p[1] != ErrorCode.NONE:
-                    raise KafkaError(f"ListOffsets of {plog.name}: {_code_name(p[1])}")
+                    raise KafkaError(f"ListOffsets of {plog.name}: {code_name(p[1])}")
                 return int(p[3] if resp.API_VERSION >= 1 else p[2][0])
         raise KafkaError(f"ListOffsets of {plog.name}: no answer for the partition")
 
@@ -569,4 +552,4 @@ class Fetcher:
             pr.behind = bool(behind)
 
 
-__all__ = ["Fetcher", "FetcherOptions", "whole_batches"]
+__all__ = ["Fetcher", "FetcherOptions"]

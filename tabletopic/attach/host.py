@@ -41,6 +41,7 @@ from tabletopic.attach.client import aiokafka_options
 from tabletopic.attach.cluster import ClusterWatch
 from tabletopic.attach.codec import partition_type_in
 from tabletopic.attach.control import ControlBus, ControlChannel
+from tabletopic.attach.direct import DirectRange
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions
 from tabletopic.attach.membership import TP, GroupMembership
 from tabletopic.attach.settings import SettingsTopic
@@ -118,7 +119,9 @@ class AttachHost:
         self.settings = SettingsTopic(self._options, broker=config)
         self.bus = ControlBus(self._options, self.instance_id)
         self.fetcher = Fetcher(self._options, state_dir / "spool",
-                               options=FetcherOptions(max_spool_bytes=config.attach_spool_max_bytes))
+                               options=FetcherOptions(max_spool_bytes=config.attach_spool_max_bytes,
+                                                      direct_min_bytes=config.attach_direct_read_min_bytes),
+                               client_conf=self.client_conf)
         self.membership = GroupMembership(self.client_conf, config.attach_group_id, self.instance_id,
                                           self._on_assignment)
         self.services: SharedServices | None = None
@@ -147,7 +150,7 @@ class AttachHost:
         if catalog is None:
             raise InvalidConfigError("attach mode needs a catalog: set automq.table.topic.catalog.type (and its "
                                      "uri and warehouse) in --config or --override")
-        self.services = SharedServices(self.config, catalog, self.metrics)
+        self.services = SharedServices(self.config, catalog, self.metrics, pool_preload=(DirectRange.__module__,))
         await self.services.open(self.config.schema_registry_url)
         self.metrics_server = start_metrics_server(self.config, self.metrics)
         self.state_dir.mkdir(parents=True, exist_ok=True)

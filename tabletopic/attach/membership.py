@@ -35,8 +35,8 @@ OnChange = Callable[[set[TP], set[TP]], Coroutine[Any, Any, None]]
 
 # the poll thread picks up a subscription change only between polls (librdkafka's poll cannot be woken): a new
 # table topic's partitions are asked for at most this long after its settings arrive (0.2 s cost a catch-up of
-# 1M records ~0.1 s on average, bench/attach_catchup.py); a wake-up of a C call 20 times a second costs nothing
-POLL_S = 0.05
+# 1M records ~0.1 s on average, bench/attach_catchup.py); a wake-up of a C call 50 times a second costs nothing
+POLL_S = 0.02
 REVOKE_WAIT_S = 20.0  # how long a revocation waits for the host to stop the workers
 
 

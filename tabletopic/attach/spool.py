@@ -9,6 +9,9 @@ Rules: only whole batches below ``high_watermark`` (the offset after the last ba
 after a jump) are ever read; files are append-only and a segment disappears only whole, when :meth:`release` says
 its batches are no longer needed or a read outside the spool restarts it (:meth:`RemotePartitionLog.read_ranges`).
 The spool is a cache of the remote log, never fsynced: the fetcher starts every partition with an empty one.
+A catch-up far behind is not spooled at all: one window of offsets below the spool's end is read by the pool
+processes straight from the remote (:meth:`RemotePartitionLog.go_direct`, :class:`coordinator.contract.RemoteRange`),
+which spares this process a copy of every byte.
 Everything runs on the event loop; the writes are page-cache appends, like the broker's own log appends.
 """
 
@@ -21,11 +24,11 @@ import logging
 import os
 import shutil
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.contract import FileRange
+from coordinator.contract import FileRange, ReadRange, RemoteRange
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.protocol.records import BatchHeader
 
@@ -107,13 +110,19 @@ class SpoolOptions:
     max_bytes: int = 256 * 1024 * 1024
 
 
+DirectReads = Callable[[int, int, int], "RemoteRange | None"]
+"""``(start, end, estimated bytes)`` → a range the pool process fetches itself from the partition's leader (None
+while no leader is known)."""
+
+
 class RemotePartitionLog:
     """One remote partition as its worker reads it: the batches fetched from ``start`` on, spooled in ``directory``.
 
     The fetcher appends (:meth:`append`), tells what the remote says (``remote_high_watermark``,
     ``remote_log_start``), jumps over deleted offsets (:meth:`skip_to`) and reads ``position`` (where to fetch next)
     and ``generation`` (bumped whenever the position moves other than by an append, so answers to fetches sent
-    before are dropped). ``on_move`` is called when a read restarts the spool or a release makes room.
+    before are dropped). ``on_move`` is called when a read restarts the spool or a release makes room. With
+    ``direct`` set, a catch-up far behind the remote is left to the pool processes (:meth:`go_direct`).
     """
 
     def __init__(self, directory: Path, topic: str, partition: int, start: int, *,
@@ -138,11 +147,18 @@ class RemotePartitionLog:
         self._aborted: list[_AbortedTxn] = []  # the aborted transactions fetch answers named, by first offset
         self.remote_log_start = 0
         self.records_spooled = 0
+        self.records_direct = 0  # offsets of the direct window handed to the workers' reads
         self.error: str | None = None  # set when the remote sent what cannot be spooled (fetching stops)
+        # offsets [_direct_start, _direct_end) are read by the pool processes from the remote itself (a catch-up
+        # left unspooled: :meth:`go_direct`); both None when there is no such window
+        self.direct: DirectReads | None = None  # set by the fetcher: without it, everything is spooled
+        self._direct_start: int | None = None
+        self._direct_end: int | None = None
+        self._bytes_per_record = 0.0  # of the window's records, as the answer that opened it measured them
 
     def __repr__(self) -> str:
         return (f"RemotePartitionLog({self.name}, start={self._start}, end={self._end}, "
-                f"segments={len(self._segments)}, bytes={self.size_bytes})")
+                f"segments={len(self._segments)}, bytes={self.size_bytes}, direct={self.direct_window})")
 
     @property
     def name(self) -> str:
@@ -252,7 +268,7 @@ class RemotePartitionLog:
                 self.remove_waiter(fut)
 
     def read_ranges(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None
-                    ) -> tuple[list[FileRange], int]:
+                    ) -> tuple[Sequence[ReadRange], int]:
         """Like :meth:`tabletopic.log.log.PartitionLog.read_ranges`: the file ranges of whole batches from the one
         holding ``fetch_offset``, up to ``max_bytes`` but at least one batch, only batches below ``max_offset`` and
         the high watermark; and the offset after the last one (the next batch's base offset when there is one).
@@ -260,18 +276,27 @@ class RemotePartitionLog:
         ``fetch_offset`` below the remote log start raises OFFSET_OUT_OF_RANGE (the worker skips to the log
         start). Outside the spool otherwise (below its start: the worker went back to the table's offset after an
         aborted round; past its end: the table is ahead) the spool is emptied and fetching restarts there; nothing
-        is returned for now."""
+        is returned for now. In the direct window (:meth:`go_direct`) the answer is one remote range of about
+        ``max_bytes`` (at the window's bytes per record), which the pool process fetches itself."""
         if self._closed:
             raise KafkaApiError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"the spool of {self.name} is closed")
         if fetch_offset < self.remote_log_start:
             raise KafkaApiError(ErrorCode.OFFSET_OUT_OF_RANGE, f"fetch offset {fetch_offset} is below the log "
                                 f"start offset {self.remote_log_start} of {self.name}")
+        if self._direct_start is not None and self._direct_end is not None:
+            if self._direct_start <= fetch_offset < self._direct_end:
+                return self._direct_read(fetch_offset, max_bytes, max_offset)
+            if fetch_offset < self._direct_start:  # spooled below the window: read up to it, not across
+                max_offset = self._direct_start if max_offset is None else min(max_offset, self._direct_start)
         if fetch_offset < self._start or fetch_offset > self._end:
             log.info("%s: read at offset %d outside the spool [%d, %d]: fetching again from there", self.name,
                      fetch_offset, self._start, self._end)
             self.restart(fetch_offset)
             return [], fetch_offset
-        limit = self._end if max_offset is None else min(max_offset, self._end)
+        return self._spool_ranges(fetch_offset, max_bytes,
+                                  self._end if max_offset is None else min(max_offset, self._end))
+
+    def _spool_ranges(self, fetch_offset: int, max_bytes: int, limit: int) -> tuple[list[FileRange], int]:
         ranges: list[FileRange] = []
         budget = max_bytes
         last: tuple[_Segment, int] | None = None
@@ -306,6 +331,21 @@ class RemotePartitionLog:
             self._on_move()  # room again: fetching may go on
         return ranges, after
 
+    def _direct_read(self, fetch_offset: int, max_bytes: int, max_offset: int | None) -> tuple[list[ReadRange], int]:
+        assert self._direct_end is not None
+        limit = self._direct_end if max_offset is None else min(max_offset, self._direct_end)
+        if fetch_offset >= limit or self.direct is None:
+            return [], fetch_offset
+        per_record = max(self._bytes_per_record, 1.0)
+        end = min(limit, fetch_offset + max(1, int(max_bytes / per_record)))
+        rng = self.direct(fetch_offset, end, int((end - fetch_offset) * per_record))
+        if rng is None:  # no leader known now: nothing to read until the fetcher finds one
+            return [], fetch_offset
+        if end > self._read_to:
+            self.records_direct += end - max(fetch_offset, self._read_to)
+            self._read_to = end
+        return [rng], end
+
     # ------------------------------------------------------------------------------------------ the fetcher's side
 
     def append(self, buf: memoryview, headers: list[BatchHeader]) -> None:
@@ -318,7 +358,7 @@ class RemotePartitionLog:
         try:
             for h in headers:
                 seg = self._segments[-1] if self._segments else None
-                if seg is None or (seg.size and seg.size + pending + h.size > limit):
+                if seg is None or seg.fd is None or (seg.size and seg.size + pending + h.size > limit):
                     self._flush(buf, run)
                     run, pending = [], 0
                     if seg is not None:
@@ -343,6 +383,46 @@ class RemotePartitionLog:
             self._end = run[-1].next_offset
             self.records_spooled += sum(h.record_count for h in run)
 
+    def go_direct(self, to: int, bytes_per_record: float) -> bool:
+        """Leave the offsets from the spool's end up to ``to`` (the remote's last stable offset, far ahead) to the
+        pool processes, which fetch them themselves (:data:`DirectReads`), and fetch on from ``to``: a catch-up
+        costs this process no copy. Refused (False) without a direct reader, or when batches are spooled above an
+        earlier window (one window at a time, below the spool's end; reads below it stop at its start)."""
+        if self.direct is None or to <= self._end or self._closed or self.error:
+            return False
+        if self._direct_end is None:
+            self._direct_start = self._end
+        elif self._direct_end != self._end:
+            return False
+        self._direct_end = to
+        self._bytes_per_record = bytes_per_record
+        if self._segments:  # batches after the window go to a segment of their own: none spans it
+            self._segments[-1].seal()
+        for a in self._aborted:
+            if a.marker is None:  # its marker may lie in the window, never spooled: as skip_to guesses
+                a.marker = to - 1
+        self._end = to
+        self.generation += 1  # answers to fetches sent before are for offsets the window now covers
+        self._wake()
+        return True
+
+    @property
+    def fetched_to(self) -> int:
+        """Where the records fetched so far end: the spool's end, or in the direct window the workers' last read."""
+        if self._direct_start is not None and self._direct_end is not None and self._read_to < self._direct_end:
+            return max(self._read_to, self._direct_start)
+        return self._end
+
+    @property
+    def direct_window(self) -> tuple[int, int] | None:
+        """The offsets the pool processes fetch themselves, ``[start, end)``, if any."""
+        if self._direct_start is None or self._direct_end is None:
+            return None
+        return self._direct_start, self._direct_end
+
+    def _close_window(self) -> None:
+        self._direct_start = self._direct_end = None
+
     def skip_to(self, offset: int) -> None:
         """The remote log now starts at ``offset``, past ``position``: the offsets between are gone; fetch there."""
         self.remote_log_start = max(self.remote_log_start, offset)
@@ -363,6 +443,7 @@ class RemotePartitionLog:
             seg.delete()
         self._segments = []
         self._start = self._end = self._released = self._read_to = offset
+        self._close_window()
         self._aborted = []  # the answers from ``offset`` name the transactions reads from there need
         self.error = None
         self.generation += 1
@@ -385,6 +466,10 @@ class RemotePartitionLog:
             seg.delete()
         if not self._segments:
             self._start = max(self._start, min(offset, self._end))
+        if self._direct_end is not None and offset >= self._direct_end:
+            # read and released: the spool starts at the window's end, reads below it restart it
+            self._start = max(self._start, self._direct_end)
+            self._close_window()
         # reads start at the spool's start or restart it: transactions that ended before it are needed no more
         self._aborted = [a for a in self._aborted if a.marker is None or a.marker >= self._start]
         self._on_move()
@@ -429,4 +514,4 @@ class RemotePartitionLog:
                 fut.set_result(None)
 
 
-__all__ = ["SEGMENT_SUFFIX", "RemotePartitionLog", "SpoolOptions"]
+__all__ = ["SEGMENT_SUFFIX", "DirectReads", "RemotePartitionLog", "SpoolOptions"]

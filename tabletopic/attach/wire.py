@@ -25,6 +25,16 @@ from typing import Any, cast
 from aiokafka.conn import SaslPlainAuthenticator, ScramAuthenticator
 from aiokafka.errors import KafkaError, for_code
 
+from tabletopic.protocol.records import (
+    CRC_OFFSET,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC_OFFSET,
+    BatchHeader,
+    crc_of,
+    parse_header,
+)
+
 FETCH, API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 1, 18, 17, 36
 MIN_FETCH_VERSION, MAX_FETCH_VERSION = 4, 11
 MAX_FRAME = 1 << 30  # a size prefix past this is a broken stream, not an answer
@@ -321,4 +331,34 @@ class WireConnection:
             token = bytes(r.view(r.num(_I32)))
 
 
-__all__ = ["FetchAnswer", "FetchedPartition", "WireConnection", "WireError", "encode_fetch", "parse_fetch"]
+def whole_batches(buf: memoryview, position: int, *, verify_crc: bool) -> tuple[list[BatchHeader], str | None]:
+    """Headers of the whole batches in ``buf`` (one partition's fetched records) that end at or past ``position``,
+    and why the walk stopped early (None: the end, or a trailing partial batch, which is fetched again)."""
+    headers: list[BatchHeader] = []
+    n, pos, expect = len(buf), 0, position
+    while n - pos > MAGIC_OFFSET:
+        if buf[pos + MAGIC_OFFSET] != 2:
+            base = int.from_bytes(buf[pos:pos + 8], "big", signed=True)
+            return headers, (f"the batch at offset {base} is of message format (magic) v{buf[pos + MAGIC_OFFSET]}; "
+                             f"attach mode reads only magic v2 record batches (Kafka 0.11 and later)")
+        if n - pos < HEADER_SIZE:
+            break
+        h = parse_header(buf, pos)
+        if h.batch_length < HEADER_SIZE - LOG_OVERHEAD or h.last_offset_delta < 0 or h.record_count < 0:
+            return headers, f"the batch at offset {h.base_offset} has a malformed header"
+        if pos + h.size > n:
+            break
+        if h.last_offset >= expect:
+            if headers and h.base_offset < expect:
+                return headers, f"the batch at offset {h.base_offset} overlaps the one before (ending at {expect})"
+            if verify_crc and crc_of(buf, h) != h.crc:
+                return headers, (f"the batch at offset {h.base_offset} failed its CRC32C check "
+                                 f"(crc {int.from_bytes(buf[pos + CRC_OFFSET:pos + CRC_OFFSET + 4], 'big')})")
+            headers.append(h)
+            expect = h.next_offset
+        pos += h.size
+    return headers, None
+
+
+__all__ = ["FetchAnswer", "FetchedPartition", "WireConnection", "WireError", "encode_fetch", "parse_fetch",
+           "whole_batches"]
