@@ -59,6 +59,12 @@ _LEADERSHIP_ERRORS = frozenset({
 _NETWORK_ERRORS = (KafkaError, OSError, TimeoutError)
 
 
+# a partition known to be this many offsets behind (ListOffsets when it is added) is first asked for a probe's worth
+# of batches: enough to size its records before direct reads take it over, without spooling a full answer first
+PROBE_MIN_BEHIND = 10_000
+PROBE_BYTES = 64 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class FetcherOptions:
     """How the fetcher asks (long-poll wait, bytes per request and per partition), how much each partition's spool
@@ -92,6 +98,7 @@ class _Partition:
     retry_at: float = 0.0
     backoff_s: float = 0.0
     asking: bool = False  # its high watermark is being asked (ListOffsets)
+    probed: bool = False  # its first answer came (a partition far behind is first asked for a probe's worth)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -407,13 +414,22 @@ class Fetcher:
         topics: dict[str, list[tuple[int, int, int]]] = {}
         for s in sent:
             topics.setdefault(s.part.log.topic, []).append(
-                (s.part.log.partition, s.position, self.options.partition_max_bytes))
+                (s.part.log.partition, s.position, self._ask_bytes(s.part)))
         try:
             return await wire.fetch(wait_ms, self.options.fetch_max_bytes, READ_COMMITTED, list(topics.items()))
         except BaseException:
             if wire.closed:
                 self._wires.pop((node, slot), None)
             raise
+
+    def _ask_bytes(self, part: _Partition) -> int:
+        """Bytes to ask of ``part``: a probe (:data:`PROBE_BYTES`) the first time when it is known to be far behind
+        and direct reads may take it over (its batches' size is all the answer is for), else the partition limit."""
+        plog = part.log
+        if not part.probed and plog.direct is not None and plog.direct_window is None \
+                and plog.remote_high_watermark - plog.position >= PROBE_MIN_BEHIND:
+            return min(PROBE_BYTES, self.options.partition_max_bytes)
+        return self.options.partition_max_bytes
 
     async def _handle(self, node: int, resp: FetchAnswer, sent: list[_Sent]) -> None:
         """Apply one fetch answer: spool what each partition got, or act on its error."""
@@ -459,12 +475,15 @@ class Fetcher:
         if p.log_start_offset >= 0:
             plog.remote_log_start = max(plog.remote_log_start, p.log_start_offset)
         part.backoff_s = 0.0
+        part.probed = True
         self._conditions.clear((part.key, "leader"))
         self._conditions.clear((part.key, "error"))
         if not p.records:
             return
         buf = p.records
         headers, problem = whole_batches(buf, s.position, verify_crc=self.options.verify_crc)
+        if problem is None and headers and self._maybe_direct(plog, headers, stable):
+            return  # not spooled: the pools read from this answer's offset on
         before = plog.records_spooled
         try:
             plog.append(buf, headers)
@@ -479,19 +498,21 @@ class Fetcher:
             plog.fail(problem)
             self._conditions.log((part.key, "refused"), logging.ERROR, "[ATTACH_FETCH] %s: stopped at offset %d: %s",
                                  plog.name, plog.position, problem, state=problem)
-        elif headers and plog.position == headers[-1].next_offset:
-            self._maybe_direct(plog, headers, stable)
 
-    def _maybe_direct(self, plog: RemotePartitionLog, headers: list[BatchHeader], stable: int) -> None:
-        """Leave the records up to ``stable`` to the pool processes when they are more than ``direct_min_bytes``
-        away at the bytes per offset of the batches just spooled (``headers``)."""
+    def _maybe_direct(self, plog: RemotePartitionLog, headers: list[BatchHeader], stable: int) -> bool:
+        """Leave the records from the spool's end up to ``stable`` to the pool processes when, past the batches an
+        answer just brought (``headers``, then not spooled), more than ``direct_min_bytes`` are still to come at
+        their bytes per offset; False when the partition is spooled on (an answer that brings it near the end)."""
         span = headers[-1].next_offset - headers[0].base_offset
         per_offset = sum(h.size for h in headers) / max(span, 1)
         first, behind = plog.position, (stable - plog.position) * per_offset
-        if self.options.direct_min_bytes and behind >= self.options.direct_min_bytes \
-                and plog.go_direct(stable, per_offset):
-            log.info("[ATTACH_FETCH] %s: offsets %d..%d (about %.0f MB) are read by the conversion pool from the "
-                     "cluster directly", plog.name, first, stable - 1, behind / 1e6)
+        after = (stable - headers[-1].next_offset) * per_offset
+        if not (self.options.direct_min_bytes and after >= self.options.direct_min_bytes
+                and plog.go_direct(stable, per_offset)):
+            return False
+        log.info("[ATTACH_FETCH] %s: offsets %d..%d (about %.0f MB) are read by the conversion pool from the cluster "
+                 "directly", plog.name, first, stable - 1, behind / 1e6)
+        return True
 
     async def _out_of_range(self, node: int, s: _Sent) -> None:
         """OFFSET_OUT_OF_RANGE: below the remote log start → continue there (logged); past its end (the topic was
