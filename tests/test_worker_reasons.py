@@ -47,6 +47,13 @@ def test_outages_are_what_a_retry_may_cure() -> None:
                                       OperationalError("SELECT", None, Exception("database is locked")),
                                       ServiceUnavailableError("catalog down")))
     assert not any(is_outage(e) for e in (ValueError(), pa.ArrowInvalid("x"), KeyError("k"), TypeError()))
+    # an error that says whether a retry helps (a Kafka client's, an attach direct read's) is taken at its word
+    from aiokafka.errors import NotLeaderForPartitionError, UnsupportedVersionError
+
+    from tabletopic.attach.direct import DirectReadError
+
+    assert is_outage(NotLeaderForPartitionError()) and is_outage(DirectReadError("t-0: leader moved", 6, True))
+    assert not is_outage(UnsupportedVersionError()) and not is_outage(DirectReadError("t-0: bad CRC", None, False))
 
 
 @pytest.mark.parametrize(("reason", "words"), [
