@@ -117,6 +117,9 @@ def test_a_direct_range_is_a_remote_range_and_an_empty_one_reads_nothing() -> No
     rng = DirectRange("127.0.0.1", free_port(), (), "t", 0, 5, 5, 0)
     assert isinstance(rng, RemoteRange)
     assert rng.read() == (b"", [])  # no connection even tried
+    # the client settings (credentials) stay out of its text: ranges appear in assertion messages and logs
+    secret = DirectRange("127.0.0.1", 1, (("sasl.password", "s3cret-pw"),), "t", 0, 5, 9, 10)
+    assert "s3cret-pw" not in repr(secret) and "s3cret-pw" not in str(secret)
 
 
 def test_whole_range_over_several_fetches_names_only_the_aborted_transaction(

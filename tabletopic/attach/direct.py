@@ -129,7 +129,7 @@ class DirectRange:
 
     host: str
     port: int
-    client: tuple[tuple[str, str], ...]
+    client: tuple[tuple[str, str], ...] = field(repr=False)  # credentials: never in a log line or an error
     topic: str
     partition: int
     start: int
