@@ -102,7 +102,7 @@ def settled_coordinator(procs: list[AttachProcess], topic: str, timeout: float =
         time.sleep(0.2)
 
 
-BACKLOG_BYTES = 5 * 1024 * 1024  # per partition: more than a fetch answer holds (2 MiB), so reads go direct
+BACKLOG_BYTES = 3 * 1024 * 1024  # per partition: more than a fetch answer holds (2 MiB), so reads go direct
 
 
 def backlog(bootstrap: str, topic: str, partitions: int) -> dict[int, dict[int, bytes]]:
