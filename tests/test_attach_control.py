@@ -7,6 +7,7 @@ while the cluster is down goes out when it is back."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -191,6 +192,38 @@ def test_answers_reach_the_coordinator_equal_and_in_order(broker: BrokerProcess,
                     same_response(g, e)
             assert await other.next_response(0.3) is None  # another topic's channel got none of them
             assert not worker_side.coordinating and worker_side._responses.empty()  # b keeps no answers
+        finally:
+            await stopped(a, b)
+
+    run(scenario())
+
+
+def test_the_coordinators_own_workers_answer_it_without_the_topic(broker: BrokerProcess) -> None:
+    """An answer for a round this channel broadcast, while it coordinates, goes to it directly and never onto the
+    topic (another bus listening for answers gets none); an answer from another instance still comes over it."""
+    async def scenario() -> None:
+        a, b = await started(broker, "a", "b")
+        try:
+            topic = topic_name()
+            coordinator, listener = a.channel(topic), b.channel(topic)
+            req = request(topic, range(2))
+            coordinator.broadcast(req)
+            listener.coordinating = True  # keeps whatever answer the topic carries
+            mine, theirs = (dataclasses.replace(r, commit_id=req.commit_id, partition=p)
+                            for p, r in enumerate(answers(topic, lambda i: (), 2)))
+            coordinator.respond(mine)
+            assert await coordinator.next_response(0.05) == mine  # at once: no round trip through the cluster
+            assert await listener.next_response(0.5) is None  # and not on the topic
+            listener.stop_coordinating()
+            listener.respond(theirs)
+            got = await coordinator.next_response(10)
+            assert got is not None and (got.commit_id, got.partition) == (req.commit_id, 1)
+            assert await coordinator.next_response(0.3) is None  # each answer once
+            # an answer for a round this channel did not ask goes over the topic as before
+            stray = dataclasses.replace(mine, commit_id="not-asked-here")
+            listener.coordinating = True
+            coordinator.respond(stray)
+            assert (await listener.next_response(10)) is not None
         finally:
             await stopped(a, b)
 

@@ -626,7 +626,9 @@ def test_direct_window_over_transactions_then_the_tail(broker: BrokerProcess, tm
             window = plog.direct_window
             assert window == (0, end) and plog.size_bytes == 0, (window, plog)
             assert plog.aborted_transactions(0, end), "the first answer names the aborted transaction"
+            assert f.lag()[(topic, 0)] == end  # the window counts as behind until the pools are handed it
             assert await _read_all_direct(plog, 0) == expected
+            assert f.lag()[(topic, 0)] == 0 and plog.records_direct == end
             # the tail, spooled: a committed transaction of the producer whose aborted one ended in the window
             # (each answer holds all that is new: spooled, not left to direct reads)
             txn.begin_transaction()

@@ -14,8 +14,8 @@ workers of that topic registered there (after the request hook, :meth:`ControlBu
 produces the answer (split into parts when large) and the bus whose channel coordinates the topic (it broadcast or
 asked for answers) hands it over. ``broadcast`` and ``respond`` do not wait: they queue, and one task produces in
 order, retrying failed sends (the cluster briefly unreachable) until a message is ``send_max_age_s`` old. An answer
-for the coordinator on its own instance, which asked for it, goes to it at once: its copy on the topic is skipped
-when read back (a round's end saves a round trip through the cluster).
+for the coordinator on its own instance, which asked for it, goes to it at once and not over the topic (a round's
+end saves a round trip through the cluster, and the answer's encoding).
 
 Announcements (:meth:`ControlBus.announce`, repeated every ``announce_interval_s``) tell every instance which
 instance runs which partitions' workers and which topics' coordinators; one not repeated for three intervals is
@@ -170,13 +170,13 @@ class ControlChannel(InProcessChannel):
 
     def respond(self, response: CommitResponse) -> None:
         """Queue a worker's answer for the coordinator, wherever it runs; when it runs here and asked this round,
-        it gets the answer at once (the copy read back from the topic is skipped)."""
+        it gets the answer at once, without the control topic (no other instance keeps answers of that round)."""
+        if self.coordinating and response.commit_id in self._asked:
+            super().respond(response)
+            return
         for value in encode_response(response, max_bytes=self._bus.options.max_part_bytes,
                                      partition_type=self.partition_type):
             self._bus.send(self.topic, value)
-        if self.coordinating and response.commit_id in self._asked:
-            self._bus.delivered_here(response)
-            super().respond(response)
 
     async def next_response(self, timeout_s: float) -> CommitResponse | None:
         self.coordinating = True
@@ -225,9 +225,6 @@ class ControlBus:
         self._consumer: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._deliveries: dict[str, asyncio.Task[None]] = {}  # per topic, its last request on its way to the workers
-        # answers handed over in this process without the round trip: their copies read back from the topic are
-        # skipped (a round's end saves a produce and a fetch of latency)
-        self._here: collections.OrderedDict[tuple[str, str, int], None] = collections.OrderedDict()
         self._conditions = ConditionLog(log)
 
     # ------------------------------------------------------------------------------------------------ lifecycle
@@ -457,23 +454,8 @@ class ControlBus:
                 self._queue_delivery(ch, message)
         elif isinstance(message, CommitResponse):
             ch = self._channels.get(message.topic)
-            if ch is not None and not self._was_here((message.topic, message.commit_id, message.partition)):
+            if ch is not None:
                 ch.deliver_response(message)
-
-    def delivered_here(self, response: CommitResponse) -> None:
-        """``response`` went to the coordinator here directly: its copy on the topic is not delivered again."""
-        self._remember((response.topic, response.commit_id, response.partition))
-
-    def _remember(self, key: tuple[str, str, int]) -> None:
-        self._here[key] = None
-        while len(self._here) > 4096:  # copies never read back (the topic unreachable) are forgotten, oldest first
-            self._here.popitem(last=False)
-
-    def _was_here(self, key: tuple[str, str, int]) -> bool:
-        if key not in self._here:
-            return False
-        del self._here[key]
-        return True
 
     def _queue_delivery(self, ch: ControlChannel, request: CommitRequest) -> None:
         # the hook may wait (for the fetch): on a task of the topic's own, after its earlier requests, so neither

@@ -116,7 +116,8 @@ class _Sent:
 
 @dataclass(slots=True)
 class _Progress:
-    records: int = 0
+    records: int = 0  # spooled
+    direct_gone: int = 0  # read directly by the pools, of partitions removed since
     last_records: int = 0
     last_at: float = field(default_factory=time.monotonic)
     behind: bool = False
@@ -201,6 +202,7 @@ class Fetcher:
         """Stop fetching ``topic``-``partition`` and delete its spool (its waiters are resolved)."""
         part = self._parts.pop((topic, partition), None)
         if part is not None:
+            self._progress.direct_gone += part.log.records_direct
             part.log.close()
             self._wake_loops()
 
@@ -555,13 +557,14 @@ class Fetcher:
 
     async def _report_progress(self) -> None:
         """Every ``progress_interval_s`` while some partition is behind: one line (partitions and records behind,
-        records fetched per second); one more when all caught up."""
+        records fetched per second, spooled or handed to the pools' direct reads); one more when all caught up."""
         pr = self._progress
         while True:
             await asyncio.sleep(self.options.progress_interval_s)
             now = time.monotonic()
-            rate = (pr.records - pr.last_records) / max(now - pr.last_at, 1e-9)
-            pr.last_records, pr.last_at = pr.records, now
+            fetched = pr.records + pr.direct_gone + sum(p.log.records_direct for p in self._parts.values())
+            rate = (fetched - pr.last_records) / max(now - pr.last_at, 1e-9)
+            pr.last_records, pr.last_at = fetched, now
             lag = self.lag()
             behind = {k: v for k, v in lag.items() if v > 0}
             if behind:
@@ -569,7 +572,7 @@ class Fetcher:
                          "records/s", len(behind), len(self._parts), sum(behind.values()), rate)
             elif pr.behind:
                 log.info("[ATTACH_FETCH] caught up: %d partition(s), %d records fetched", len(self._parts),
-                         pr.records)
+                         fetched)
             pr.behind = bool(behind)
 
 
