@@ -99,6 +99,49 @@ def test_a_request_reaches_the_workers_of_its_topic_on_every_instance(broker: Br
     run(scenario())
 
 
+def test_a_worker_registered_after_a_request_gets_it_after_the_hook(broker: BrokerProcess) -> None:
+    """An assignment's workers start one by one: one that registers after the round's request reached its instance
+    still gets that request (after the hook, which sees only its partition), once; not a request that does not ask
+    for its partition, nor one a later request superseded."""
+    async def scenario() -> None:
+        a, b = await started(broker, "a", "b")
+        try:
+            topic = topic_name()
+            cb = b.channel(topic)
+            first_q = cb.register_worker(0)
+            hooked: list[tuple[str, tuple[int, ...]]] = []
+
+            async def hook(req: CommitRequest) -> None:
+                hooked.append((req.commit_id, tuple(po.partition for po in req.offsets)))
+
+            b.set_request_hook(hook)
+            req = request(topic, range(2))
+            a.channel(topic).broadcast(req)
+            assert await asyncio.wait_for(first_q.get(), 10) == req
+            late_q = cb.register_worker(1)
+            assert await asyncio.wait_for(late_q.get(), 10) == req
+            assert hooked == [(req.commit_id, (0, 1)), (req.commit_id, (1,))]
+            outside_q = cb.register_worker(5)  # the round does not ask for partition 5
+            await asyncio.sleep(0.3)
+            assert outside_q.empty() and late_q.empty() and first_q.empty()
+            later = request(topic, range(6))
+            a.channel(topic).broadcast(later)
+            for q in (first_q, late_q, outside_q):
+                assert await asyncio.wait_for(q.get(), 10) == later
+            cb.unregister_worker(1)
+            again_q = cb.register_worker(1)
+            assert await asyncio.wait_for(again_q.get(), 10) == later
+            cb.unregister_worker(2)
+            gone_q = cb.register_worker(2)
+            cb.unregister_worker(2)  # gone before its turn: nothing is put in its queue
+            await asyncio.sleep(0.3)
+            assert gone_q.empty() and again_q.empty()
+        finally:
+            await stopped(a, b)
+
+    run(scenario())
+
+
 def test_a_waiting_hook_holds_back_only_the_later_requests_of_its_topic(broker: BrokerProcess) -> None:
     """The host's hook waits for the fetch (up to an interval): meanwhile another topic's requests and the answers
     for the coordinator on the same bus go through, and the waiting topic's requests keep their order."""

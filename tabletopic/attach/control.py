@@ -10,7 +10,8 @@ that does not decode is logged, counted in :attr:`ControlBus.skipped` by reason,
 
 :meth:`ControlBus.channel` gives a table topic's :class:`ControlChannel`, the cross-process
 :class:`~coordinator.contract.CommitChannel`: ``broadcast`` produces the request and every bus hands it to its
-workers of that topic registered there (after the request hook, :meth:`ControlBus.set_request_hook`); ``respond``
+workers of that topic registered there (after the request hook, :meth:`ControlBus.set_request_hook`; a worker
+registered later gets the last request too, :meth:`ControlChannel.register_worker`); ``respond``
 produces the answer (split into parts when large) and the bus whose channel coordinates the topic (it broadcast or
 asked for answers) hands it over. ``broadcast`` and ``respond`` do not wait: they queue, and one task produces in
 order, retrying failed sends (the cluster briefly unreachable) until a message is ``send_max_age_s`` old. An answer
@@ -34,7 +35,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -158,6 +159,23 @@ class ControlChannel(InProcessChannel):
         self.partition_type = partition_type
         self.coordinating = False  # answers are kept only where the coordinator asks for them
         self._asked: collections.deque[str] = collections.deque(maxlen=16)  # the rounds this channel broadcast
+        self._delivered: CommitRequest | None = None  # the last request handed to the workers here
+
+    def register_worker(self, partition: int) -> asyncio.Queue[CommitRequest]:
+        """Attach a partition's worker. When the last request delivered here asks for its partition, the worker
+        gets it too (after the request hook, unless a later request came meanwhile): a worker that starts just after
+        a round's request (an assignment's workers start one by one) answers that round instead of leaving the
+        coordinator waiting for it until the round times out. A second answer for the same round is dropped by the
+        coordinator (its first owner's may have arrived)."""
+        queue = super().register_worker(partition)
+        last = self._delivered
+        if last is not None and any(po.partition == partition for po in last.offsets):
+            self._bus.redeliver(self, last, partition, queue)
+        return queue
+
+    def current(self, request: CommitRequest, partition: int, queue: asyncio.Queue[CommitRequest]) -> bool:
+        """Whether ``request`` is still the last one delivered here and ``queue`` still ``partition``'s worker's."""
+        return self._delivered is request and self._workers.get(partition) is queue
 
     def broadcast(self, request: CommitRequest) -> None:
         """Queue ``request`` for every instance's workers of this topic (those here too read it from the topic:
@@ -190,6 +208,7 @@ class ControlChannel(InProcessChannel):
 
     def deliver_request(self, request: CommitRequest) -> None:
         """A request read from the control topic, to the workers registered here."""
+        self._delivered = request
         super().broadcast(request)
 
     def deliver_response(self, response: CommitResponse) -> None:
@@ -460,10 +479,26 @@ class ControlBus:
     def _queue_delivery(self, ch: ControlChannel, request: CommitRequest) -> None:
         # the hook may wait (for the fetch): on a task of the topic's own, after its earlier requests, so neither
         # answers nor other topics' requests wait behind it
-        before = self._deliveries.get(request.topic)
-        task = asyncio.create_task(self._deliver(before, ch, request), name=f"control-deliver-{request.topic}")
-        self._deliveries[request.topic] = task
-        task.add_done_callback(partial(self._delivered, request.topic))
+        self._chain(request.topic, partial(self._deliver, ch=ch, request=request))
+
+    def redeliver(self, ch: ControlChannel, request: CommitRequest, partition: int,
+                  queue: asyncio.Queue[CommitRequest]) -> None:
+        """Hand ``request``, already delivered here, to a worker of ``partition`` registered since (see
+        :meth:`ControlChannel.register_worker`), in order with the topic's deliveries."""
+        self._chain(request.topic, partial(self._redeliver, ch=ch, request=request, partition=partition,
+                                           queue=queue))
+
+    def _chain(self, topic: str, step: Callable[[], Awaitable[None]]) -> None:
+        before = self._deliveries.get(topic)
+        task = asyncio.create_task(self._after(before, step), name=f"control-deliver-{topic}")
+        self._deliveries[topic] = task
+        task.add_done_callback(partial(self._delivered, topic))
+
+    @staticmethod
+    async def _after(before: asyncio.Task[None] | None, step: Callable[[], Awaitable[None]]) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        await step()
 
     def _join(self, part: ResponsePart) -> CommitResponse | None:
         """Keep ``part``; the whole answer once every part is in. Parts left waiting ``part_ttl_s`` are dropped."""
@@ -479,11 +514,18 @@ class ControlBus:
         del self._parts[part.part_id]
         return join_parts(list(parts.values()))
 
-    async def _deliver(self, before: asyncio.Task[None] | None, ch: ControlChannel, request: CommitRequest) -> None:
-        if before is not None:
-            await asyncio.gather(before, return_exceptions=True)
+    async def _deliver(self, ch: ControlChannel, request: CommitRequest) -> None:
         await self._run_hook(request)
         ch.deliver_request(request)
+
+    async def _redeliver(self, ch: ControlChannel, request: CommitRequest, partition: int,
+                         queue: asyncio.Queue[CommitRequest]) -> None:
+        if not ch.current(request, partition, queue):  # a later request reached the worker, or it is gone
+            return
+        # the hook for this partition alone: its spool is released to the round's offset and waited for
+        await self._run_hook(replace(request, offsets=tuple(po for po in request.offsets if po.partition == partition)))
+        if ch.current(request, partition, queue):
+            queue.put_nowait(request)
 
     def _delivered(self, topic: str, task: asyncio.Task[None]) -> None:
         if self._deliveries.get(topic) is task:

@@ -296,8 +296,15 @@ class AttachHost:
                         log.info("attach: this instance no longer coordinates table topic %s", topic)
                     await runtime.release(p)
                 await self.fetcher.remove(topic, p)
-            for topic, p in sorted(added):
-                await self._take(topic, p)
+            for topic in sorted({t for t, _ in added}):
+                await self._take(topic, sorted(p for t, p in added if t == topic))
+            # coordinators after the workers of the assignment: its first round finds them registered
+            for topic in sorted({t for t, p in added if p == 0}):
+                runtime = self.runtimes.get(topic)
+                if runtime is not None:
+                    await runtime.lead()
+                    log.info("attach: this instance coordinates table topic %s (table %s)", topic,
+                             runtime.table_name)
             for topic in sorted({t for t, _ in added | removed}):
                 runtime = self.runtimes.get(topic)
                 self.bus.announce(topic, sorted(runtime.workers) if runtime else [],
@@ -309,16 +316,16 @@ class AttachHost:
     def _channel(self, topic: str) -> ControlChannel:
         return self.bus.channel(topic)
 
-    async def _take(self, topic: str, partition: int) -> None:
+    async def _take(self, topic: str, partitions: list[int]) -> None:
         runtime = self._runtime(topic)
         if runtime is None:
             return
-        offset = await self._committed_offset(runtime, partition)
-        await self.fetcher.add(topic, partition, self.cluster.log_start(topic, partition) if offset is None else offset)
-        await runtime.take(partition)
-        if partition == 0:
-            await runtime.lead()
-            log.info("attach: this instance coordinates table topic %s (table %s)", topic, runtime.table_name)
+        committed = await self._committed_offsets(runtime)
+        for partition in partitions:
+            offset = committed.get(partition)
+            await self.fetcher.add(topic, partition,
+                                   self.cluster.log_start(topic, partition) if offset is None else offset)
+            await runtime.take(partition)
 
     def _runtime(self, topic: str) -> TableTopicRuntime | None:
         runtime = self.runtimes.get(topic)
@@ -347,16 +354,16 @@ class AttachHost:
         self.views[topic], self.runtimes[topic] = view, runtime
         return runtime
 
-    async def _committed_offset(self, runtime: TableTopicRuntime, partition: int) -> int | None:
-        """Where the table has ``partition`` (None: from the log start), to start fetching there."""
+    async def _committed_offsets(self, runtime: TableTopicRuntime) -> dict[int, int]:
+        """Where the table has each partition (one missing: from the log start), to start fetching there."""
         assert self.services is not None
         catalog: Catalog = self.services.catalog
         ident = catalog_identifier(runtime.topic, runtime.view.settings())
         try:
             tbl = await asyncio.to_thread(catalog.load_table, ident)
         except Exception:  # no table yet (its coordinator creates it) or the catalog is away: the log start
-            return None
-        return committed_offsets(tbl).get(partition)
+            return {}
+        return committed_offsets(tbl)
 
     async def _before_request(self, request: CommitRequest) -> None:
         """A round's request is about to reach this instance's workers: their tables must know its schema and spec
