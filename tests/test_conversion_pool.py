@@ -8,6 +8,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers.procs import BrokerProcess
+from worker.pool import new_pool
 
 
 def _children(pid: int) -> list[int]:
@@ -43,3 +44,22 @@ def test_pool_has_the_configured_size(tmp_path: Path) -> None:
         assert len(_pool_processes(b.proc.pid)) == 3, b.log_text()[-2000:]
     finally:
         b.stop()
+
+
+# evaluated in a pool process (a builtin and a string: unpickling it imports nothing): which process, whether the
+# conversion modules are in it, after holding it a moment so that two at once run in two processes
+_PROCESS_STATE = ("(__import__('time').sleep(0.5), __import__('os').getpid(), "
+                  "'worker.task' in __import__('sys').modules)")
+
+
+def test_every_pool_process_imports_the_conversion_modules_as_it_starts() -> None:
+    """Not in its first task: one process may take every warm-up task, and the other would then import them in a
+    commit round (seconds of CPU)."""
+    pool = new_pool(2)
+    try:
+        time.sleep(1.0)  # both started (their warm-up tasks ran)
+        states = [f.result(60)[1:] for f in [pool.submit(eval, _PROCESS_STATE) for _ in range(2)]]
+        assert len({pid for pid, _ in states}) == 2
+        assert all(loaded for _, loaded in states), states
+    finally:
+        pool.shutdown()

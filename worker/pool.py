@@ -39,14 +39,15 @@ def _watch(broker_pid: int) -> None:
 def _initialize(broker_pid: int, preload: tuple[str, ...] = ()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(broker_pid,), name="broker-watchdog", daemon=True).start()
-    for module in preload:  # what the tasks' arguments unpickle into (a range's reader), imported before any task
+    # the heavy modules, and what the tasks' arguments unpickle into (a range's reader), imported in every process
+    # as it starts: a warm-up task per process would not do, one process may take them all before the next exists,
+    # and the other then pays the imports (seconds of CPU) in its first commit round
+    for module in ("worker.task", *preload):
         importlib.import_module(module)
 
 
 def _warm() -> int:
-    """Import the heavy modules once per process, so the first commit round does not pay for it."""
-    import worker.task  # noqa: F401
-
+    """A task that makes the pool start its processes (and so import, :func:`_initialize`) now."""
     return os.getpid()
 
 
