@@ -20,7 +20,7 @@ from tabletopic.metrics import TableTopicMetrics
 from tabletopic.spark.engine import SparkTableEngine
 from tabletopic.spark.service import SparkService
 from tabletopic.table_runtime import RuntimeServices
-from worker.pool import new_pool
+from worker.pool import new_pool, wait_warm
 from worker.schema_source import SchemaSource
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ class SharedServices:
         if self._executor is None:
             self._executor = new_pool(self.pool_size, self.pool_preload)
         return self._executor
+
+    async def warm_pool(self) -> int:
+        """Start the conversion pool and wait until each of its processes is ready to convert (imports done:
+        seconds of CPU each, better spent before taking partitions than in a first round); how many are."""
+        return await asyncio.to_thread(wait_warm, self.pool(), self.pool_size)
 
     def runtime_services(self) -> RuntimeServices:
         return RuntimeServices(self.catalog, self.engine, self.pool, self.pool_size, self.schema_source,

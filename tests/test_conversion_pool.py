@@ -8,7 +8,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers.procs import BrokerProcess
-from worker.pool import new_pool
+from worker.pool import new_pool, wait_warm
 
 
 def _children(pid: int) -> list[int]:
@@ -54,10 +54,11 @@ _PROCESS_STATE = ("(__import__('time').sleep(0.5), __import__('os').getpid(), "
 
 def test_every_pool_process_imports_the_conversion_modules_as_it_starts() -> None:
     """Not in its first task: one process may take every warm-up task, and the other would then import them in a
-    commit round (seconds of CPU)."""
+    commit round (seconds of CPU). ``wait_warm`` returns once every process ran a task (attach instances wait for
+    it before joining their group)."""
     pool = new_pool(2)
     try:
-        time.sleep(1.0)  # both started (their warm-up tasks ran)
+        assert wait_warm(pool, 2) == 2  # both processes ran a task
         states = [f.result(60)[1:] for f in [pool.submit(eval, _PROCESS_STATE) for _ in range(2)]]
         assert len({pid for pid, _ in states}) == 2
         assert all(loaded for _, loaded in states), states

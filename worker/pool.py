@@ -46,9 +46,25 @@ def _initialize(broker_pid: int, preload: tuple[str, ...] = ()) -> None:
         importlib.import_module(module)
 
 
-def _warm() -> int:
-    """A task that makes the pool start its processes (and so import, :func:`_initialize`) now."""
+def _warm(hold_s: float = 0.0) -> int:
+    """A task that makes the pool start its processes (and so import, :func:`_initialize`) now; it holds its
+    process ``hold_s`` so that tasks submitted together spread over the processes."""
+    time.sleep(hold_s)
     return os.getpid()
+
+
+def wait_warm(pool: ProcessPoolExecutor, size: int, timeout_s: float = 120.0) -> int:
+    """Block until ``size`` distinct processes of ``pool`` ran a task (each imported what :func:`_initialize`
+    imports: converting costs no start-up any more), or ``timeout_s`` passed; how many did."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < size and (left := deadline - time.monotonic()) > 0:
+        futures = [pool.submit(_warm, 0.05) for _ in range(size)]
+        try:
+            seen.update(f.result(timeout=max(left, 0.0)) for f in futures)
+        except TimeoutError:
+            break
+    return len(seen)
 
 
 def new_pool(size: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:

@@ -152,6 +152,12 @@ class AttachHost:
                                      "uri and warehouse) in --config or --override")
         self.services = SharedServices(self.config, catalog, self.metrics, pool_preload=(DirectRange.__module__,))
         await self.services.open(self.config.schema_registry_url)
+        # partitions are taken only once they can be converted: a cold pool's imports would land in the first
+        # round, and a joining instance would slow down the partitions the group moves to it
+        t_pool = time.monotonic()
+        ready = await self.services.warm_pool()
+        log.info("attach instance %s: conversion pool of %d process(es) ready (%d warm) in %.0f ms",
+                 self.instance_id, self.services.pool_size, ready, (time.monotonic() - t_pool) * 1000)
         self.metrics_server = start_metrics_server(self.config, self.metrics)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self.settings.start()
