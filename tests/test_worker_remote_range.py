@@ -177,9 +177,12 @@ def test_corrupt_batch_straddling_the_end() -> None:
     assert [(c[0], c[1]) for c in cut.corrupt] == [(3, 2)]
     assert cut.corrupt[0][2] == whole.corrupt[0][2]  # the raw batch, whole
     assert (cut.offsets, cut.next_offset, cut.rows_before_corrupt) == ([0, 1, 2], 5, 3)
-    rest = decode(buf, 5)  # the next range keeps it again, from its own start (counted whole, as before)
-    assert [(c[0], c[1]) for c in rest.corrupt] == [(5, 4)]
+    assert cut.continued_corrupt is None
+    rest = decode(buf, 5)  # the next range sees it from its own start: the records from there on, 5 and 6
+    assert [(c[0], c[1]) for c in rest.corrupt] == [(5, 2)] and rest.continued_corrupt == 5
     assert (rest.offsets, rest.next_offset) == ([7, 8], 9)
+    inside = decode(buf, 4, end_offset=6)  # a range wholly inside it
+    assert [(c[0], c[1]) for c in inside.corrupt] == [(4, 2)] and inside.continued_corrupt == 4
 
 
 # -- convert: an end offset and errors.tolerance -----------------------------------------------------------------
@@ -204,6 +207,25 @@ def test_convert_to_an_end_counts_a_cut_corrupt_batch_below_it() -> None:
     r = convert_records(buf, partition=0, start_offset=0, plan=plan, dead_letters=DeadLetters("t"), end_offset=6)
     assert (r.stats.records, r.stats.next_offset, r.stats.skipped) == (3, 6, {REASON_CORRUPT_BATCH: 3})
     assert r.dead_letters is not None and r.dead_letters.column("offset").to_pylist() == [3]
+
+
+def test_a_corrupt_batch_across_two_chunks_is_one_dead_letter_row_and_counted_once() -> None:
+    """Chunks [0, 5) and [5, 9) cut the undecodable batch 3-6: the first keeps it (a row at 3, 2 records skipped),
+    the second, continuing it (``head_kept``), counts 5 and 6 without a second row; a chunk starting there
+    without an earlier range (the log start) keeps its own row."""
+    buf = bytes(make_batch(json_records(3), base_offset=0) + corrupt_compressed_batch(3)
+                + make_batch(json_records(2, start=7), base_offset=7))
+    plan = ConversionPlan.build(table_schema(STRING), STRING, ErrorsTolerance.ALL)
+    first = convert_records(buf, partition=0, start_offset=0, plan=plan, dead_letters=DeadLetters("t"), end_offset=5)
+    second = convert_records(buf, partition=0, start_offset=5, plan=plan,
+                             dead_letters=DeadLetters("t", head_kept=True), end_offset=9)
+    assert (first.stats.records, first.stats.next_offset, first.stats.skipped) == (3, 5, {REASON_CORRUPT_BATCH: 2})
+    assert first.dead_letters is not None and first.dead_letters.column("offset").to_pylist() == [3]
+    assert (second.stats.records, second.stats.next_offset, second.stats.skipped) == (2, 9, {REASON_CORRUPT_BATCH: 2})
+    assert second.dead_letters is None
+    alone = convert_records(buf, partition=0, start_offset=5, plan=plan, dead_letters=DeadLetters("t"), end_offset=9)
+    assert alone.dead_letters is not None and alone.dead_letters.column("offset").to_pylist() == [5]
+    assert alone.stats.skipped == {REASON_CORRUPT_BATCH: 2}
 
 
 # -- convert_and_write: a RemoteRange read in a spawned pool process ----------------------------------------------

@@ -39,10 +39,13 @@ DEAD_LETTER_ARROW_SCHEMA = schema_to_pyarrow(DEAD_LETTER_SCHEMA, include_field_i
 @dataclass(frozen=True, slots=True)
 class DeadLetters:
     """Keep the skipped records as dead-letter rows of ``topic``, those at ``from_offset`` and after (the ones
-    below are in the dead-letter table already)."""
+    below are in the dead-letter table already). ``head_kept``: the chunk continues a range that ended at its start
+    (a chunk's or a round's end), which kept an undecodable batch it ended inside: no second row for that batch
+    (its records from the start on are still counted as skipped)."""
 
     topic: str
     from_offset: int = 0
+    head_kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +363,7 @@ def _dead_letter_rows(dead_letters: DeadLetters, judged: _Judged, bad_rows: list
         rows["schema_id"].append(_header_schema_id(raw) if part in by_id else None)
         rows["detail"].append(_detail(reason, d.offsets[i], explained))
     for base, _count, raw_batch, err in d.corrupt:
-        if base < dead_letters.from_offset:
+        if base < dead_letters.from_offset or (dead_letters.head_kept and base == d.continued_corrupt):
             continue
         # an undecodable batch is kept whole: its raw bytes as the value, the batch's base offset as the offset
         rows["offset"].append(base)

@@ -102,6 +102,9 @@ class Decoded:
     rows_before_corrupt: int | None = None
     # records kept although a header key of theirs is not UTF-8 (spelled with backslash escapes: _tolerant_records)
     repaired_header_keys: int = 0
+    # the offset of the ``corrupt`` entry whose batch began before the range (only the first batch can), if any:
+    # a range continuing the one that ended inside it leaves its dead-letter row to that one (DeadLetters.head_kept)
+    continued_corrupt: int | None = None
 
 
 def _batch_at(data: bytes, base_offset: int) -> BatchHeader | None:
@@ -237,7 +240,8 @@ def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = 
 
     ``end_offset`` (>= ``start_offset``): only the records below it; ``next_offset`` is then at most ``end_offset``,
     and ``end_offset`` once ``data`` reaches it. An undecodable batch straddling it counts at most the records that
-    fit below it (its raw bytes are kept whole all the same: the range after it keeps them again).
+    fit below it, one straddling ``start_offset`` the records from there on (its raw bytes are kept whole in both:
+    ``continued_corrupt`` names the second).
     """
     if end_offset is not None and end_offset < start_offset:
         raise ValueError(f"end offset {end_offset} below start offset {start_offset}")
@@ -273,7 +277,7 @@ def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = 
             try:
                 recs: list[Any] = list(batch)
             except Exception as e:  # undecodable records (bad varints, header key not UTF-8, codec error)
-                kept = _undecodable(out, data, base, e, max(base, start_offset), end if straddles else None)
+                kept = _undecodable(out, data, base, e, (max(base, start_offset), nxt if straddles else None))
                 if kept is None:
                     out.next_offset = nxt
                     continue
@@ -291,16 +295,21 @@ def decode(data: bytes, start_offset: int, aborted: Sequence[tuple[int, int]] = 
     return out
 
 
-def _undecodable(out: Decoded, data: bytes, base: int, error: Exception, first: int, end: int | None
+def _undecodable(out: Decoded, data: bytes, base: int, error: Exception, span: tuple[int, int | None]
                  ) -> list[_Record] | None:
     """The records of the batch at ``base`` that aiokafka failed on with ``error`` when only header keys are at
     fault (the repairs counted in ``out``); else None, and the batch kept whole in ``out.corrupt`` at ``first``
-    (``end``: the end offset, for a batch it cuts: the count claims no more records than fit below it)."""
+    (``span``: (first, end), where the range cuts it, end None if it does not: the count is the header's, less the
+    records it claims below ``first`` and above ``end``)."""
     kept = _kept_records(data, base, error)
     if kept is not None:
         out.repaired_header_keys += kept[1]
         return kept[0]
     count, raw = _batch_bytes_at(data, base)
+    first, end = span
+    if base < first:  # the start cuts it: the records below the start are the range before's
+        count = max(0, count - (first - base))
+        out.continued_corrupt = first
     if end is not None:  # offsets are unique and increasing: at most end - first records lie in [first, end)
         count = min(count, end - first)
     out.corrupt.append((first, count, raw, f"{type(error).__name__}: {error}"))

@@ -568,7 +568,9 @@ class PartitionWorker:
         if aborted != plan.aborted:
             plan = dataclasses.replace(plan, aborted=aborted)
         loop = asyncio.get_running_loop()
-        dead_letters = (DeadLetters(self.topic, self._dead_letter_offset),
+        # above the log start, a chunk starts where an earlier range (this worker's, or the round's before, whose
+        # files the tables hold) ended: an undecodable batch across that offset has its dead-letter row there
+        dead_letters = (DeadLetters(self.topic, self._dead_letter_offset, head_kept=start > lso),
                         dead_letter_target(target, self._dead_letter_provider()))
         job = sealed(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
                      target=target, dead_letters=dead_letters)
