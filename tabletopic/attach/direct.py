@@ -42,6 +42,9 @@ REQUEST_MAX_BYTES = 16 * MiB
 MIN_PARTITION_BYTES, MAX_PARTITION_BYTES = 1 * MiB, 16 * MiB
 MAX_THROTTLED = 10  # throttled answers without records waited for in a row before giving up
 MAX_THROTTLE_MS = 30_000  # the longest throttle time waited for (as the fetcher does)
+# what a fetch may wait for its first byte: the range is below the last stable offset, so Kafka answers at once
+# (min bytes 1); Tansu 0.6 answers a fetch that may not wait (0 ms) with no partitions at all, records or not
+FETCH_MAX_WAIT_MS = 500
 _CONNECTION_ERRORS = (WireError, OSError, TimeoutError)
 
 _Key = tuple[str, int, tuple[tuple[str, str], ...]]
@@ -192,7 +195,7 @@ def _partition_of(r: DirectRange, position: int, answer: FetchAnswer) -> Fetched
                                       if (p.topic, p.partition) == (r.topic, r.partition)), None)
     if code is None:
         raise DirectReadError(f"{r.name}: the fetch answer from {r.host}:{r.port} at offset {position} does not "
-                              f"hold the partition")
+                              f"hold the partition", None, True)  # a broker's slip: the round asks again
     if code:
         retriable = bool(for_code(code).retriable)
         raise DirectReadError(f"{r.name}: fetching offset {position} from {r.host}:{r.port} failed with "
@@ -240,7 +243,7 @@ async def _fetch(r: DirectRange, position: int) -> FetchAnswer:
         conn: WireConnection | None = None
         try:
             conn = await _connection(key)
-            return await conn.fetch(0, REQUEST_MAX_BYTES, READ_COMMITTED, topics)
+            return await conn.fetch(FETCH_MAX_WAIT_MS, REQUEST_MAX_BYTES, READ_COMMITTED, topics)
         except _CONNECTION_ERRORS as e:
             _drop(key, conn)
             if attempt == 2:
