@@ -250,16 +250,16 @@ def test_settings_reach_every_instance_and_win_over_topic_configs(tansu: TansuPr
 
 
 def test_cluster_briefly_unreachable(fresh_broker: BrokerProcess, tmp_path: Path) -> None:
-    """Two instances on our broker; during a stream the broker is killed (-9) and started again on its port
-    seconds later: the instances ride it out, saying so in a few lines, and the table ends equal to the log."""
+    """Two instances on our broker catching up a backlog (read by their conversion processes directly) under a
+    stream; as the direct reads start the broker is killed (-9) and started again on its port seconds later: the
+    instances ride it out, saying so in a few lines, and the table ends equal to the log."""
     b, topic = fresh_broker, "attach-outage"
     create_table_topic(b.bootstrap, topic, 4)
-    with instances(b.bootstrap, tmp_path, topic, 2) as (lake, procs):
+    backlog(b.bootstrap, topic, 4)
+    with instances(b.bootstrap, tmp_path, topic, 2,
+                   overrides={"table.topic.attach.direct.read.min.bytes": "1"}) as (lake, procs):
         with Stream(b.bootstrap, topic) as s:
-            for p in procs:
-                p.wait_log(f"assigned {topic}", timeout=30)
-            wait_for("rows in the table", lambda: table_rows(lake, topic))
-            time.sleep(1)
+            wait_for("a direct read", lambda: any("from the cluster directly" in p.log_text() for p in procs), 60)
             b.kill()
             time.sleep(6)  # past the instances' session time-out (6 s)
             b.start()
@@ -271,3 +271,21 @@ def test_cluster_briefly_unreachable(fresh_broker: BrokerProcess, tmp_path: Path
         noisy = [line for line in p.log_text().splitlines() if line.startswith("%") or " WARNING [" in line
                  or " ERROR [" in line]
         assert len(noisy) < 30, "\n".join(noisy[:40])
+
+
+def test_an_instance_started_while_the_cluster_is_down_waits_for_it(fresh_broker: BrokerProcess,
+                                                                    tmp_path: Path) -> None:
+    """The cluster is down when the instance starts: it says so, starts again until the cluster is back, then runs
+    the table topic (the table equals the log)."""
+    b, topic = fresh_broker, "attach-late"
+    create_table_topic(b.bootstrap, topic, 2)
+    b.kill()
+    with instances(b.bootstrap, tmp_path, topic, 1) as (lake, procs):
+        procs[0].wait_log("went away while starting", timeout=60)
+        b.start()
+        procs[0].wait_log(f"assigned {topic}", timeout=60)
+        with Stream(b.bootstrap, topic) as s:
+            wait_for("rows in the table", lambda: table_rows(lake, topic))
+        assert s.acked > 0
+        assert_table_equals_log(b.bootstrap, lake, topic, 2)
+        assert procs[0].running

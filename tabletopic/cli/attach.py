@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +64,53 @@ def client_properties(bootstrap: str, command_config: str | None) -> dict[str, s
     return conf
 
 
-async def _run(host: Any) -> int:
+START_RETRY_MAX_S = 10.0  # the longest wait between two starts while the cluster is unreachable
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the cluster could not be reached (worth starting again), not that a setting is wrong."""
+    from aiokafka.errors import KafkaError, KafkaTimeoutError
+
+    return isinstance(exc, (TimeoutError, OSError, KafkaTimeoutError)) or (
+        isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False)))
+
+
+async def _start(make_host: Callable[[], Any], stop: asyncio.Event) -> Any | None:
+    """A started host, made anew after each start the cluster broke off (it went away meanwhile), waiting longer
+    each time; None when stopped meanwhile. Raises InvalidConfigError and what is not an outage."""
+    wait_s = 0.5
+    while not stop.is_set():
+        host = make_host()
+        try:
+            await host.start()
+            return host
+        except InvalidConfigError:
+            await host.stop()
+            raise
+        except Exception as exc:
+            await host.stop()
+            if not _unreachable(exc):
+                raise
+            log.warning("attach: the cluster went away while starting (%s: %s); starting again in %.1f s",
+                        type(exc).__name__, exc, wait_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait_s)
+        wait_s = min(wait_s * 2, START_RETRY_MAX_S)
+    return None
+
+
+async def _run(make_host: Callable[[], Any]) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await host.start()
+        host = await _start(make_host, stop)
     except InvalidConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        await host.stop()
         return 2
+    if host is None:
+        return 0
     await stop.wait()
     log.info("attach: stopping (leaving the group)")
     await host.stop()
@@ -98,13 +136,13 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from tabletopic.runtime import run
 
     try:
-        host = AttachHost(config, client, Path(config.log_dir))
+        AttachHost(config, client, Path(config.log_dir))  # refuses settings before any start
     except InvalidConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         lock.release()
         return 2
     try:
-        return run(_run(host))
+        return run(_run(lambda: AttachHost(config, client, Path(config.log_dir))))
     finally:
         lock.release()
 
