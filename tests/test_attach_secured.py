@@ -72,3 +72,18 @@ def test_attach_reads_a_sasl_ssl_cluster(secured_cluster: tuple[BrokerProcess, s
         assert_table_equals_log(broker, lake, topic, 2)  # read only through the SASL_SSL listener
     finally:
         a.stop()
+
+
+def test_a_refused_password_ends_the_instance_with_the_reason(secured_cluster: tuple[BrokerProcess, str, Pki],
+                                                              tmp_path: Path) -> None:
+    """aiokafka reports a refused SASL password as the cluster being unreachable; an instance, which starts again
+    while the cluster is unreachable, asks the cluster itself and ends with the reason instead of trying forever."""
+    _broker, secure, pki = secured_cluster
+    client = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "lakehouse",
+              "sasl.password": "not-the-secret", "ssl.ca.location": str(pki.ca)}
+    a = AttachProcess(secure, tmp_path / "a1", SharedLake(tmp_path / "lake"), name="a1", client=client)
+    a.state_dir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(a.command(), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: the cluster refuses this client (" in done.stderr
+    assert "Authentication" in done.stderr.rpartition("error: ")[2]

@@ -75,9 +75,43 @@ def _unreachable(exc: BaseException) -> bool:
         isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False)))
 
 
-async def _start(make_host: Callable[[], Any], stop: asyncio.Event) -> Any | None:
+class ClusterRefusedError(Exception):
+    """The cluster refuses this client (a password, a certificate): starting again would not help."""
+
+
+async def _refused(client: dict[str, str]) -> BaseException | None:
+    """Why the cluster refuses this client, if it does: aiokafka reports a refused password or certificate while
+    bootstrapping as the cluster being unreachable, so each bootstrap server is asked directly (TLS and SASL, as
+    the direct reads connect); None when none refuses (unreachable ones do not)."""
+    import ssl
+
+    from aiokafka.errors import KafkaError
+
+    from tabletopic.attach.client import aiokafka_options
+    from tabletopic.attach.wire import WireConnection
+
+    options = aiokafka_options(client)
+    for server in client.get("bootstrap.servers", "").split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            conn = await WireConnection.open(host.strip("[]"), int(port), options)
+        except ssl.SSLError as exc:  # an OSError, but a certificate or TLS setting the cluster refuses
+            return exc
+        except KafkaError as exc:
+            refusal: BaseException = exc  # aiokafka is untyped
+            if not exc.retriable:
+                return refusal
+        except (OSError, TimeoutError, ValueError):
+            continue
+        else:
+            conn.close()
+    return None
+
+
+async def _start(make_host: Callable[[], Any], client: dict[str, str], stop: asyncio.Event) -> Any | None:
     """A started host, made anew after each start the cluster broke off (it went away meanwhile), waiting longer
-    each time; None when stopped meanwhile. Raises InvalidConfigError and what is not an outage."""
+    each time; None when stopped meanwhile. Raises InvalidConfigError, ClusterRefusedError (:func:`_refused`) and
+    what is not an outage."""
     wait_s = 0.5
     while not stop.is_set():
         host = make_host()
@@ -91,6 +125,9 @@ async def _start(make_host: Callable[[], Any], stop: asyncio.Event) -> Any | Non
             await host.stop()
             if not _unreachable(exc):
                 raise
+            refusal = await _refused(client)
+            if refusal is not None:
+                raise ClusterRefusedError(f"{type(refusal).__name__}: {refusal}") from exc
             log.warning("attach: the cluster went away while starting (%s: %s); starting again in %.1f s",
                         type(exc).__name__, exc, wait_s)
         with contextlib.suppress(TimeoutError):
@@ -99,15 +136,19 @@ async def _start(make_host: Callable[[], Any], stop: asyncio.Event) -> Any | Non
     return None
 
 
-async def _run(make_host: Callable[[], Any]) -> int:
+async def _run(make_host: Callable[[], Any], client: dict[str, str]) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        host = await _start(make_host, stop)
+        host = await _start(make_host, client, stop)
     except InvalidConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ClusterRefusedError as exc:
+        print(f"error: the cluster refuses this client ({exc}): check the --command-config settings",
+              file=sys.stderr)
         return 2
     if host is None:
         return 0
@@ -142,7 +183,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         lock.release()
         return 2
     try:
-        return run(_run(lambda: AttachHost(config, client, Path(config.log_dir))))
+        return run(_run(lambda: AttachHost(config, client, Path(config.log_dir)), client))
     finally:
         lock.release()
 
