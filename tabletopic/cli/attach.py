@@ -71,7 +71,8 @@ def _unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the cluster could not be reached (worth starting again), not that a setting is wrong."""
     from aiokafka.errors import KafkaError, KafkaTimeoutError
 
-    return isinstance(exc, (TimeoutError, OSError, KafkaTimeoutError)) or (
+    # not any OSError: a catalog or warehouse path it cannot write is no outage, starting again would not mend it
+    return isinstance(exc, (TimeoutError, ConnectionError, KafkaTimeoutError)) or (
         isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False)))
 
 
