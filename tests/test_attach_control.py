@@ -136,6 +136,13 @@ def test_a_worker_registered_after_a_request_gets_it_after_the_hook(broker: Brok
             cb.unregister_worker(2)  # gone before its turn: nothing is put in its queue
             await asyncio.sleep(0.3)
             assert gone_q.empty() and again_q.empty()
+            old = replace(request(topic, range(6)), sent_ms=int(time.time() * 1000) - 60_000)
+            a.channel(topic).broadcast(old)  # older than a worker would take: not handed to a late one
+            assert await asyncio.wait_for(first_q.get(), 10) == old
+            cb.unregister_worker(3)
+            stale_q = cb.register_worker(3)
+            await asyncio.sleep(0.3)
+            assert stale_q.empty()
         finally:
             await stopped(a, b)
 

@@ -69,6 +69,10 @@ RequestHook = Callable[[CommitRequest], Awaitable[None] | None]
 """Sees each request of a topic with a channel on this bus before its local workers do (awaited if async; while it
 waits, that topic's later requests wait behind it, nothing else does)."""
 
+REDELIVER_MAX_AGE_MS = 30_000
+"""A request older than this is not handed to a worker registered after it: workers drop it anyway (the
+worker's ``REQUEST_TIMEOUT_MS``), with a warning that would only be noise here."""
+
 ANNOUNCE_INTERVAL_S = 3.0
 """How often claims are repeated by default; a claim not repeated for three intervals is forgotten."""
 
@@ -169,7 +173,8 @@ class ControlChannel(InProcessChannel):
         coordinator (its first owner's may have arrived)."""
         queue = super().register_worker(partition)
         last = self._delivered
-        if last is not None and any(po.partition == partition for po in last.offsets):
+        if last is not None and any(po.partition == partition for po in last.offsets) and (
+                last.sent_ms <= 0 or time.time() * 1000 - last.sent_ms <= REDELIVER_MAX_AGE_MS):
             self._bus.redeliver(self, last, partition, queue)
         return queue
 
