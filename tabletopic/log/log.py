@@ -43,6 +43,7 @@ from tabletopic.log.checkpoints import (
 from tabletopic.log.flusher import Flusher
 from tabletopic.log.producer_state import PendingProducerUpdate, ProducerStateManager
 from tabletopic.log.recovery import RecoveredLog, recover
+from tabletopic.log.region import FileRegion
 from tabletopic.log.retention import segments_to_delete
 from tabletopic.log.segment import INT32_MAX, NO_TIMESTAMP, LogSegment, fdatasync
 from tabletopic.log.timestamps import BatchProbe, first_record_at_or_after
@@ -778,6 +779,17 @@ class PartitionLog:
         chunks = [seg.read(start, size) for seg, start, size in plan]
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return ReadResult(data, hw, lso)
+
+    def read_region(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None,
+                    min_one_batch: bool = True, *, copy_below: int = 0) -> tuple[bytes | FileRegion, int, int]:
+        """:meth:`read`'s batches, high watermark and log start offset, the batches as a :class:`FileRegion` (for
+        ``os.sendfile``: never copied into the broker) unless they are fewer than ``copy_below`` bytes."""
+        hw, lso = self.high_watermark, self.log_start_offset
+        plan = self._plan_read(fetch_offset, max_bytes, max_offset, min_one_batch)
+        if sum(size for _, _, size in plan) < max(copy_below, 1):
+            chunks = [seg.read(start, size) for seg, start, size in plan]
+            return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), hw, lso
+        return FileRegion((seg.fd, start, size) for seg, start, size in plan), hw, lso
 
     @property
     def source_high_watermark(self) -> int:

@@ -11,7 +11,7 @@ import os
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 import kafka.protocol.admin
 import kafka.protocol.consumer
@@ -349,16 +349,29 @@ SPLICE_MIN_BYTES = 64 << 10
 _SENTINEL_BYTES = 16
 
 
-def encode_fetch_response(api_version: int, correlation_id: int, response: Message) -> bytes | list[bytes]:
-    """A Fetch answer as :func:`encode_response` encodes it, but as pieces for ``transport.writelines`` in which
-    each partition's records of at least :data:`SPLICE_MIN_BYTES` are the log's bytes themselves, not copied twice
-    through the encoder's buffer (a third of the broker's CPU when a consumer catches up).
+class RecordsSource(Protocol):
+    """Records a Fetch answer sends without holding them (:class:`tabletopic.log.region.FileRegion`): their size,
+    and their bytes when they must be encoded after all."""
+
+    def __len__(self) -> int: ...
+
+    def read(self, start: int = 0) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def encode_fetch_response(api_version: int, correlation_id: int, response: Message
+                          ) -> bytes | list[bytes | RecordsSource]:
+    """A Fetch answer as :func:`encode_response` encodes it, but as pieces for the connection to write in which
+    each partition's records of at least :data:`SPLICE_MIN_BYTES` are the log's bytes themselves (or a
+    :class:`RecordsSource` naming them), not copied twice through the encoder's buffer (a third of the broker's CPU
+    when a consumer catches up).
 
     The records are swapped for random 16-byte stand-ins, the answer is encoded, and each stand-in (found exactly
     once with its length prefix) is replaced by the records and their real length; the frame's size is set
     again. Anything unexpected (a stand-in not found once) encodes the answer the ordinary way."""
     flexible = api_version >= 12  # records are COMPACT_RECORDS (uvarint length + 1) from v12 on, else int32
-    swapped: dict[bytes, tuple[Message, bytes]] = {}
+    swapped: dict[bytes, tuple[Message, bytes | RecordsSource]] = {}
     for topic in response.responses:
         for part in topic.partitions:
             records = part.records
@@ -376,8 +389,12 @@ def encode_fetch_response(api_version: int, correlation_id: int, response: Messa
     prefix = _length_prefix(_SENTINEL_BYTES, flexible)
     found = sorted((framed.find(prefix + tag), tag) for tag in swapped)
     if any(at < 0 or framed.find(prefix + tag, at + 1) >= 0 for at, tag in found):
+        for part, records in swapped.values():
+            if not isinstance(records, bytes | bytearray | memoryview):  # the encoder takes bytes only
+                part.records = records.read()
+                records.close()
         return encode_response(ApiKey.Fetch, api_version, correlation_id, response)
-    pieces: list[bytes] = []
+    pieces: list[bytes | RecordsSource] = []
     pos = 4  # the frame's size, written last
     for at, tag in found:
         records = swapped[tag][1]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 from configs.principal_rules import NoMatchingRuleError
 from tabletopic.errors import ErrorCode
+from tabletopic.log.region import FileRegion, ShortRegionError
 from tabletopic.logs import ConditionLog
 from tabletopic.protocol import codec
 from tabletopic.protocol.codec import Message
@@ -61,16 +62,60 @@ class _Slot:
     def __init__(self, size: int = 0) -> None:
         self.size = size  # request bytes held until the answer is written
         self.done = False
-        self.data: bytes | list[bytes] | None = None  # a list: pieces of one answer (a Fetch's records uncopied)
+        # a list: pieces of one answer (a Fetch's records uncopied, or file regions sent with sendfile)
+        self.data: bytes | list[bytes | codec.RecordsSource] | None = None
         self.task: asyncio.Task[None] | None = None
         self.close_after: str | None = None  # close the connection once this answer is written, for this reason
 
 
-def _write(transport: asyncio.Transport, data: bytes | list[bytes]) -> None:
-    if isinstance(data, list):
-        transport.writelines(data)
-    else:
+def _write(transport: asyncio.Transport, data: bytes | list[bytes | codec.RecordsSource]) -> None:
+    if not isinstance(data, list):
         transport.write(data)
+    elif all(isinstance(piece, bytes) for piece in data):
+        transport.writelines(cast(list[bytes], data))
+    else:
+        _write_regions(transport, data)
+
+
+def _write_regions(transport: asyncio.Transport, pieces: list[bytes | codec.RecordsSource]) -> None:
+    """Write ``pieces`` in order, each :class:`~tabletopic.log.region.FileRegion` with ``os.sendfile`` as far as
+    the socket takes it at once (only when nothing is buffered before it and the connection is not encrypted), the
+    rest copied through the transport; every region is closed. A region that cannot be written whole (its file
+    ends early, the socket fails) aborts the connection: its answer's size is already out."""
+    out_fd = _sendfile_fd(transport)
+    run: list[bytes] = []
+    try:
+        for piece in pieces:
+            if isinstance(piece, bytes):
+                run.append(piece)
+                continue
+            if run:
+                transport.writelines(run)
+                run = []
+            sent = 0
+            if out_fd is not None and isinstance(piece, FileRegion) and transport.get_write_buffer_size() == 0:
+                sent = piece.send(out_fd)
+            if sent < len(piece):
+                transport.write(piece.read(sent))
+            piece.close()
+        if run:
+            transport.writelines(run)
+    except OSError as e:
+        level = logging.ERROR if isinstance(e, ShortRegionError) else logging.DEBUG
+        log.log(level, "aborting a connection in the middle of a Fetch answer: %s", e)
+        transport.abort()
+    finally:
+        for piece in pieces:
+            if not isinstance(piece, bytes):
+                piece.close()
+
+
+def _sendfile_fd(transport: asyncio.Transport) -> int | None:
+    """The socket's descriptor when ``os.sendfile`` may write to it (a plain TCP connection), else None."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    return sock.fileno() if sock is not None else None
 
 
 class KafkaConnection(asyncio.Protocol):

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
+from tabletopic.log.region import FileRegion
 from tabletopic.logs import ConditionLog
-from tabletopic.protocol.codec import ApiKey, Message
+from tabletopic.protocol.codec import SPLICE_MIN_BYTES, ApiKey, Message
 from tabletopic.security.acls import AclOperation, ResourceType
 from tabletopic.server import authz
 from tabletopic.server.handlers.base import RequestContext, handles
@@ -40,11 +41,17 @@ class _FetchPartition:
         self.error = error
         # never None on the wire: librdkafka reads null records (size -1) as a corrupt response and retries
         # the same fetch forever instead of acting on the partition's error code
-        self.data: bytes | memoryview = b""
+        self.data: bytes | FileRegion = b""
         self.hw = -1
         self.lso = -1  # last stable offset
         self.log_start = -1
         self.aborted: list[tuple[int, int]] = []  # read_committed: (producer id, first offset) of aborted txns
+
+    def release(self) -> None:
+        """Drop the records read (a region's descriptors closed)."""
+        if isinstance(self.data, FileRegion):
+            self.data.close()
+        self.data = b""
 
 
 @dataclass(slots=True)
@@ -58,15 +65,17 @@ class _FetchTopic:
 _read_errors = ConditionLog(log)
 
 
-def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool) -> int:
+def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool, zero_copy: bool = False) -> int:
     """Read every partition once (read_committed: up to the last stable offset, with the aborted transactions
-    there); returns the number of record bytes gathered."""
+    there); returns the number of record bytes gathered. ``zero_copy``: records of at least
+    :data:`~tabletopic.protocol.codec.SPLICE_MIN_BYTES` as a :class:`~tabletopic.log.region.FileRegion`."""
     total = 0
     for topic in topics:
         for fp in topic.partitions:
             plog = fp.plog
             if plog is None or fp.error != ErrorCode.NONE:
                 continue
+            fp.release()  # a long poll's earlier pass
             fp.hw = plog.high_watermark
             fp.lso = plog.last_stable_offset
             fp.log_start = plog.log_start_offset
@@ -75,8 +84,9 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool) -
                 fp.data = b""
                 continue
             try:
-                res = plog.read(fp.fetch_offset, max(budget, 0), max_offset=fp.lso if read_committed else None,
-                                min_one_batch=(total == 0))
+                fp.data, fp.hw, fp.log_start = plog.read_region(
+                    fp.fetch_offset, max(budget, 0), max_offset=fp.lso if read_committed else None,
+                    min_one_batch=(total == 0), copy_below=SPLICE_MIN_BYTES if zero_copy else 1 << 62)
             except KafkaApiError as exc:
                 # OFFSET_OUT_OF_RANGE keeps the high watermark and log start offset read above, as Kafka
                 # answers, so the client's auto.offset.reset has both ends at hand
@@ -89,13 +99,10 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool) -
                 fp.error = ErrorCode.KAFKA_STORAGE_ERROR
                 fp.data = b""
                 continue
-            fp.data = res.data
-            fp.hw = res.high_watermark
-            fp.log_start = res.log_start_offset
-            if read_committed and res.data:
+            if read_committed and fp.data:
                 # as Kafka: every aborted transaction the returned range may hold, up to the last stable offset
                 fp.aborted = plog.aborted_transactions(fp.fetch_offset, fp.lso)
-            total += len(res.data)
+            total += len(fp.data)
     return total
 
 
@@ -140,8 +147,12 @@ async def _long_poll(ctx: RequestContext, req: Message, topics: list[_FetchTopic
     min_bytes = max(int(req.min_bytes), 0)
     deadline = time.monotonic() + max(int(req.max_wait_ms), 0) / 1000
     read_committed = ctx.api_version >= 4 and int(req.isolation_level) == READ_COMMITTED
+    # Kafka's zero-copy transfer on a connection that is not encrypted (not for requests made inside the broker):
+    # the records go from the page cache to the socket (os.sendfile, tabletopic.server.network), not through a
+    # bytes object and a send buffer
+    zero_copy = ctx.session is not None and not ctx.session.listener.tls
     while True:
-        total = _read_all(topics, max_bytes, read_committed)
+        total = _read_all(topics, max_bytes, read_committed, zero_copy)
         any_error = any(fp.error != ErrorCode.NONE for t in topics for fp in t.partitions)
         remaining = deadline - time.monotonic()
         if total >= min_bytes or any_error or remaining <= 0:
@@ -169,6 +180,8 @@ async def fetch(ctx: RequestContext, req: Message) -> Message:
     if throttle_ms:  # as Kafka: a throttled fetch answers nothing (its bytes taken back) and the throttle time
         ctx.broker.fetch_quota.unrecord(ctx.session.user if ctx.session else "", ctx.client_id or "", size,
                                         time.time() * 1000)
+        for fp in (fp for t in topics for fp in t.partitions):
+            fp.release()
         return ctx.response(throttle_time_ms=throttle_ms, error_code=0, session_id=0, responses=[])
 
     r = ctx.response_class
