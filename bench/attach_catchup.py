@@ -18,8 +18,9 @@ repetition, in an order that rotates:
   configs (``table.topic.attach.topic.configs.enable=false``: the broker runs' copies are table topics by theirs).
 
 Processes in service, not cold ones, are compared: before the clock starts, the broker and each run's instances
-catch up a small warm-up table topic (``--warm-records``; in attach mode a partition per instance, until each has
-one: the group formed), which starts their conversion pools (with ``--convert json``, its first table change also
+catch up a warm-up table topic (``--warm-records`` per partition, several full-size chunks: a fresh pool process's
+first chunks cost up to twice the CPU of later ones; in attach mode a partition per instance, until each has one:
+the group formed), which starts their conversion pools (with ``--convert json``, its first table change also
 starts the Spark side process of the process coordinating it: in attach mode only that instance's, so runs of
 several instances may pay a Spark start where the next coordinator is another). Instance start-up is not timed,
 as the broker's is not; the group's rebalance onto the new topic, the fetch and the control-topic rounds are.
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import signal
 import sys
@@ -144,15 +146,16 @@ def table_settings(args: argparse.Namespace) -> dict[str, str]:
 
 def warm_up(broker: BrokerProcess, topics: list[tuple[str, int]], args: argparse.Namespace,
             enable: Callable[[str], None], catalog: Catalog, alive: list[tuple[str, Started]]) -> None:
-    """Small table topics (name, partitions; ``--warm-records`` each) enabled and caught up: they start the
-    conversion pools and (``--convert json``: a table's first change) the Spark side processes of the processes
-    that run them."""
+    """Warm-up table topics (name, partitions; ``--warm-records`` per partition) enabled and caught up: they start
+    the conversion pools, have every pool process convert full-size chunks (a fresh process's first chunks cost up
+    to twice the CPU of later ones, while its allocators grow) and (``--convert json``: a table's first change)
+    start the Spark side processes of the processes that run them."""
     t0 = time.perf_counter()
     ends = {}
     for topic, partitions in topics:
         create_topic(broker.bootstrap, topic, partitions)
-        produce_records(broker.bootstrap, topic, args.warm_records, SpreadRecords(args.min_size, args.max_size),
-                        args, label=f"fill {topic}")
+        produce_records(broker.bootstrap, topic, args.warm_records * partitions,
+                        SpreadRecords(args.min_size, args.max_size), args, label=f"fill {topic}")
         ends[topic] = end_offsets(broker.bootstrap, topic, partitions)
         enable(topic)
     for topic, end in ends.items():
@@ -173,11 +176,19 @@ def wait_assigned(proc: AttachProcess, topics: list[str], timeout_s: float) -> N
         time.sleep(0.1)
 
 
+def settle() -> None:
+    """Write back what earlier steps left dirty (the warm-up's log and table files) before a clock starts: the
+    broker acknowledges a write after fsync, which on a journaling file system waits for that writeback (seen: the
+    settings record 120 ms late after a warm-up, 20 ms after a sync)."""
+    os.sync()
+
+
 def broker_catch_up(broker: BrokerProcess, run: CatchUp, ends: dict[int, int], args: argparse.Namespace) -> None:
     """Switch the repetition's copy to a table topic on the broker and time its catch-up."""
     assert broker.proc is not None
     log(f"== {run.name} ({run.topic})")
     since = time.time()
+    settle()
     cpu0, main0 = tree_cpu_seconds(broker.proc.pid), cpu_seconds(broker.proc.pid)
     t0, t0_wall = time.perf_counter(), time.time()
     alter_topic_configs(broker.bootstrap, run.topic, table_settings(args))
@@ -227,6 +238,7 @@ def attach_catch_up(broker: BrokerProcess, run: CatchUp, root: Path, ends: dict[
         for p in procs:
             wait_assigned(p, [warm], args.commit_timeout_s)
         time.sleep(args.settle_s)
+        settle()
         cpu0 = [tree_cpu_seconds(p.proc.pid) for p in procs if p.proc is not None]
         main0 = [cpu_seconds(p.proc.pid) for p in procs if p.proc is not None]
         bcpu0 = tree_cpu_seconds(broker.proc.pid)
@@ -370,7 +382,9 @@ def main() -> int:
                          "(a column per JSON field; its first table change starts each process's Spark side process "
                          "in the warm-up)")
     ap.add_argument("--pool", type=int, default=2, help="table.topic.conversion.pool.size of every process")
-    ap.add_argument("--warm-records", type=int, default=1200, help="records of each warm-up table topic")
+    ap.add_argument("--warm-records", type=int, default=80_000,
+                    help="records per partition of each warm-up table topic (80k: about 14 MB, several full-size "
+                         "chunks for each pool process, as in the measured topic)")
     ap.add_argument("--settle-s", type=float, default=1.0, help="wait after the warm-up, before timing")
     ap.add_argument("--poll-s", type=float, default=0.1, help="catalog poll period while waiting for the table")
     ap.add_argument("--quick", action="store_true", help="200k records, 1 repetition (unless given)")
