@@ -135,7 +135,7 @@ async def worker_round(tmp: Path, table: object, cfg: TableTopicConfig, batches:
     hw = plog.high_watermark
     channel = InProcessChannel()
     w = PartitionWorker(FunctionTopicView("bench", lambda: cfg, log=lambda p: plog), 0, channel,
-                        tables=FunctionTables(lambda: table), conversion=Conversion(pool),
+                        tables=FunctionTables(lambda: table), conversion=Conversion(lambda: pool),
                         options=WorkerOptions(max_response_bytes=1 << 40))
     await w.start()
     req = CommitRequest(commit_id=str(uuid.uuid4()), topic="bench", spec_id=0, schema_id=0,

@@ -53,7 +53,8 @@ DEAD_LETTER_LOOK_S = 5.0  # how often a runtime that does not lead looks for a d
 @dataclass(frozen=True)
 class RuntimeServices:
     """What the runtimes of one host share: the catalog, the table engine, the conversion pool (``executor()``
-    creates it on first use, ``pool_size`` processes), the schema registry client and the metrics."""
+    creates it on first use, ``pool_size`` processes, and replaces it once broken), the schema registry client and
+    the metrics."""
 
     catalog: Catalog
     engine: TableEngine | None
@@ -175,8 +176,9 @@ class TableTopicRuntime:
             log.error("no log for %s-%d: no worker started", self.topic, partition)
             return False
         services = self._services
+        services.executor()  # the pool starts now, not in the first round that has records
         worker = PartitionWorker(self.view, partition, self.channel, tables=self.tables,
-                                 conversion=Conversion(services.executor(), services.schema_source))
+                                 conversion=Conversion(services.executor, services.schema_source))
         await worker.start()
         self.workers[partition] = worker
         return True

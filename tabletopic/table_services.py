@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 from pyiceberg.catalog import Catalog
 
@@ -20,7 +20,7 @@ from tabletopic.metrics import TableTopicMetrics
 from tabletopic.spark.engine import SparkTableEngine
 from tabletopic.spark.service import SparkService
 from tabletopic.table_runtime import RuntimeServices
-from worker.pool import new_pool, wait_warm
+from worker.pool import PoolStartError, is_broken, new_pool, wait_warm
 from worker.schema_source import SchemaSource
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ class SharedServices:
         self.metrics = metrics
         self.pool_size = config.conversion_pool_size
         self._executor: ProcessPoolExecutor | None = None
+        self.pools_replaced = 0  # conversion pools found broken and replaced
         self.schema_source: SchemaSource | None = None  # the registry the converters read, set by open()
         self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
         self.engine: SparkTableEngine | None = None  # the coordinators' and maintenance's table engine over it
@@ -53,15 +54,33 @@ class SharedServices:
         self.metrics.watch_spark(self.spark.status)
 
     def pool(self) -> ProcessPoolExecutor:
-        """The conversion pool, created on first use (``table.topic.conversion.pool.size`` processes)."""
+        """The conversion pool, created on first use (``table.topic.conversion.pool.size`` processes), and created
+        anew once broken: a process that ended abruptly (killed, out of memory) breaks a process pool for good, and
+        every table topic of the host would retry its rounds on it forever. The chunks converting in the broken one
+        fail as outages: their rounds are retried on the new one."""
+        broken = self._executor
+        if broken is not None and is_broken(broken):
+            self._executor = None
+            self.pools_replaced += 1
+            log.error("the conversion pool broke (one of its processes ended abruptly: killed, or out of memory?); "
+                      "starting a new one (%d so far); the rounds in progress are retried", self.pools_replaced)
+            broken.shutdown(wait=False, cancel_futures=True)
         if self._executor is None:
             self._executor = new_pool(self.pool_size, self.pool_preload)
         return self._executor
 
-    async def warm_pool(self) -> int:
+    async def warm_pool(self, attempts: int = 3) -> int:
         """Start the conversion pool and wait until each of its processes is ready to convert (imports done:
-        seconds of CPU each, better spent before taking partitions than in a first round); how many are."""
-        return await asyncio.to_thread(wait_warm, self.pool(), self.pool_size)
+        seconds of CPU each, better spent before taking partitions than in a first round); how many are. A pool
+        that breaks meanwhile is replaced, ``attempts`` times in all; then :class:`PoolStartError`."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return await asyncio.to_thread(wait_warm, self.pool(), self.pool_size)
+            except BrokenExecutor as e:
+                if attempt == attempts:
+                    raise PoolStartError(f"the conversion processes ended abruptly as they started, {attempts} "
+                                         f"times: {e}") from e
+        raise AssertionError("unreachable")
 
     def runtime_services(self) -> RuntimeServices:
         return RuntimeServices(self.catalog, self.engine, self.pool, self.pool_size, self.schema_source,

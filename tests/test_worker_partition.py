@@ -80,7 +80,7 @@ class Env:
 
     async def start(self, partition: int = 0, **kw: Any) -> PartitionWorker:
         w = PartitionWorker(FunctionTopicView(TOPIC, lambda: self.cfg, log=self.log), partition, self.channel,
-                            tables=FunctionTables(lambda: self.table), conversion=Conversion(self.pool),
+                            tables=FunctionTables(lambda: self.table), conversion=Conversion(lambda: self.pool),
                             options=WorkerOptions(**kw))
         await w.start()
         self.workers[partition] = w
@@ -429,8 +429,9 @@ async def main(tmp: Path) -> None:
     plog = open_log(tmp / "logs", TOPIC, 0)
     append_records(plog, json_records(100))
     channel = InProcessChannel()
+    one_thread = ThreadPoolExecutor(1)
     w = PartitionWorker(FunctionTopicView(TOPIC, lambda: STRING, log=lambda p: plog), 0, channel,
-                        tables=FunctionTables(lambda: table), conversion=Conversion(ThreadPoolExecutor(1)))
+                        tables=FunctionTables(lambda: table), conversion=Conversion(lambda: one_thread))
     await w.start()
     channel.broadcast(CommitRequest("c1", TOPIC, 0, 0, (PartitionOffset(0, 0),), int(time.time() * 1000)))
     await channel.next_response(30)
@@ -469,7 +470,7 @@ def test_a_round_over_a_copy_still_being_fetched(tmp_path: Path, pool: ProcessPo
 
     async def body(env: Env) -> None:
         w = PartitionWorker(FunctionTopicView(TOPIC, lambda: env.cfg, log=lambda p: remote), 0, env.channel,
-                            tables=FunctionTables(lambda: env.table), conversion=Conversion(env.pool),
+                            tables=FunctionTables(lambda: env.table), conversion=Conversion(lambda: env.pool),
                             options=WorkerOptions(prewrite_bytes=64 * 1024))
         await w.start()
         env.workers[0] = w

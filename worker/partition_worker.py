@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -129,9 +130,10 @@ DEFAULT_WORKER_OPTIONS = WorkerOptions()
 
 @dataclass(frozen=True, slots=True)
 class Conversion:
-    """What a host's workers share: the conversion pool (``executor``) and the schema registry client."""
+    """What a host's workers share: the conversion pool (``executor()``, asked at every submit: a host replaces a
+    pool that broke) and the schema registry client."""
 
-    executor: Executor
+    executor: Callable[[], Executor]
     schema_source: SchemaSource | None = None
 
 
@@ -574,7 +576,7 @@ class PartitionWorker:
                         dead_letter_target(target, self._dead_letter_provider()))
         job = sealed(convert_and_write, parts, partition=self.partition, start_offset=start, plan=plan,
                      target=target, dead_letters=dead_letters)
-        fut = loop.run_in_executor(self._executor, job)
+        fut = loop.run_in_executor(self._executor(), job)
         fut.add_done_callback(self._chunk_done)
         self._chunks.append(_Chunk(start, offset, size, target, plan, fut, remote=not isinstance(parts, list)))
         self._written_to = offset

@@ -16,6 +16,8 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from tabletopic.faults import crash_point
+
 WATCHDOG_INTERVAL_S = 0.5
 
 
@@ -37,6 +39,7 @@ def _watch(broker_pid: int) -> None:
 
 
 def _initialize(broker_pid: int, preload: tuple[str, ...] = ()) -> None:
+    crash_point("conversion-process-start")  # tests: a process that dies as it starts (out of memory, say)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch, args=(broker_pid,), name="broker-watchdog", daemon=True).start()
     # the heavy modules, and what the tasks' arguments unpickle into (a range's reader), imported in every process
@@ -65,6 +68,17 @@ def wait_warm(pool: ProcessPoolExecutor, size: int, timeout_s: float = 120.0) ->
         except TimeoutError:
             break
     return len(seen)
+
+
+class PoolStartError(RuntimeError):
+    """A conversion pool could not be started: its processes keep ending as they start."""
+
+
+def is_broken(pool: ProcessPoolExecutor) -> bool:
+    """Whether ``pool`` is broken for good: one of its processes ended abruptly (killed, out of memory), and every
+    task submitted to it from then on fails with ``BrokenProcessPool``. ``_broken`` is how CPython's executor
+    records it (3.8 on; tests/test_conversion_pool.py kills a process to check)."""
+    return bool(getattr(pool, "_broken", False))
 
 
 def new_pool(size: int, preload: tuple[str, ...] = ()) -> ProcessPoolExecutor:

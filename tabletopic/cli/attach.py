@@ -24,6 +24,7 @@ from tabletopic.catalog import broker_config
 from tabletopic.datadir import DataDirError, DataDirInUseError, DataDirLock
 from tabletopic.errors import InvalidConfigError
 from tabletopic.logs import quiet_third_party
+from worker.pool import PoolStartError
 
 log = logging.getLogger("tabletopic")
 
@@ -111,15 +112,15 @@ async def _refused(client: dict[str, str]) -> BaseException | None:
 
 async def _start(make_host: Callable[[], Any], client: dict[str, str], stop: asyncio.Event) -> Any | None:
     """A started host, made anew after each start the cluster broke off (it went away meanwhile), waiting longer
-    each time; None when stopped meanwhile. Raises InvalidConfigError, ClusterRefusedError (:func:`_refused`) and
-    what is not an outage."""
+    each time; None when stopped meanwhile. Raises InvalidConfigError, ClusterRefusedError (:func:`_refused`),
+    PoolStartError and what is not an outage."""
     wait_s = 0.5
     while not stop.is_set():
         host = make_host()
         try:
             await host.start()
             return host
-        except InvalidConfigError:
+        except (InvalidConfigError, PoolStartError):
             await host.stop()
             raise
         except Exception as exc:
@@ -151,6 +152,9 @@ async def _run(make_host: Callable[[], Any], client: dict[str, str]) -> int:
         print(f"error: the cluster refuses this client ({exc}): check the --command-config settings",
               file=sys.stderr)
         return 2
+    except PoolStartError as exc:
+        print(f"error: {exc} (out of memory? see table.topic.conversion.pool.size)", file=sys.stderr)
+        return 1
     if host is None:
         return 0
     await stop.wait()
