@@ -11,6 +11,7 @@ gone again; every record is consumed once and the committed offsets stay."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -34,6 +35,7 @@ from tabletopic.groups.consumer_protocol import (
     encode_subscription,
 )
 from tabletopic.protocol.codec import ApiKey
+from tests.helpers import java_client as jc
 from tests.helpers.procs import BrokerProcess
 from tests.helpers.wire import RawClient
 
@@ -396,6 +398,56 @@ def test_librdkafka_classic_group_migrates_to_consumer_and_back(broker: BrokerPr
             c.close()
     assert set(members.seen) == {b"v%d" % i for i in range(180)}
     assert {v for v, n in members.seen.items() if n > 1} <= members.uncommitted
+    offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    assert sorted((tp.partition, tp.offset) for tp in offsets.topic_partitions) == [(p, 30) for p in range(6)]
+
+
+@pytest.mark.java
+def test_the_java_consumer_joins_a_classic_group_with_the_consumer_protocol(broker: BrokerProcess) -> None:
+    """The Java client (kafka-clients 3.9, ``group.protocol=consumer``) replacing one of two classic librdkafka
+    members: the group converts and both consume (the classic member now assigned by the broker); the Java member
+    leaving turns the group classic again. Every record consumed, none twice unless its commit was refused in a
+    rebalance; the committed offsets are the end offsets."""
+    assert jc.available(), jc.unavailable_reason()
+    jc.build()
+    topic, group = f"migj-{uuid.uuid4().hex[:8]}", f"gmigj-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 6, 1)])[topic].result(30)
+    members = _Members()
+    java: dict[str, jc.ConsumeResult] = {}
+    runner: threading.Thread | None = None
+    try:
+        for _ in range(2):
+            members.consumers.append(_consumer(broker, group, "classic", "cooperative-sticky"))
+            members.consumers[-1].subscribe([topic])
+        _produce(broker, topic, 0, 60)
+        members.poll_until(60, lambda: members.holding(3, 3)() and _group(broker, group) == ("classic", "Stable"))
+        members.consumers.pop().close()
+        # stops 4 s after its last record, then leaves the group
+        runner = threading.Thread(target=lambda: java.update(r=jc.consume(
+            broker.bootstrap, topic, group=group, timeout_ms=60_000, idle_timeout_ms=4_000, commit=True,
+            props={"group.protocol": "consumer"})))
+        runner.start()
+        members.poll_until(60, lambda: members.holding(3)() and _group(broker, group) == ("consumer", "Stable"),
+                           limit_s=60)
+        _produce(broker, topic, 60, 60)
+        members.poll_until(60, lambda: runner is not None and not runner.is_alive() and members.holding(6)()
+                           and _group(broker, group) == ("classic", "Stable"), limit_s=90)
+        _produce(broker, topic, 120, 60)
+        members.poll_until(60, lambda: len([v for v in members.seen if int(v[1:]) >= 120]) == 60, limit_s=30)
+    finally:
+        for c in members.consumers:
+            c.close()
+    assert runner is not None
+    runner.join(60)
+    got = java["r"]
+    by_java = [(rec["value"] or "").encode() for rec in got.records]
+    assert by_java and all(60 <= int(v[1:]) < 120 for v in by_java), by_java[:10]  # it held partitions meanwhile
+    seen = dict(members.seen)
+    for v in by_java:
+        seen[v] = seen.get(v, 0) + 1
+    assert set(seen) == {b"v%d" % i for i in range(180)}
+    assert {v for v, n in seen.items() if n > 1} <= members.uncommitted
     offsets = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
     assert sorted((tp.partition, tp.offset) for tp in offsets.topic_partitions) == [(p, 30) for p in range(6)]
 
