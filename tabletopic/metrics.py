@@ -244,6 +244,9 @@ class TableTopicMetrics:
         self._partition_by = Gauge("tabletopic_partition_by_applied", "1 when the table's partition spec follows "
                                    "automq.table.topic.partition.by, 0 when that value cannot apply to the table "
                                    "(the reason is in `tabletopic tables`)", ["topic"], registry=r)
+        self._pools_replaced = Counter("tabletopic_conversion_pools_replaced", "Conversion pools found broken (a "
+                                       "process ended abruptly: killed, out of memory) and started anew",
+                                       registry=r)
         self._init_maintenance(r)
         self._lock = threading.Lock()
         self._watermarks: dict[str, float] = {}
@@ -292,6 +295,10 @@ class TableTopicMetrics:
             self._watermarks[topic] = float(_now_ms())
             for gauge in (self._delay, self._delay_ms):
                 gauge.labels(topic=topic).set_function(partial(self._delay_of, topic))
+
+    def record_pool_replaced(self) -> None:
+        """Count a conversion pool replaced because one of its processes ended abruptly."""
+        self._pools_replaced.inc()
 
     def record_round(self, topic: str, result: str) -> None:
         """Count a commit round that committed nothing (``empty``, ``blocked``, ``failed``, ``unknown``)."""

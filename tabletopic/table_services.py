@@ -39,7 +39,6 @@ class SharedServices:
         self.metrics = metrics
         self.pool_size = config.conversion_pool_size
         self._executor: ProcessPoolExecutor | None = None
-        self.pools_replaced = 0  # conversion pools found broken and replaced
         self.schema_source: SchemaSource | None = None  # the registry the converters read, set by open()
         self.spark: SparkService | None = None  # the Spark side process, started when a table first needs it
         self.engine: SparkTableEngine | None = None  # the coordinators' and maintenance's table engine over it
@@ -61,9 +60,10 @@ class SharedServices:
         broken = self._executor
         if broken is not None and is_broken(broken):
             self._executor = None
-            self.pools_replaced += 1
+            self.metrics.record_pool_replaced()
             log.error("the conversion pool broke (one of its processes ended abruptly: killed, or out of memory?); "
-                      "starting a new one (%d so far); the rounds in progress are retried", self.pools_replaced)
+                      "starting a new one; the rounds in progress are retried "
+                      "(metric tabletopic_conversion_pools_replaced_total)")
             broken.shutdown(wait=False, cancel_futures=True)
         if self._executor is None:
             self._executor = new_pool(self.pool_size, self.pool_preload)

@@ -12,7 +12,8 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.helpers.attach import AttachProcess, SharedLake
-from tests.helpers.procs import BrokerProcess
+from tests.helpers.procs import BrokerProcess, free_port
+from tests.test_metrics import scrape
 from tests.test_table_topics import create, produce, table_rows
 from worker.pool import new_pool, wait_warm
 
@@ -90,10 +91,14 @@ def test_every_pool_process_imports_the_conversion_modules_as_it_starts() -> Non
 def test_a_conversion_process_killed_is_replaced_and_the_table_catches_up(tmp_path: Path) -> None:
     """kill -9 of a pool process (the OOM killer's way) breaks a ``ProcessPoolExecutor`` for good: the broker
     must replace the pool, not retry rounds on the broken one forever. The table then holds every record once."""
-    b = BrokerProcess(tmp_path / "data", {"table.topic.conversion.pool.size": "2"})
+    metrics = free_port()
+    b = BrokerProcess(tmp_path / "data", {"table.topic.conversion.pool.size": "2",
+                                          "automq.table.topic.metrics.port": str(metrics)})
     b.start()
     try:
         assert b.proc is not None
+        replaced = ("tabletopic_conversion_pools_replaced_total", ())
+        assert scrape(f"http://127.0.0.1:{metrics}/metrics")[replaced] == 0
         create(b, "pool-killed", 2, enable="true", commit_interval_ms="500")
         produce(b, "pool-killed", 300)
         wait_table_rows(b, "pool-killed", 300)
@@ -105,6 +110,7 @@ def test_a_conversion_process_killed_is_replaced_and_the_table_catches_up(tmp_pa
         assert sorted((p, o) for p, o, *_ in rows) == sorted({(p, o) for p, o, *_ in rows})  # each offset once
         text = b.log_text()
         assert "conversion pool broke" in text, text[-3000:]
+        assert scrape(f"http://127.0.0.1:{metrics}/metrics")[replaced] == 1
         assert set(_pool_processes(b.proc.pid)).isdisjoint(victims[:1])
     finally:
         b.stop()

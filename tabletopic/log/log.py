@@ -781,12 +781,14 @@ class PartitionLog:
         return ReadResult(data, hw, lso)
 
     def read_region(self, fetch_offset: int, max_bytes: int, max_offset: int | None = None,
-                    min_one_batch: bool = True, *, copy_below: int = 0) -> tuple[bytes | FileRegion, int, int]:
+                    min_one_batch: bool = True, *, copy_below: int | None = 0
+                    ) -> tuple[bytes | FileRegion, int, int]:
         """:meth:`read`'s batches, high watermark and log start offset, the batches as a :class:`FileRegion` (for
-        ``os.sendfile``: never copied into the broker) unless they are fewer than ``copy_below`` bytes."""
+        ``os.sendfile``: never copied into the broker) unless they are fewer than ``copy_below`` bytes (None:
+        always bytes)."""
         hw, lso = self.high_watermark, self.log_start_offset
         plan = self._plan_read(fetch_offset, max_bytes, max_offset, min_one_batch)
-        if sum(size for _, _, size in plan) < max(copy_below, 1):
+        if copy_below is None or sum(size for _, _, size in plan) < max(copy_below, 1):
             chunks = [seg.read(start, size) for seg, start, size in plan]
             return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), hw, lso
         return FileRegion((seg.fd, start, size) for seg, start, size in plan), hw, lso

@@ -86,7 +86,7 @@ def _read_all(topics: list[_FetchTopic], max_bytes: int, read_committed: bool, z
             try:
                 fp.data, fp.hw, fp.log_start = plog.read_region(
                     fp.fetch_offset, max(budget, 0), max_offset=fp.lso if read_committed else None,
-                    min_one_batch=(total == 0), copy_below=SPLICE_MIN_BYTES if zero_copy else 1 << 62)
+                    min_one_batch=(total == 0), copy_below=SPLICE_MIN_BYTES if zero_copy else None)
             except KafkaApiError as exc:
                 # OFFSET_OUT_OF_RANGE keeps the high watermark and log start offset read above, as Kafka
                 # answers, so the client's auto.offset.reset has both ends at hand
