@@ -129,8 +129,17 @@ def _read_all(bootstrap: str, topic: str, idle_s: float = 3.0) -> list[tuple[int
 
 
 def _log_bytes(b: BrokerProcess, topic: str) -> int:
+    """The partition's segment bytes; a segment the cleaner swaps out between the listing and its stat is gone and
+    counts nothing (the broker deletes replaced segments while this runs)."""
     d = b.data_dir / f"{topic}-0"
-    return sum(f.stat().st_size for f in d.iterdir() if f.name.endswith(".log"))
+    total = 0
+    for f in d.iterdir():
+        if f.name.endswith(".log"):
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def _latest(model: dict[bytes, tuple[int, bytes | None]], got: list[tuple[int, bytes, bytes | None]]) -> None:
