@@ -22,13 +22,13 @@ if [ "$#" -gt 0 ]; then  # chosen tests: one run
 fi
 # The whole suite in two pytest processes side by side (a 2-core machine waits on subprocesses most of the time):
 # the modules that start Spark sessions in the test process, one after another in one of them (two sessions
-# forking beside each other ran out of memory), with the two longest Spark-heavy modules and the TLS/SASL clients'
-# module to even the halves out;
+# forking beside each other ran out of memory), with the two longest Spark-heavy modules, the TLS/SASL clients'
+# module and the attach-against-Tansu module (mostly waiting on Tansu's slow rebalances) to even the halves out;
 # everything else in the other. Each prints when it is done; the slowest tests of each are listed at the end of its
 # output (the suite must stay fast).
 spark_modules='^tests/test_(query_spark|query_catalog|spark_|table_topics\.py|table_topics_s3|table_topics_postgres|'
 spark_modules+='table_topic_types|table_topic_upserts\.py|table_topic_v3|table_topic_maintenance|table_topic_upsert_faults|'
-spark_modules+='security\.py)'
+spark_modules+='security\.py|attach_clusters)'
 mapfile -t spark < <(ls tests/test_*.py | grep -E "$spark_modules")
 mapfile -t rest < <(ls tests/test_*.py | grep -vE "$spark_modules")
 out="$(mktemp -d "${TMPDIR:-/tmp}/tabletopic-tests.XXXXXX")"
