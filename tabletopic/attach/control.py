@@ -93,7 +93,9 @@ StatusProvider = Callable[[str], TopicStatus]
 @dataclass(frozen=True, slots=True)
 class ControlOptions:
     announce_interval_s: float = ANNOUNCE_INTERVAL_S  # claims are repeated this often, forgotten after 3 times that
-    fetch_max_wait_ms: int = 50  # how long a fetch of the control topic waits for news: a round's latency
+    # how long a fetch of the control topic may wait for news; it is answered as soon as a message arrives, so this
+    # bounds the idle fetch rate, not a round's latency (settings.FETCH_MAX_WAIT_MS has the measurement)
+    fetch_max_wait_ms: int = 500
     linger_ms: int = 5
     compression_type: str = "gzip"
     max_part_bytes: int = DEFAULT_MAX_PART_BYTES  # an answer larger than this is split into parts
