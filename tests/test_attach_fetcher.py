@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import crc32c
 import pytest
@@ -24,7 +25,7 @@ from tabletopic.attach.client import aiokafka_options
 from tabletopic.attach.direct import DirectRange
 from tabletopic.attach.fetcher import Fetcher, FetcherOptions
 from tabletopic.attach.spool import SEGMENT_SUFFIX, RemotePartitionLog
-from tabletopic.attach.wire import whole_batches
+from tabletopic.attach.wire import WireConnection, whole_batches
 from tabletopic.errors import ErrorCode, KafkaApiError
 from tabletopic.log.log import PartitionLog
 from tabletopic.log.segment import file_name
@@ -156,6 +157,39 @@ def test_every_offset_spooled_once_in_order(broker: BrokerProcess, mixed_topic: 
                 assert d.offsets[0] == mid
             assert f.log(topic, 0) is logs[0] and f.log(topic, 99) is None
         assert not (tmp_path / "spool" / f"{topic}-0").exists()  # stop deletes the spools
+
+    asyncio.run(main())
+
+
+def test_caught_up_partitions_wait_for_the_long_poll(broker: BrokerProcess, mixed_topic: tuple[str, Expected],
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions added while a long poll waits are fetched beside it without waiting until they are caught up,
+    then wait for the next long poll: no request is repeated at once on empty answers (it was: ~100 fetches in
+    the 250 ms a long poll waited). The fetches are counted by wrapping the real ``WireConnection.fetch``."""
+    topic, expected = mixed_topic
+    ends = {p: max(expected[p]) + 1 for p in range(PARTITIONS)}
+    fetches: list[float] = []
+    real_fetch = WireConnection.fetch
+
+    async def counted(self: WireConnection, *args: Any, **kwargs: Any) -> Any:
+        fetches.append(time.monotonic())
+        return await real_fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(WireConnection, "fetch", counted)
+
+    async def main() -> None:
+        options = dataclasses.replace(SMALL, max_wait_ms=3000)
+        async with _fetching(broker.bootstrap, tmp_path / "spool", options) as f:
+            first = await _spooled(f, topic, 0, ends[0])
+            await asyncio.sleep(0.2)  # its fetch loop long-polls now: 3 s, nothing comes
+            others = [await f.add(topic, p, 0) for p in range(1, PARTITIONS)]
+            await _until(lambda: all(plog.high_watermark == ends[i] for i, plog in enumerate(others, 1)),
+                         what="the added partitions caught up")
+            since = time.monotonic()
+            await asyncio.sleep(1.0)
+            late = [t for t in fetches if t > since]
+            assert len(late) <= 2, f"{len(late)} fetches in 1 s with every partition caught up"
+            assert first.high_watermark == ends[0]
 
     asyncio.run(main())
 
