@@ -287,6 +287,7 @@ class TableTopicCoordinator:
         self._partition_by_schema = -1
         self._checkpoint: Checkpoint | None = None
         self._task: asyncio.Task[None] | None = None
+        self._preparing: asyncio.Task[None] | None = None  # prepare()'s start-up work, awaited by start()
         self._wake = asyncio.Event()
         self._stop_event = asyncio.Event()
         self._stopping = False
@@ -326,15 +327,24 @@ class TableTopicCoordinator:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def prepare(self) -> None:
+        """Begin :meth:`start`'s start-up work (checkpoint, table, leftovers) now, in a task, so that it overlaps
+        what the caller does before :meth:`start` (an attach instance starting its workers); no round runs before
+        :meth:`start`. Idempotent; :meth:`stop` cancels it."""
+        if self._preparing is None and self._task is None:
+            self._preparing = asyncio.ensure_future(self._initialize())
+
     async def start(self) -> None:
-        """Resolve the checkpoint, load or create the table, clean up leftovers, start the round loop.
+        """Resolve the checkpoint, load or create the table, clean up leftovers (or finish :meth:`prepare`'s doing
+        so), start the round loop.
 
         Catalog errors are logged, not raised: the loop retries the start-up every interval.
         """
         self._stopping = False
         self._stop_event.clear()
+        preparing, self._preparing = self._preparing, None
         try:
-            await self._initialize()
+            await (preparing if preparing is not None else self._initialize())
         except Exception as e:
             self._conditions.log("round-failed", logging.ERROR, "table topic %s: coordinator start-up failed; "
                                  "retrying every interval: %s: %s", self.topic, type(e).__name__, e,
@@ -352,6 +362,11 @@ class TableTopicCoordinator:
         self._stopping = True
         self._stop_event.set()
         self._wake.set()
+        preparing, self._preparing = self._preparing, None
+        if preparing is not None:  # prepared, never started: its start-up work is not needed
+            preparing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await preparing
         task, self._task = self._task, None
         if task is not None:
             try:

@@ -109,6 +109,7 @@ class TableTopicRuntime:
         self._busy_seen: dict[int, tuple[float, float]] = {}  # partition -> (monotonic s, busy ms)
         self.tables = _Tables(self)  # the workers' TableSource
         self.coordinator: TableTopicCoordinator | None = None
+        self._prepared: TableTopicCoordinator | None = None  # prepare_lead()'s, until lead() starts it
         self.maintenance: TableMaintenance | None = None
         self.status = TableStatus(state_dir, self.table_name)
         # partition -> the table's next offset, as the last round reported it (the broker's log cleaner stops there)
@@ -138,13 +139,25 @@ class TableTopicRuntime:
             await self.release(p)
         self._services.metrics.remove_topic(self.topic)
 
+    def prepare_lead(self) -> None:
+        """Begin :meth:`lead`'s start-up work (the coordinator's checkpoint and table) now, so that it overlaps
+        the workers' start (:meth:`take`); nothing runs a round before :meth:`lead`."""
+        if self.coordinator is None and self._prepared is None:
+            self._prepared = self._new_coordinator()
+            self._prepared.prepare()
+
+    def _new_coordinator(self) -> TableTopicCoordinator:
+        services = self._services
+        return TableTopicCoordinator(self.view, catalog=services.catalog, channel=self.channel,
+                                     state_dir=self._state_dir, engine=services.engine, options=self._options)
+
     async def lead(self) -> None:
-        """Start a coordinator (checkpoint, table, round loop) and the table's maintenance following it."""
+        """Start a coordinator (checkpoint, table, round loop; the one :meth:`prepare_lead` began, if any) and the
+        table's maintenance following it."""
         if self.coordinator is not None:
             return
         services, topic, metrics = self._services, self.topic, self._services.metrics
-        coordinator = TableTopicCoordinator(self.view, catalog=services.catalog, channel=self.channel,
-                                            state_dir=self._state_dir, engine=services.engine, options=self._options)
+        coordinator, self._prepared = self._prepared or self._new_coordinator(), None
         maintenance = TableMaintenance(
             self.view, catalog=services.catalog, engine=services.engine, state_dir=self._state_dir,
             on_run=lambda run: metrics.record_maintenance(topic, run))
@@ -156,6 +169,9 @@ class TableTopicRuntime:
 
     async def step_down(self) -> None:
         """Stop the maintenance and the coordinator (after the commit in progress); the workers keep running."""
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None:  # prepared, never led
+            await prepared.stop()
         coordinator, maintenance = self.coordinator, self.maintenance
         if coordinator is None:
             return

@@ -252,3 +252,33 @@ def test_idle_rounds_are_skipped_until_a_high_watermark_moves(tmp_path: Path) ->
             assert h.coord.rounds == 4
             assert rows_of(h.table()) == expected_rows({0: 2, 1: 3})
     asyncio.run(main())
+
+
+def test_prepare_loads_the_table_ahead_and_start_runs_from_it(tmp_path: Path) -> None:
+    """``prepare()`` creates the table before ``start()`` and runs no round meanwhile; ``start()`` then uses it
+    (one table, rounds as usual); a coordinator prepared and stopped without starting leaves nothing running."""
+
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+
+    async def main() -> None:
+        h = Harness(tmp_path / "a", n=2)
+        h.logs[0].append(3)
+        h.coord.prepare()
+        h.coord.prepare()  # idempotent
+        await wait_until(lambda: h.catalog.table_exists(("kafka", TOPIC)))  # created by prepare()
+        await asyncio.sleep(0.2)
+        assert h.coord.rounds == 0, "a round ran before start()"
+        async with h:
+            report = await h.coord.trigger_round()
+            assert report.outcome is RoundOutcome.COMMITTED and report.records == 3
+            assert committed_offsets(h.table()) == {0: 3, 1: 0}
+
+        stopped = Harness(tmp_path / "b", n=1)
+        stopped.coord.prepare()
+        await stopped.coord.stop()
+        await asyncio.sleep(0.1)
+        assert stopped.coord.rounds == 0
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()], "tasks left running"
+
+    asyncio.run(main())

@@ -302,10 +302,16 @@ class AttachHost:
                         log.info("attach: this instance no longer coordinates table topic %s", topic)
                     await runtime.release(p)
                 await self.fetcher.remove(topic, p)
+            leads = sorted({t for t, p in added if p == 0})
+            for topic in leads:  # the coordinator loads (or creates) its table while the workers start
+                cfg = self.accepted.get(topic)
+                runtime = self._runtime(topic) if cfg is not None and cfg.enable else None  # else _take says so
+                if runtime is not None:
+                    runtime.prepare_lead()
             for topic in sorted({t for t, _ in added}):
                 await self._take(topic, sorted(p for t, p in added if t == topic))
             # coordinators after the workers of the assignment: its first round finds them registered
-            for topic in sorted({t for t, p in added if p == 0}):
+            for topic in leads:
                 runtime = self.runtimes.get(topic)
                 if runtime is not None:
                     await runtime.lead()
