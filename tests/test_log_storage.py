@@ -429,6 +429,37 @@ def test_segment_offsets_stay_contiguous_with_big_batches(tmp_path: Path) -> Non
     log.close()
 
 
+def test_lookups_among_big_batches_read_headers_not_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches bigger than the lookup's read chunk (librdkafka's reach 1 MB): reads from any offset, up to any
+    offset, still start and end on the right batches, and a lookup reads headers, not whole batches (it read
+    each batch it passed whole)."""
+    log = open_log(tmp_path, segment_bytes=16 << 20, index_interval_bytes=4 << 20)  # one index entry: scans
+    spans = [add(log, make_batch(4, value_size=50_000, tag=i)) for i in range(12)]  # ~200 KB each
+    read: list[int] = []
+    real_pread = os.pread
+
+    def counted(fd: int, n: int, pos: int) -> bytes:
+        data = real_pread(fd, n, pos)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "pread", counted)
+    for i, (base, last) in enumerate(spans[:-1]):
+        for off in (base, last):
+            read.clear()
+            # up to the last batch (not returned): the lookup of that limit scans from the one index entry
+            ranges, nxt = log.read_ranges(off, 1, max_offset=spans[-1][0])
+            assert sum(read) < 4 * 65536, f"a lookup of offset {off} read {sum(read)} bytes"
+            (path, pos, n), = ranges
+            with open(path, "rb") as f:
+                f.seek(pos)
+                got = batches(f.read(n))
+            assert [h.base_offset for h in got] == [base] and nxt == spans[i + 1][0]
+    monkeypatch.undo()
+    assert [h.base_offset for h in read_everything(log, max_bytes=300_000)] == [b for b, _ in spans]
+    log.close()
+
+
 def test_read_ranges_match_read(tmp_path: Path) -> None:
     """File ranges for out-of-process readers: the same bytes as read(), and the offset after them."""
     log = open_log(tmp_path, segment_bytes=3000, index_interval_bytes=300)

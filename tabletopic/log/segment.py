@@ -102,20 +102,30 @@ def iter_file_batches(
     positions inside the yielded BatchHeader are relative to an internal buffer, use the yielded position.
     """
     pos = start
+    want = chunk_size  # a header's worth after a batch bigger than the chunk was skipped (the next is likely big)
     while end - pos >= HEADER_SIZE:
-        buf = os.pread(fd, min(chunk_size, end - pos), pos)
+        buf = os.pread(fd, min(want, end - pos), pos)
+        want = chunk_size
         p = 0
         while len(buf) - p >= HEADER_SIZE:
             h = parse_header(buf, p)
             if _header_problem(h) or pos + p + h.size > end:
                 return
             if p + h.size > len(buf):
-                if p == 0:  # a batch bigger than the chunk: read it whole
-                    buf = os.pread(fd, h.size, pos)
-                    if len(buf) < h.size:
-                        return
-                    continue
-                break
+                if p > 0:
+                    break  # the next read starts at this batch
+                if not verify_crc:
+                    # only its header is needed: the next read starts after it (reading it whole cost a Fetch of
+                    # librdkafka's 1 MB batches a copy of one per index lookup)
+                    yield pos, h
+                    p = h.size
+                    if h.size > chunk_size:
+                        want = HEADER_SIZE
+                    break
+                buf = os.pread(fd, h.size, pos)  # a batch bigger than the chunk, its CRC checked: read it whole
+                if len(buf) < h.size:
+                    return
+                continue
             if verify_crc and crc_of(buf, h) != h.crc:
                 return
             yield pos + p, h
