@@ -7,6 +7,7 @@ while the cluster is down goes out when it is back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -16,16 +17,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from coordinator.contract import ChangeMode, CommitCode, CommitRequest, CommitResponse, DataFile, PartitionOffset
-from tabletopic.attach.client import aiokafka_options
+from tabletopic.attach.client import aiokafka_options, stop_consumer
 from tabletopic.attach.codec import Announcement, encode_announcement, encode_response, partition_type_in
 from tabletopic.attach.control import CONTROL_TOPIC, ControlBus, ControlOptions
 from tests.helpers.procs import BrokerProcess
 from tests.test_attach_codec import Tables, clone, full_stats_file, identity_rows, same_response
+from tests.test_clients import create_topic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -393,3 +395,41 @@ def test_a_message_sent_while_the_cluster_is_down_goes_out_when_it_is_back(fresh
     with caplog.at_level(logging.WARNING, logger="tabletopic.attach.control"):
         run(scenario())
     assert "cannot send" in caplog.text  # the bus's own retry, not only the client's
+
+
+def test_a_consumer_stopped_as_its_cluster_goes_away_stops_cleanly(fresh_broker: BrokerProcess) -> None:
+    """aiokafka's ``consumer.stop()`` lets out a CancelledError of its own when a fetch has just failed (its task
+    sleeps the retry back-off and ``Fetcher.close`` awaits it cancelled: aio-libs/aiokafka#647); an attach
+    instance stopping its settings consumer at that moment ended with a traceback. ``stop_consumer`` finishes the
+    stop (the connections closed) without raising; a cancellation of the caller still propagates."""
+    b = fresh_broker
+    topic = f"stop-{uuid.uuid4().hex[:8]}"
+    create_topic(b, topic, 1)
+
+    async def consumer_after_a_failed_fetch() -> AIOKafkaConsumer:
+        # a long back-off keeps the failed fetch's task sleeping while stop() runs
+        c = AIOKafkaConsumer(**aiokafka_options({"bootstrap.servers": b.bootstrap}), group_id=None,
+                             enable_auto_commit=False, retry_backoff_ms=10_000, fetch_max_wait_ms=200)
+        await c.start()
+        c.assign([TopicPartition(topic, 0)])
+        await c.seek_to_beginning(TopicPartition(topic, 0))
+        await c.getmany(timeout_ms=300)
+        return c
+
+    async def main() -> None:
+        first = await consumer_after_a_failed_fetch()
+        second = await consumer_after_a_failed_fetch()
+        b.kill()
+        await asyncio.sleep(1.0)  # the fetches fail at once (connection closed); their tasks sleep 10 s
+        assert first._fetcher._pending_tasks, "no failed fetch waiting out its back-off: the case is not set up"
+        await stop_consumer(first)  # returns, no CancelledError
+        assert all(conn is None or not conn.connected() for conn in first._client._conns.values())
+
+        stopping = asyncio.ensure_future(stop_consumer(second))
+        stopping.cancel()  # the caller's own cancellation is not swallowed
+        with pytest.raises(asyncio.CancelledError):
+            await stopping
+        with contextlib.suppress(BaseException):
+            await second._client.close()
+
+    asyncio.run(main())

@@ -6,11 +6,13 @@ record batches or small produce/consume loops (the fetcher, the control and sett
 client settings once, as ``kafka-configs --command-config`` takes them (``security.protocol``, ``sasl.mechanism``,
 ``sasl.username``, ``ssl.ca.location``, ...): :func:`librdkafka_config` passes them through, :func:`aiokafka_options`
 maps them to aiokafka's arguments. A setting aiokafka cannot honour is refused here, by name, never dropped.
-librdkafka's log lines go to a :class:`ClientLog`.
+librdkafka's log lines go to a :class:`ClientLog`; :func:`stop_consumer` stops an aiokafka consumer whatever state
+its fetches are in.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -108,4 +110,23 @@ def librdkafka_config(conf: Mapping[str, str]) -> dict[str, str]:
     return {"log_level": "3", **conf}
 
 
-__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "ClientLog", "aiokafka_options", "librdkafka_config"]
+async def stop_consumer(consumer: Any) -> None:
+    """``consumer.stop()`` of an aiokafka consumer, finished when aiokafka lets out a CancelledError of its own:
+    ``Fetcher.close`` awaits its cancelled fetch tasks, and one sleeping its retry back-off after a failed fetch (the
+    cluster just went away) raises it (aio-libs/aiokafka#647); ``stop()`` then skipped closing the connections and
+    the caller took it for its own cancellation (an attach instance ended with a traceback instead of starting
+    again). A cancellation of the caller itself still propagates."""
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        fetcher = getattr(consumer, "_fetcher", None)  # what stop() had left to do: aiokafka internals, checked
+        for pending in list(getattr(fetcher, "_pending_tasks", ())):
+            pending.cancel()
+        await consumer._client.close()
+
+
+__all__ = ["SASL_MECHANISMS", "SECURITY_PROTOCOLS", "ClientLog", "aiokafka_options", "librdkafka_config",
+           "stop_consumer"]

@@ -44,6 +44,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLargeError, TopicAlreadyExistsError
 
 from coordinator.contract import CommitRequest, CommitResponse, InProcessChannel
+from tabletopic.attach.client import stop_consumer
 from tabletopic.attach.codec import (
     DEFAULT_MAX_PART_BYTES,
     Announcement,
@@ -291,10 +292,12 @@ class ControlBus:
             t.cancel()
         await asyncio.gather(*self._tasks, *deliveries, return_exceptions=True)
         self._tasks, self._deliveries = [], {}
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.stop()
+        with contextlib.suppress(Exception):
+            if self._consumer is not None:
+                await stop_consumer(self._consumer)
+        with contextlib.suppress(Exception):
+            if self._producer is not None:
+                await self._producer.stop()
         self._consumer = self._producer = None
         if self._outbox:
             log.warning("control bus of instance %s stopped with %d message(s) unsent", self.instance_id,
@@ -618,7 +621,7 @@ async def recent_announcements(client_options: Mapping[str, Any], window_s: floa
                     left.pop(tp, None)
         return list(live.values())
     finally:
-        await consumer.stop()
+        await stop_consumer(consumer)
 
 
 def _fold(live: dict[tuple[str, str], Announcement], value: bytes | None) -> None:

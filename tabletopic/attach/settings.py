@@ -26,6 +26,7 @@ from typing import Any
 from configs.errors import ConfigError, InvalidConfigError
 from configs.model import BrokerConfig
 from configs.validation import validate_topic_configs
+from tabletopic.attach.client import stop_consumer
 from tabletopic.logs import ConditionLog
 
 log = logging.getLogger(__name__)
@@ -194,9 +195,10 @@ class SettingsTopic:
             await asyncio.gather(task, return_exceptions=True)
         consumer, self._consumer = self._consumer, None
         producer, self._producer = self._producer, None
-        for client in (producer, consumer):
-            if client is not None:
-                await client.stop()
+        if producer is not None:
+            await producer.stop()
+        if consumer is not None:
+            await stop_consumer(consumer)
 
     # ---- writing ----
 
